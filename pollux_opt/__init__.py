@@ -1,0 +1,55 @@
+"""pollux-opt: goodput-optimized scheduling of deep-learning training jobs.
+
+Pollux (Qiao et al., OSDI 2021) co-adapts each job's batch configuration and
+the cluster's allocation to maximise goodput = throughput x statistical
+efficiency.  This package holds the domain layer (cluster, jobs, goodput
+models, instance files, the ``pollux-opt`` CLI); solvers over plain arrays
+live in the sibling package :mod:`solvers`.
+
+    >>> from pollux_opt import Cluster, Job, allocate
+    >>> alloc = allocate(Cluster.uniform(2, 4), [Job("a", {(1, 1): 1.0, (1, 2): 1.8}, max_replicas=2)])
+    >>> sum(alloc.placement["a"].values())
+    2
+"""
+
+from solvers import InvalidProblem, Status
+
+from ._allocate import allocate, encode
+from ._goodput import (
+    BatchChoice,
+    BatchLimits,
+    GoodputModel,
+    GradientStats,
+    ThroughputParams,
+    efficiency,
+    fit_throughput,
+    step_time,
+)
+from ._instance import Instance, instance_to_json, load_instance, parse_instance
+from ._model import Allocation, BatchConfig, Cluster, Job, Node, Options, restart_factor
+
+__all__ = [
+    "Allocation",
+    "BatchChoice",
+    "BatchConfig",
+    "BatchLimits",
+    "Cluster",
+    "GoodputModel",
+    "GradientStats",
+    "Instance",
+    "InvalidProblem",
+    "Job",
+    "Node",
+    "Options",
+    "Status",
+    "ThroughputParams",
+    "allocate",
+    "efficiency",
+    "encode",
+    "fit_throughput",
+    "instance_to_json",
+    "load_instance",
+    "parse_instance",
+    "restart_factor",
+    "step_time",
+]

@@ -1,0 +1,184 @@
+"""``allocate()``: encode jobs and cluster into a :class:`solvers.Problem`, solve, decode."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+
+import solvers
+from solvers import InvalidProblem, Problem
+
+from ._goodput import GoodputModel
+from ._model import Allocation, BatchConfig, Cluster, Job, Options, restart_factor
+
+__all__ = ["allocate", "encode"]
+
+log = logging.getLogger(__name__)
+
+#: Options passed to a solver only when its signature accepts them.
+_GENERIC_SOLVER_OPTIONS = ("time_limit", "mip_gap", "seed")
+
+
+def _candidate_pairs(job: Job, caps_desc: np.ndarray, max_nodes: int) -> list[tuple[int, int]]:
+    """(num_nodes, num_replicas) pairs a job may take on this cluster and options.
+
+    A pair needs ``num_nodes <= min(max_nodes, #nodes)``, replicas within the
+    job's range, and replicas that fit on the ``num_nodes`` largest nodes.
+    """
+    lo = max(job.min_replicas, 1)
+    top = np.cumsum(caps_desc)
+    pairs = []
+    for n in range(1, min(max_nodes, caps_desc.size) + 1):
+        for k in range(max(n, lo), min(job.max_replicas, int(top[n - 1])) + 1):
+            pairs.append((n, k))
+    return pairs
+
+
+def encode(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Problem:
+    """Encode domain objects into the array problem (see :class:`solvers.Problem`).
+
+    Raises:
+        InvalidProblem: duplicate job ids, a placement on an unknown node or over capacity.
+    """
+    node_index = {nid: i for i, nid in enumerate(cluster.node_ids)}
+    caps = np.array([n.cpus for n in cluster.nodes], dtype=np.int64)
+    caps_desc = np.sort(caps)[::-1]
+    seen: set[str] = set()
+    current = np.zeros((len(jobs), caps.size), dtype=np.int64)
+    cfg_job: list[int] = []
+    cfg_nodes: list[int] = []
+    cfg_reps: list[int] = []
+    cfg_spd: list[float] = []
+    for j, job in enumerate(jobs):
+        if job.id in seen:
+            raise InvalidProblem(f"duplicate job id {job.id!r}")
+        seen.add(job.id)
+        for nid, k in job.placement.items():
+            if nid not in node_index:
+                raise InvalidProblem(f"job {job.id!r}: placement on unknown node {nid!r}")
+            current[j, node_index[nid]] = k
+        allowed = set(_candidate_pairs(job, caps_desc, options.max_nodes_per_job))
+        if isinstance(job.speedup, GoodputModel):
+            pairs = sorted(allowed)
+            if pairs:
+                nn = np.array([p[0] for p in pairs])
+                kk = np.array([p[1] for p in pairs])
+                spd = job.speedup.speedup(nn, kk, base=job.base, fixed_batch_size=job.fixed_batch_size)
+                table = {p: float(s) for p, s in zip(pairs, spd) if s > 0}
+            else:
+                table = {}
+        else:
+            table = {p: s for p, s in job.speedup.items() if p in allowed}
+        for (nn, k), s in sorted(table.items()):
+            cfg_job.append(j)
+            cfg_nodes.append(nn)
+            cfg_reps.append(k)
+            cfg_spd.append(float(s))
+    load = current.sum(axis=0)
+    for i in np.flatnonzero(load > caps):
+        raise InvalidProblem(
+            f"placement over capacity on node {cluster.nodes[i].id!r}: {load[i]} replicas > {caps[i]} cpus"
+        )
+    return Problem(
+        capacity=caps,
+        cfg_job=np.array(cfg_job, dtype=np.int64),
+        cfg_nodes=np.array(cfg_nodes, dtype=np.int64),
+        cfg_replicas=np.array(cfg_reps, dtype=np.int64),
+        cfg_speedup=np.array(cfg_spd, dtype=np.float64),
+        current=current,
+        restart_factor=np.array([restart_factor(j.age, j.restarts, options.restart_delay) for j in jobs]),
+        weight=np.array([j.weight for j in jobs], dtype=np.float64),
+        min_replicas=np.array([j.min_replicas for j in jobs], dtype=np.int64),
+        max_replicas=np.array([j.max_replicas for j in jobs], dtype=np.int64),
+        p=options.p,
+        max_nodes_per_job=options.max_nodes_per_job,
+        interference_avoidance=options.interference_avoidance,
+    )
+
+
+def _batch_configs(jobs: Sequence[Job], placement: np.ndarray) -> dict[str, BatchConfig]:
+    out = {}
+    for job, row in zip(jobs, placement):
+        k = int(row.sum())
+        if k == 0 or not isinstance(job.speedup, GoodputModel):
+            continue
+        choice = job.speedup.optimize(int((row > 0).sum()), k, fixed_batch_size=job.fixed_batch_size)
+        out[job.id] = BatchConfig(
+            local_bsz=int(np.asarray(choice.local_bsz)),
+            accum_steps=int(np.asarray(choice.accum_steps)),
+            batch_size=int(np.asarray(choice.batch_size)),
+            goodput=float(np.asarray(choice.goodput)),
+        )
+    return out
+
+
+def allocate(
+    cluster: Cluster,
+    jobs: Sequence[Job],
+    options: Options | None = None,
+    **overrides: Any,
+) -> Allocation:
+    """Allocate replicas to jobs, maximising the pinned power-mean objective.
+
+    Args:
+        cluster: the nodes and their capacities.
+        jobs: the jobs (ids unique).
+        options: allocation options (defaults: p=-1, restart delay 30 s,
+            interference avoidance, 16 nodes per job, exact "milp" solver).
+        **overrides: any :class:`Options` field by name, e.g. ``solver="greedy"``.
+
+    Returns:
+        An :class:`Allocation`; infeasibility and time limits are statuses, not errors.
+
+    Raises:
+        InvalidProblem: bad input, naming the field and its value.
+
+    Example::
+
+        >>> from pollux_opt import Cluster, Job, allocate
+        >>> cluster = Cluster.uniform(2, 4)
+        >>> job = Job("a", {(1, 1): 1.0, (1, 2): 1.8, (2, 2): 1.6}, max_replicas=2)
+        >>> alloc = allocate(cluster, [job])
+        >>> alloc.status.value, sum(alloc.placement["a"].values())
+        ('optimal', 2)
+    """
+    if not isinstance(cluster, Cluster):
+        raise InvalidProblem(f"cluster must be a Cluster, got {type(cluster).__name__}")
+    opts = Options.from_mapping(overrides, base=options)
+    if opts.solver not in solvers.SOLVERS:
+        raise InvalidProblem(f"unknown solver {opts.solver!r}; choose one of {sorted(solvers.SOLVERS)}")
+    jobs = list(jobs)
+    for job in jobs:
+        if not isinstance(job, Job):
+            raise InvalidProblem(f"jobs must be Job objects, got {type(job).__name__}")
+    problem = encode(cluster, jobs, opts)
+    accepted = solvers.solver_options(opts.solver)
+    kwargs = {
+        k: getattr(opts, k)
+        for k in _GENERIC_SOLVER_OPTIONS
+        if k in accepted and getattr(opts, k) is not None
+    }
+    result = solvers.solve(problem, opts.solver, **kwargs)
+    log.info(
+        "allocate: %d jobs on %d nodes with %s -> %s, objective %.6g (build %.3fs, solve %.3fs)",
+        len(jobs), cluster.nodes.__len__(), opts.solver, result.status.value,
+        result.objective, result.build_seconds, result.solve_seconds,
+    )
+    ids = cluster.node_ids
+    placement = {
+        job.id: {ids[n]: int(row[n]) for n in np.flatnonzero(row)}
+        for job, row in zip(jobs, result.placement)
+    }
+    return Allocation(
+        placement=placement,
+        batch=_batch_configs(jobs, result.placement),
+        objective=result.objective,
+        bound=result.bound,
+        gap=result.gap,
+        status=result.status,
+        build_seconds=result.build_seconds,
+        solve_seconds=result.solve_seconds,
+        solver=result.solver,
+    )
