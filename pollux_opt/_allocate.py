@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,6 +20,28 @@ log = logging.getLogger(__name__)
 
 #: Options passed to a solver only when its signature accepts them.
 _GENERIC_SOLVER_OPTIONS = ("time_limit", "mip_gap", "seed")
+
+
+#: Speedup tables cached across rounds: a scheduler calls allocate() every
+#: interval with mostly unchanged (frozen, hashable) goodput models, and
+#: evaluating a model at every (nodes, replicas) pair dominates a round's cost.
+_SPEEDUP_CACHE_SIZE = 4096
+
+
+@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+def _model_speedups(
+    model: GoodputModel,
+    pairs: tuple[tuple[int, int], ...],
+    base: tuple[int, int],
+    fixed_batch_size: int | None,
+) -> dict[tuple[int, int], float]:
+    """{pair: speedup} of a goodput model at the given pairs, dropping infeasible (0) pairs."""
+    if not pairs:
+        return {}
+    nn = np.array([p[0] for p in pairs])
+    kk = np.array([p[1] for p in pairs])
+    spd = model.speedup(nn, kk, base=base, fixed_batch_size=fixed_batch_size)
+    return {p: float(s) for p, s in zip(pairs, spd) if s > 0}
 
 
 def _candidate_pairs(job: Job, caps_desc: np.ndarray, max_nodes: int) -> list[tuple[int, int]]:
@@ -59,17 +82,11 @@ def encode(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Problem:
             if nid not in node_index:
                 raise InvalidProblem(f"job {job.id!r}: placement on unknown node {nid!r}")
             current[j, node_index[nid]] = k
-        allowed = set(_candidate_pairs(job, caps_desc, options.max_nodes_per_job))
+        pairs = _candidate_pairs(job, caps_desc, options.max_nodes_per_job)
         if isinstance(job.speedup, GoodputModel):
-            pairs = sorted(allowed)
-            if pairs:
-                nn = np.array([p[0] for p in pairs])
-                kk = np.array([p[1] for p in pairs])
-                spd = job.speedup.speedup(nn, kk, base=job.base, fixed_batch_size=job.fixed_batch_size)
-                table = {p: float(s) for p, s in zip(pairs, spd) if s > 0}
-            else:
-                table = {}
+            table = _model_speedups(job.speedup, tuple(pairs), job.base, job.fixed_batch_size)
         else:
+            allowed = set(pairs)
             table = {p: s for p, s in job.speedup.items() if p in allowed}
         for (nn, k), s in sorted(table.items()):
             cfg_job.append(j)

@@ -57,6 +57,8 @@ def _register(name: str, module: str, func: str) -> None:
 
 
 _register("milp", "._milp", "solve_milp")
+_register("evolutionary", "._evolutionary", "solve_evolutionary")
+_register("greedy", "._greedy", "solve_greedy")
 
 
 def solver_options(name: str) -> tuple[str, ...]:

@@ -1,0 +1,293 @@
+"""Greedy solver: Optimus-style marginal gain, a fast baseline and a sanity floor.
+
+Optimus (Peng et al., EuroSys 2018) allocates resources one unit at a time to
+the job whose estimated gain is largest.  Here the gain of a job is the change
+of its term ``w_j u(x_j)`` of the pinned objective (``u`` from
+:func:`solvers.utility`, monotone in the power mean), so each step is the
+greedy step on the objective itself:
+
+* each job's *candidates* are its allowed (nodes, replicas) pairs with more
+  replicas than it holds now that fit the free capacity left by the other jobs
+  (one node with enough free CPUs; or, for ``a >= 2`` nodes, the ``a``
+  eligible nodes -- free, and without another multi-node job under interference
+  avoidance -- with the most free CPUs hold enough);
+* a candidate's value pays the job's restart factor if it is running, except
+  the candidate "exactly its current placement" when that still fits;
+* the job and candidate with the largest gain *per added CPU* win (ties: fewest
+  replicas, then fewest nodes); the job is re-placed (best-fit node for one
+  node, the freest eligible nodes otherwise); repeat until no candidate gains.
+
+Gains are kept in a lazy priority queue: a popped entry computed before the last
+change is recomputed and pushed back unless it still beats the next entry; when
+the queue empties, every job is recomputed once more before stopping, so the
+answer is a fixed point where no single step gains.
+
+The greedy runs twice -- from nothing, and from the jobs' current placements
+that are allowed and jointly feasible -- and returns the better answer, never
+worse than keeping the current placement when that is feasible.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from ._errors import InvalidProblem
+from ._problem import Problem, evaluate, utility, violations
+from ._result import Result, Status
+
+__all__ = ["solve_greedy"]
+
+#: A step must raise the objective's utility sum by more than this (absolute),
+#: so that float round-off cannot make the greedy cycle or add useless CPUs.
+GAIN_TOLERANCE = 1e-12
+
+
+def _check_problem(problem: Any) -> None:
+    if not isinstance(problem, Problem):
+        raise InvalidProblem(f"problem must be a solvers.Problem, got {type(problem).__name__}")
+
+
+def _check_time_limit(time_limit: Any) -> None:
+    if time_limit is None:
+        return
+    ok = isinstance(time_limit, (int, float, np.integer, np.floating)) and not isinstance(
+        time_limit, bool
+    )
+    if not ok or not math.isfinite(time_limit) or time_limit <= 0:
+        raise InvalidProblem(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+
+
+class _Greedy:
+    """Mutable working state of one greedy run (private; one instance per run)."""
+
+    def __init__(self, problem: Problem, deadline: float) -> None:
+        self.problem = problem
+        self.deadline = deadline
+        j, n = problem.num_jobs, problem.num_nodes
+        self.x = np.zeros((j, n), dtype=np.int64)
+        self.free = problem.capacity.copy()
+        self.multi = np.zeros(n, dtype=np.int64)  # multi-node jobs on each node
+        self.term = np.full(j, np.nan)  # w_j u(x_j) of each job's row
+        self.steps = 0
+        self.timed_out = False
+        # Allowed pairs of each job, ordered by (replicas, nodes) for the tie rule.
+        self.cfgs = []
+        for job in range(j):
+            sl = slice(problem.cfg_start[job], problem.cfg_start[job + 1])
+            a, r, s = problem.cfg_nodes[sl], problem.cfg_replicas[sl], problem.cfg_speedup[sl]
+            order = np.lexsort((a, r))
+            self.cfgs.append((a[order], r[order], s[order]))
+        cur = problem.current
+        self.cur_nodes = (cur > 0).sum(axis=1)
+        self.cur_reps = cur.sum(axis=1)
+        for job in range(j):
+            self.term[job] = self._term(job, self._value(job, self.x[job]))
+
+    # ------------------------------------------------------------------ values
+    def _term(self, j: int, value: float) -> float:
+        return float(self.problem.weight[j] * utility(value, self.problem.p))
+
+    def _value(self, j: int, row: np.ndarray) -> float:
+        """x_j of job j placed as ``row`` (0 if empty; row must be allowed)."""
+        reps = int(row.sum())
+        if reps == 0:
+            return 0.0
+        s = float(self.problem.speedup_table[j, int((row > 0).sum()), reps])
+        moved = self.problem.has_current[j] and np.any(row != self.problem.current[j])
+        return s * (self.problem.restart_factor[j] if moved else 1.0)
+
+    # --------------------------------------------------------------- placement
+    def set_row(self, j: int, row: np.ndarray) -> None:
+        old = self.x[j]
+        if (old > 0).sum() > 1:
+            self.multi[old > 0] -= 1
+        self.free += old
+        self.x[j] = row
+        self.free -= row
+        if (row > 0).sum() > 1:
+            self.multi[row > 0] += 1
+        self.term[j] = self._term(j, self._value(j, row))
+
+    def candidate(self, j: int) -> tuple[float, np.ndarray] | None:
+        """(gain per added CPU, new row) of job j's best step, or None if none gains."""
+        p = self.problem
+        a, r, s = self.cfgs[j]
+        held = int(self.x[j].sum())
+        more = r > held
+        if not more.any():
+            return None
+        a, r, s = a[more], r[more], s[more]
+        own = self.x[j] > 0
+        free = self.free + self.x[j]
+        multi = self.multi - (own if own.sum() > 1 else 0)
+        eligible = free > 0
+        if p.interference_avoidance:
+            eligible &= multi == 0
+        top = np.sort(free[eligible])[::-1]
+        reach = np.concatenate([[0], np.cumsum(top)])
+        spread_fits = (a <= top.size) & (r <= reach[np.minimum(a, top.size)])
+        fits = np.where(a == 1, r <= free.max(initial=0), spread_fits)
+        value = s * (p.restart_factor[j] if p.has_current[j] else 1.0)
+        keep = self._current_fits(j, free, multi)
+        if keep:
+            at = np.flatnonzero((a == self.cur_nodes[j]) & (r == self.cur_reps[j]))
+            if at.size:
+                value = value.copy()
+                value[at] = s[at]
+                fits = fits.copy()
+                fits[at] = True
+        if not fits.any():
+            return None
+        terms = p.weight[j] * utility(value, p.p)
+        gain = np.where(fits, (terms - self.term[j]) / (r - held), -np.inf)
+        best = int(np.argmax(gain))
+        if not gain[best] * (r[best] - held) > GAIN_TOLERANCE:
+            return None
+        if keep and a[best] == self.cur_nodes[j] and r[best] == self.cur_reps[j]:
+            return float(gain[best]), p.current[j].copy()
+        return float(gain[best]), self._place(int(a[best]), int(r[best]), free, eligible)
+
+    def _current_fits(self, j: int, free: np.ndarray, multi: np.ndarray) -> bool:
+        """Whether job j could go back to exactly its current placement now."""
+        p = self.problem
+        if not p.has_current[j]:
+            return False
+        row = p.current[j]
+        if np.any(row > free):
+            return False
+        if self.cur_nodes[j] > 1 and p.interference_avoidance and np.any(multi[row > 0] > 0):
+            return False
+        return bool(
+            self.cur_nodes[j] <= p.table_shape[0]
+            and self.cur_reps[j] <= p.table_shape[1]
+            and not np.isnan(p.speedup_table[j, self.cur_nodes[j], self.cur_reps[j]])
+        )
+
+    def _place(self, a: int, r: int, free: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+        """A row with r replicas on a nodes (best fit for one node, freest nodes otherwise)."""
+        row = np.zeros_like(free)
+        if a == 1:
+            room = np.where(free >= r, free, np.iinfo(free.dtype).max)
+            row[int(np.argmin(room))] = r
+            return row
+        nodes = np.flatnonzero(eligible)
+        nodes = nodes[np.argsort(-free[nodes], kind="stable")[:a]]
+        extra = free[nodes] - 1
+        before = np.cumsum(extra) - extra
+        row[nodes] = 1 + np.clip(r - a - before, 0, extra)
+        return row
+
+    # -------------------------------------------------------------------- loop
+    def run(self) -> None:
+        """Lazy-greedy loop (module docstring) until no step gains or time runs out."""
+        version = 0
+        while True:
+            heap: list[tuple[float, int, int, np.ndarray]] = []
+            for j in range(self.problem.num_jobs):
+                cand = self.candidate(j)
+                if cand is not None:
+                    heap.append((-cand[0], j, version, cand[1]))
+            heapq.heapify(heap)
+            if not heap:
+                return
+            while heap:
+                if time.perf_counter() >= self.deadline:
+                    self.timed_out = True
+                    return
+                neg_gain, j, seen, row = heapq.heappop(heap)
+                if seen != version:
+                    cand = self.candidate(j)
+                    if cand is None:
+                        continue
+                    if heap and -cand[0] > heap[0][0]:
+                        heapq.heappush(heap, (-cand[0], j, version, cand[1]))
+                        continue
+                    row = cand[1]
+                self.set_row(j, row)
+                self.steps += 1
+                version += 1
+                cand = self.candidate(j)
+                if cand is not None:
+                    heapq.heappush(heap, (-cand[0], j, version, cand[1]))
+
+
+def _kept_current(problem: Problem) -> np.ndarray:
+    """The current placement restricted to jobs whose rows are allowed and jointly feasible.
+
+    Jobs are kept in index order; a multi-node job that would share a node with
+    an earlier-kept multi-node job (under interference avoidance) is dropped.
+    """
+    x = np.zeros_like(problem.current)
+    taken = np.zeros(problem.num_nodes, dtype=bool)
+    a_max, r_max = problem.table_shape
+    for j in np.flatnonzero(problem.has_current):
+        row = problem.current[j]
+        nodes, reps = int((row > 0).sum()), int(row.sum())
+        if nodes > a_max or reps > r_max or np.isnan(problem.speedup_table[j, nodes, reps]):
+            continue
+        if nodes > 1 and problem.interference_avoidance:
+            if np.any(taken[row > 0]):
+                continue
+            taken[row > 0] = True
+        x[j] = row
+    return x
+
+
+def solve_greedy(problem: Problem, *, time_limit: float | None = None) -> Result:
+    """Optimus-style marginal-gain greedy (module docstring).
+
+    Args:
+        problem: the allocation problem.
+        time_limit: wall seconds for the whole call; when it runs out the best
+            placement so far (feasible after every step) is returned with
+            status ``TIME_LIMIT``.
+
+    Returns:
+        A :class:`Result` with status ``FEASIBLE`` (or ``TIME_LIMIT``), the
+        objective recomputed by :func:`solvers.evaluate`, ``bound = gap = nan``,
+        ``build_seconds`` 0 (nothing to build) and ``stats`` with ``steps``
+        (CPUs handed out, over both runs) and ``start`` ("empty" or "current").
+
+    Raises:
+        InvalidProblem: for a bad problem or option.
+    """
+    start = time.perf_counter()
+    _check_problem(problem)
+    _check_time_limit(time_limit)
+    deadline = math.inf if time_limit is None else start + float(time_limit)
+
+    answers: list[tuple[str, np.ndarray]] = []
+    if not violations(problem, problem.current):
+        answers.append(("keep", problem.current.copy()))
+    steps, timed_out = 0, False
+    for name, seed in (("current", _kept_current(problem)), ("empty", None)):
+        run = _Greedy(problem, deadline)
+        if seed is not None:
+            for j in np.flatnonzero(seed.sum(axis=1)):
+                run.set_row(int(j), seed[j])
+        run.run()
+        steps += run.steps
+        answers.append((name, run.x.copy()))
+        if run.timed_out:
+            timed_out = True
+            break
+    objectives = [evaluate(problem, x) for _, x in answers]
+    best = int(np.argmax(objectives))
+    name, placement = answers[best]
+    return Result(
+        placement=placement,
+        status=Status.TIME_LIMIT if timed_out else Status.FEASIBLE,
+        objective=float(objectives[best]),
+        bound=float("nan"),
+        gap=float("nan"),
+        build_seconds=0.0,
+        solve_seconds=time.perf_counter() - start,
+        solver="greedy",
+        message=f"{steps} greedy steps; best start: {name}",
+        stats={"steps": steps, "start": name},
+    )

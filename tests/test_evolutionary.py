@@ -1,0 +1,266 @@
+"""The JAX genetic algorithm (issue 3, section 1): operators, reproducibility, compile cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+jax = pytest.importorskip("jax")
+
+from solvers import InvalidProblem, Status, evaluate, solve, violations  # noqa: E402
+from solvers import _evolutionary as evo  # noqa: E402
+from solvers.testing import (  # noqa: E402
+    brute_force,
+    edge_problems,
+    random_placement,
+    random_problem,
+)
+
+#: One small setting shared by most tests, so that they share compiled programs.
+SMALL = {"population_size": 16, "generations": 30}
+BAD_INCUMBENT = r"incumbent must hold non-negative integer replica counts"
+#: float32 fitness vs float64 objective: relative agreement of the logs.
+FITNESS_ATOL = 1e-4
+
+
+def _problem(seed: int, **kwargs):
+    """4 nodes x 4 CPUs, 8 jobs, at most 7 replicas: every one pads to the same shapes."""
+    return random_problem(seed, 4, 4, 8, max_replicas_limit=7, **kwargs)
+
+
+
+def _problems():
+    """Problems of a few shapes (mixed p, interference, holes), built once."""
+    return [
+        _problem(0),
+        _problem(1, p=0.0, drop_fraction=0.3),
+        _problem(2, p=1.0, interference_avoidance=False),
+        random_problem(3, 3, 2, 6, drop_fraction=0.5, max_nodes_per_job=2),
+    ] + [p for _, p in edge_problems()]
+
+
+PROBLEMS = _problems()
+
+
+# --------------------------------------------------------------------- solver API
+def test_same_seed_gives_the_same_answer() -> None:
+    problem = _problem(11)
+    a = solve(problem, "evolutionary", seed=3, **SMALL)
+    b = solve(problem, "evolutionary", seed=3, **SMALL)
+    assert np.array_equal(a.placement, b.placement)
+    assert a.objective == b.objective
+
+
+def test_result_fields() -> None:
+    problem = _problem(12)
+    result = solve(problem, "evolutionary", **SMALL)
+    assert result.status is Status.FEASIBLE
+    assert math.isnan(result.bound) and math.isnan(result.gap)
+    assert result.objective == evaluate(problem, result.placement)
+    assert violations(problem, result.placement) == []
+    assert result.stats["generations"] == SMALL["generations"]
+    assert result.stats["population_size"] == SMALL["population_size"]
+    assert result.stats["padded_shape"] == (8, 4)
+    assert result.stats["compile_seconds"] >= 0
+
+
+def test_issue3_second_call_with_same_shapes_does_not_recompile(caplog) -> None:
+    options = {"population_size": 6, "generations": 2}  # a setting no other test compiles
+    problem = _problem(20)
+    first = solve(problem, "evolutionary", **options)
+    assert not first.stats["cache_hit"] and first.stats["compile_seconds"] > 0
+    # Same shapes, other values.
+    other = dataclasses.replace(problem, weight=problem.weight * 2, current=0 * problem.current)
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            second = solve(other, "evolutionary", seed=5, **options)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    assert second.stats["cache_hit"] and second.stats["compile_seconds"] == 0.0
+    assert second.build_seconds < first.build_seconds
+    compiles = [r.getMessage() for r in caplog.records if "ompil" in r.getMessage()]
+    assert compiles == []
+
+
+def test_time_limited_run_that_finishes_matches_the_plain_run() -> None:
+    # Keys depend only on the seed and the generation number, so chunking the
+    # generations (which a time limit does) must not change the answer.
+    problem = _problem(13)
+    plain = solve(problem, "evolutionary", seed=2, **SMALL)
+    chunked = solve(problem, "evolutionary", seed=2, time_limit=1e6, **SMALL)
+    assert chunked.status is Status.FEASIBLE
+    assert np.array_equal(plain.placement, chunked.placement)
+
+
+def test_tiny_time_limit_returns_a_feasible_answer_with_that_status() -> None:
+    problem = _problem(14)
+    result = solve(problem, "evolutionary", time_limit=1e-6, **SMALL)
+    assert result.status is Status.TIME_LIMIT
+    assert result.stats["generations"] < SMALL["generations"]
+    assert violations(problem, result.placement) == []
+    assert result.objective == evaluate(problem, result.placement)
+
+
+def test_incumbent_is_never_lost() -> None:
+    problem = random_problem(4, 2, 2, 3)
+    best, optimum = brute_force(problem)
+    result = solve(problem, "evolutionary", incumbent=optimum, population_size=16, generations=0)
+    assert result.objective == pytest.approx(best, rel=1e-12)
+
+
+def test_infeasible_incumbent_is_repaired() -> None:
+    problem = _problem(5)
+    greedy_everything = np.tile(problem.capacity, (problem.num_jobs, 1))
+    result = solve(problem, "evolutionary", incumbent=greedy_everything, **SMALL)
+    assert violations(problem, result.placement) == []
+
+
+def test_zero_generations_is_no_worse_than_the_current_placement() -> None:
+    problem = _problem(6)
+    result = solve(problem, "evolutionary", population_size=16, generations=0)
+    assert result.objective >= evaluate(problem, problem.current)
+
+
+@pytest.mark.parametrize("name", ["invalid_current", "shared_multi_node", "holes"])
+def test_infeasible_current_placement_is_never_returned(name: str) -> None:
+    problem = dict(edge_problems())[name]
+    for generations in (0, 3):
+        result = solve(problem, "evolutionary", population_size=16, generations=generations)
+        assert result.status is Status.FEASIBLE
+        assert violations(problem, result.placement) == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_finds_near_optimal_answers_on_tiny_problems(seed: int) -> None:
+    # Not a target, a sanity floor: tiny problems where brute force is exact.
+    problem = random_problem(seed, 2, 2, 3, drop_fraction=0.2)
+    best, _ = brute_force(problem)
+    result = solve(problem, "evolutionary", **SMALL)
+    assert result.objective >= 0.95 * best
+
+
+# --------------------------------------------------------------------- operators
+@jax.jit
+def _repair_one(x, u, params):
+    n_jobs = x.shape[0]
+    return evo.repair(x, evo._priorities(u[:n_jobs], u[n_jobs:])[0], params)
+
+
+def _repair(problem, x, rng):
+    params, _ = evo.encode(problem)
+    padded = np.zeros(params.current.shape, np.int32)
+    padded[: problem.num_jobs, : problem.num_nodes] = x
+    u = rng.random(params.current.shape[0] + 1).astype(np.float32)
+    out = np.asarray(_repair_one(padded, u, params))
+    assert np.all(out[problem.num_jobs :] == 0) and np.all(out[:, problem.num_nodes :] == 0)
+    return out[: problem.num_jobs, : problem.num_nodes].astype(np.int64)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    which=st.integers(0, len(PROBLEMS) - 1),
+    seed=st.integers(0, 2**32 - 1),
+    scale=st.integers(1, 3),
+)
+def test_repair_makes_any_feasible_by_only_removing(which: int, seed: int, scale: int) -> None:
+    problem = PROBLEMS[which]
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, scale * problem.capacity.max() + 1, size=problem.current.shape)
+    x[rng.random(x.shape) < 0.5] = 0
+    fixed = _repair(problem, x, rng)
+    assert violations(problem, fixed) == []
+    assert np.all(fixed <= x) and np.all(fixed >= 0)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.integers(0, len(PROBLEMS) - 1), seed=st.integers(0, 2**32 - 1))
+def test_repair_keeps_feasible_placements(which: int, seed: int) -> None:
+    problem = PROBLEMS[which]
+    rng = np.random.default_rng(seed)
+    x = random_placement(rng, problem)
+    assert np.array_equal(_repair(problem, x, rng), x)
+
+
+@pytest.mark.parametrize("p", [-5.0, -1.0, 0.0, 1.0, 2.0])
+def test_fitness_is_the_log_of_the_pinned_objective(p: float) -> None:
+    problem = _problem(7, p=p, weighted=True)
+    params, _ = evo.encode(problem)
+    placements = [random_placement(s, problem, fill_fraction=0.8) for s in range(8)]
+    placements.append(problem.current)
+    batch = np.zeros((len(placements),) + params.current.shape, np.int32)
+    for i, x in enumerate(placements):
+        batch[i, : problem.num_jobs, : problem.num_nodes] = x
+    fitness = np.asarray(jax.jit(evo.score)(batch, params))
+    expected = [math.log(evaluate(problem, x)) for x in placements]
+    np.testing.assert_allclose(fitness, expected, atol=FITNESS_ATOL)
+
+
+def test_fitness_of_a_disallowed_pair_is_minus_infinity() -> None:
+    name, problem = [(n, p) for n, p in edge_problems() if n == "invalid_current"][0]
+    params, _ = evo.encode(problem)
+    batch = np.zeros((1,) + params.current.shape, np.int32)
+    batch[0, : problem.num_jobs, : problem.num_nodes] = problem.current
+    assert np.asarray(jax.jit(evo.score)(batch, params))[0] == -np.inf
+
+
+def test_init_ask_tell_are_pure() -> None:
+    problem = _problem(8)
+    params, seeds = evo.encode(problem)
+    config = evo.EvoConfig(population_size=8)
+    key = jax.random.key(0)
+    init = jax.jit(evo.init, static_argnums=2)
+    ask = jax.jit(evo.ask, static_argnums=3)
+    state = init(seeds, params, config)
+    children = ask(key, state, params, config)
+    again = ask(key, state, params, config)
+    assert np.array_equal(children, again)  # same key, same children
+    new = jax.jit(evo.tell)(state, children, jax.jit(evo.score)(children, params))
+    assert int(new.generation) == 1 and int(state.generation) == 0
+    # Elitism: the best fitness never drops.
+    assert float(new.fitness.max()) >= float(state.fitness.max())
+    # The initial population is copies of the seeds: current, incumbent (= current).
+    assert np.all(np.asarray(state.population) == seeds[0])
+
+
+# --------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"population_size": 1}, r"population_size must be an integer >= 2, got 1"),
+        ({"population_size": 2.5}, r"population_size must be an integer >= 2, got 2\.5"),
+        ({"population_size": True}, r"population_size must be an integer >= 2, got True"),
+        ({"generations": -1}, r"generations must be an integer >= 0, got -1"),
+        ({"seed": -3}, r"seed must be an integer >= 0, got -3"),
+        ({"seed": "a"}, r"seed must be an integer >= 0, got 'a'"),
+        ({"seed": 2**64}, r"seed must be < 2\*\*63, got 18446744073709551616"),
+        ({"incumbent": np.zeros((2, 2))}, r"incumbent must have shape \(8, 4\), got \(2, 2\)"),
+        ({"incumbent": -np.ones((8, 4))}, BAD_INCUMBENT),
+        ({"incumbent": np.full((8, 4), 0.5)}, BAD_INCUMBENT),
+        ({"time_limit": 0}, r"time_limit must be a positive number of seconds, got 0"),
+        ({"time_limit": math.inf}, r"time_limit must be a positive number of seconds, got inf"),
+    ],
+)
+def test_bad_options_are_rejected(options: dict, message: str) -> None:
+    with pytest.raises(InvalidProblem, match=message):
+        solve(_problem(0), "evolutionary", **options)
+
+
+def test_missing_jax_gives_the_install_hint(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "jax", None)  # makes `import jax` raise ImportError
+    with pytest.raises(ImportError, match=r"pip install 'pollux-opt\[evo\]'"):
+        solve(random_problem(0, 2, 2, 3), "evolutionary")
+
+
+def test_padding_shares_programs_between_similar_sizes() -> None:
+    small = random_problem(30, 3, 4, 7, max_replicas_limit=4)
+    large = random_problem(31, 4, 4, 8, max_replicas_limit=4)
+    sig = [evo._signature(evo.encode(p)[0]) for p in (small, large)]
+    assert sig[0] == sig[1]
