@@ -1,0 +1,394 @@
+"""The "milp" solver: exactness, properties, options, the large formulation, anchors (issue 2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from solvers import InvalidProblem, Problem, Status, evaluate, solve, violations
+from solvers import _milp
+from solvers.testing import brute_force, edge_problems, random_placement, random_problem
+
+#: Where the measured Pollux rounds live (read from there, never copied here).
+ANCHORS = Path(__file__).resolve().parents[1].parent / "shared" / "anchors" / "pollux-ga-rounds"
+#: Relative slack when comparing objectives computed two ways.
+RTOL = 1e-9
+#: Relative MIP gap the solver stops at by default; a better placement may beat it by this much.
+MILP_GAP = _milp.DEFAULT_MIP_GAP
+#: Largest enumeration the brute-force reference is allowed.
+MAX_PLACEMENTS = 50_000
+#: Hypothesis settings shared by the property tests (solves are ~10 ms; brute force dominates).
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def tiny_problems(draw, flat: bool = False) -> Problem:
+    """Random problems small enough to enumerate (1-3 nodes of 1-3 CPUs, 1-4 jobs).
+
+    With ``flat``, a job's speedup depends on the node count only through "one
+    node or several" (like the anchors), so the solver merges configurations.
+    """
+    seed = draw(st.integers(0, 2**32 - 1))
+    problem = random_problem(
+        seed,
+        num_nodes=draw(st.integers(1, 3)),
+        cpus_per_node=draw(st.integers(1, 3)),
+        num_jobs=draw(st.integers(1, 4)),
+        p=draw(st.sampled_from([-1.0, 0.0, 1.0, -4.0])),
+        running_fraction=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        max_nodes_per_job=draw(st.integers(1, 3)),
+        drop_fraction=draw(st.sampled_from([0.0, 0.3])),
+        interference_avoidance=draw(st.booleans()),
+        weighted=draw(st.booleans()),
+    )
+    if flat:
+        problem = _flatten(problem)
+    return problem
+
+
+def _flatten(problem: Problem) -> Problem:
+    """The same problem with every multi-node speedup replaced by the job's 2-node one at that K."""
+    table = problem.speedup_table
+    two = np.minimum(problem.cfg_nodes, 2)
+    spd = table[problem.cfg_job, two, problem.cfg_replicas]
+    spd = np.where(np.isnan(spd), problem.cfg_speedup, spd)
+    return dataclasses.replace(problem, cfg_speedup=spd)
+
+
+def _optimum(problem: Problem) -> float:
+    try:
+        return brute_force(problem, max_placements=MAX_PLACEMENTS)[0]
+    except ValueError:
+        assume(False)
+        raise
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=RTOL, abs_tol=1e-12)
+
+
+# ------------------------------------------------------------------ exactness
+@PROPERTY
+@given(tiny_problems())
+def test_objective_equals_brute_force(problem):
+    best = _optimum(problem)
+    result = solve(problem, "milp", formulation="exact", mip_gap=0.0)
+    assert result.status is Status.OPTIMAL
+    assert _close(result.objective, best)
+    assert result.bound >= best * (1 - RTOL)
+
+
+@PROPERTY
+@given(tiny_problems(flat=True))
+def test_objective_equals_brute_force_with_merged_node_ranges(problem):
+    best = _optimum(problem)
+    result = solve(problem, "milp", formulation="exact", mip_gap=0.0)
+    assert _close(result.objective, best)
+
+
+@pytest.mark.parametrize(("name", "problem"), list(edge_problems()), ids=[n for n, _ in edge_problems()])
+def test_edge_problems_match_brute_force(name, problem):
+    best = brute_force(problem)[0]
+    result = solve(problem, "milp")
+    assert result.status is Status.OPTIMAL
+    assert not violations(problem, result.placement)
+    assert _close(result.objective, best)
+
+
+@PROPERTY
+@given(tiny_problems())
+def test_bounds_hold(problem):
+    """The Lagrangian bound and the reported bound are upper bounds on the optimum."""
+    best = _optimum(problem)
+    ch = _milp.choices(problem)
+    rel = _milp.relax(problem, ch)
+    _, placement = brute_force(problem, max_placements=MAX_PLACEMENTS)
+    best_utility = _milp._utility_sum(problem, placement)
+    assert rel.bound >= best_utility - RTOL * max(1.0, abs(best_utility))
+    assert np.all(rel.reduced_cost >= -RTOL * max(1.0, abs(rel.bound)))
+    for formulation in ("exact", "large"):
+        result = solve(problem, "milp", formulation=formulation)
+        assert result.bound >= best * (1 - RTOL)
+        assert result.objective <= best * (1 + RTOL)
+
+
+# ------------------------------------------------------------------ properties
+@PROPERTY
+@given(tiny_problems(), st.integers(0, 2**32 - 1))
+def test_beats_random_feasible_placements(problem, seed):
+    result = solve(problem, "milp")
+    for k in range(5):
+        placement = random_placement(seed + k, problem, fill_fraction=0.8)
+        assert not violations(problem, placement)
+        assert result.objective >= evaluate(problem, placement) * (1 - MILP_GAP)
+
+
+@PROPERTY
+@given(tiny_problems())
+def test_placement_respects_every_constraint(problem):
+    result = solve(problem, "milp")
+    x = result.placement
+    assert not violations(problem, x)
+    assert np.all(x.sum(axis=0) <= problem.capacity)
+    reps, nodes = x.sum(axis=1), (x > 0).sum(axis=1)
+    placed = reps > 0
+    assert np.all(reps[placed] >= problem.min_replicas[placed])
+    assert np.all(reps[placed] <= problem.max_replicas[placed])
+    assert np.all(nodes <= problem.max_nodes_per_job)
+    if problem.interference_avoidance:
+        assert np.all(((x > 0) & (nodes > 1)[:, None]).sum(axis=0) <= 1)
+    assert _close(result.objective, evaluate(problem, x))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.booleans())
+def test_objective_is_recomputed_on_16_nodes(seed, interference):
+    problem = random_problem(
+        seed, num_nodes=16, cpus_per_node=4, num_jobs=20, interference_avoidance=interference
+    )
+    result = solve(problem, "milp")
+    assert result.status is Status.OPTIMAL
+    assert not violations(problem, result.placement)
+    assert _close(result.objective, evaluate(problem, result.placement))
+    assert result.gap <= MILP_GAP
+
+
+@PROPERTY
+@given(tiny_problems(), st.randoms(use_true_random=False))
+def test_invariant_under_job_permutation_and_node_relabelling(problem, rnd):
+    jobs = list(range(problem.num_jobs))
+    nodes = list(range(problem.num_nodes))
+    rnd.shuffle(jobs)
+    rnd.shuffle(nodes)
+    jobs, nodes = np.array(jobs), np.array(nodes)
+    new_index = np.argsort(jobs)  # old job -> new position
+    order = np.argsort(new_index[problem.cfg_job], kind="stable")
+    permuted = dataclasses.replace(
+        problem,
+        capacity=problem.capacity[nodes],
+        cfg_job=new_index[problem.cfg_job][order],
+        cfg_nodes=problem.cfg_nodes[order],
+        cfg_replicas=problem.cfg_replicas[order],
+        cfg_speedup=problem.cfg_speedup[order],
+        current=problem.current[jobs][:, nodes],
+        restart_factor=problem.restart_factor[jobs],
+        weight=problem.weight[jobs],
+        min_replicas=problem.min_replicas[jobs],
+        max_replicas=problem.max_replicas[jobs],
+    )
+    a = solve(problem, "milp", mip_gap=0.0)
+    b = solve(permuted, "milp", mip_gap=0.0)
+    assert _close(a.objective, b.objective)
+
+
+@PROPERTY
+@given(tiny_problems(), st.integers(1, 3))
+def test_adding_a_node_never_lowers_the_optimum(problem, cpus):
+    bigger = dataclasses.replace(
+        problem,
+        capacity=np.append(problem.capacity, cpus),
+        current=np.hstack([problem.current, np.zeros((problem.num_jobs, 1), dtype=np.int64)]),
+    )
+    before = solve(problem, "milp", mip_gap=0.0)
+    after = solve(bigger, "milp", mip_gap=0.0)
+    assert after.objective >= before.objective * (1 - RTOL)
+
+
+def test_unchanged_placement_pays_no_restart_factor():
+    # One running job already at its best shape; moving it would cost f = 0.25.
+    problem = Problem(
+        capacity=[4, 4],
+        cfg_job=[0, 0, 0],
+        cfg_nodes=[1, 1, 2],
+        cfg_replicas=[1, 2, 2],
+        cfg_speedup=[1.0, 1.9, 1.5],
+        current=[[2, 0]],
+        restart_factor=[0.25],
+        weight=[1.0],
+        min_replicas=[0],
+        max_replicas=[2],
+    )
+    result = solve(problem, "milp")
+    assert result.placement.tolist() == [[2, 0]]
+    assert _close(result.objective, 1.9 + 1e-3)
+    # The same shape on the other node is a move and pays the factor.
+    assert _close(evaluate(problem, np.array([[0, 2]])), 1.9 * 0.25 + 1e-3)
+
+
+# ------------------------------------------------------- formulation internals
+@PROPERTY
+@given(tiny_problems(), st.integers(0, 2**32 - 1))
+def test_every_feasible_placement_encodes_at_its_utility(problem, seed):
+    """The converse half of exactness: a feasible placement is a model solution of equal value."""
+    placement = random_placement(seed, problem, fill_fraction=0.9)
+    keep_rows = np.all(placement == problem.current, axis=1) & problem.has_current
+    placement[keep_rows] = problem.current[keep_rows]
+    ch = _milp.choices(problem)
+    d = _milp.derive(problem, ch, np.ones(ch.job.size, dtype=bool))
+    model = _milp._model(problem, ch, d)
+    values = _milp._encode(problem, ch, d, placement)
+    # A placement that uses a dominated configuration needs the dominating one instead.
+    assume(values is not None)
+    c, offset, A, rlo, rhi, clo, chi, integrality, columns = _milp._compile(model)
+    pos = {id(v): i for i, v in enumerate(columns)}
+    x = np.zeros(len(columns))
+    for name in ("y", "k", "z", "h", "f"):
+        for v, val in zip(getattr(model, name).values(), values[name]):
+            if id(v) in pos:
+                x[pos[id(v)]] = val
+    for key, v in model.g.items():
+        if id(v) in pos:
+            x[pos[id(v)]] = values["g"].get(key, 0.0)
+    activity = A @ x
+    assert np.all(activity >= rlo - 1e-9) and np.all(activity <= rhi + 1e-9)
+    assert np.all(x >= clo) and np.all(x <= chi)
+    assert _close(float(c @ x + offset), _milp._utility_sum(problem, placement))
+    decoded = _milp._decode(problem, ch, d, values)
+    assert not violations(problem, decoded)
+    assert evaluate(problem, decoded) >= evaluate(problem, placement) * (1 - RTOL)
+
+
+def _naive_prune(problem: Problem) -> np.ndarray:
+    keep = np.ones(problem.num_configs, dtype=bool)
+    for c in range(problem.num_configs):
+        j, n, k, s = problem.cfg_job[c], problem.cfg_nodes[c], problem.cfg_replicas[c], problem.cfg_speedup[c]
+        for o in range(problem.num_configs):
+            n2, k2 = problem.cfg_nodes[o], problem.cfg_replicas[o]
+            if problem.cfg_job[o] != j or problem.cfg_speedup[o] < s or (n2, k2) == (n, k):
+                continue
+            if n2 <= n and k2 <= -(-k * n2 // n) and (n2 < n or k2 < k):
+                keep[c] = False
+    return keep
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.3]))
+def test_vectorised_pruning_matches_the_pairwise_rule(seed, drop):
+    problem = random_problem(seed, num_nodes=4, cpus_per_node=3, num_jobs=3, drop_fraction=drop)
+    problem = _flatten(problem) if seed % 2 else problem
+    assert np.array_equal(_milp.prune_dominated(problem), _naive_prune(problem))
+
+
+def test_auto_switches_formulation_by_total_cpus():
+    small = random_problem(0, num_nodes=4, cpus_per_node=4, num_jobs=4)
+    big = dataclasses.replace(
+        small, capacity=np.full(4, _milp.AUTO_LARGE_CPUS // 4), current=np.zeros_like(small.current)
+    )
+    assert _milp.choose_formulation(small) == "exact"
+    assert _milp.choose_formulation(big) == "large"
+    assert solve(small, "milp").stats["formulation"] == "exact"
+
+
+def test_highs_status_table_maps_the_statuses_we_rely_on():
+    import highspy
+
+    solve(random_problem(0, 2, 2, 2), "milp")
+    ms = highspy.HighsModelStatus
+    assert _milp.HIGHS_STATUS[ms.kOptimal] == (Status.OPTIMAL, Status.ERROR)
+    assert _milp.HIGHS_STATUS[ms.kTimeLimit] == (Status.TIME_LIMIT, Status.TIME_LIMIT_NO_SOLUTION)
+    assert _milp.HIGHS_STATUS[ms.kInfeasible][0] is Status.INFEASIBLE
+
+
+# ------------------------------------------------------------------ time limit
+def test_time_limit_returns_the_best_feasible_placement():
+    problem = random_problem(0, num_nodes=128, cpus_per_node=4, num_jobs=250)
+    result = solve(problem, "milp", formulation="exact", time_limit=1e-3)
+    assert result.status in (Status.TIME_LIMIT, Status.TIME_LIMIT_NO_SOLUTION)
+    if result.status is Status.TIME_LIMIT:
+        assert not violations(problem, result.placement)
+        assert _close(result.objective, evaluate(problem, result.placement))
+        # The warm start is the current placement, so the answer is at least as good.
+        assert result.objective >= evaluate(problem, problem.current) * (1 - RTOL)
+        assert result.bound >= result.objective
+    else:
+        assert np.array_equal(result.placement, problem.current)
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"time_limit": 0}, r"time_limit must be a positive number of seconds, got 0"),
+        ({"time_limit": -2.5}, r"time_limit must be a positive number of seconds, got -2\.5"),
+        ({"time_limit": True}, r"time_limit must be a positive number of seconds, got True"),
+        ({"mip_gap": 1.0}, r"mip_gap must be in \[0, 1\), got 1\.0"),
+        ({"mip_gap": -0.1}, r"mip_gap must be in \[0, 1\), got -0\.1"),
+        ({"mip_gap": "0.01"}, r"mip_gap must be in \[0, 1\), got '0\.01'"),
+        ({"formulation": "sia"}, r"formulation must be one of \['auto', 'exact', 'large'\], got 'sia'"),
+        ({"formulation": None}, r"formulation must be one of \['auto', 'exact', 'large'\], got None"),
+        ({"no_such": 1}, r"unknown option 'no_such' for solver 'milp'"),
+    ],
+)
+def test_bad_options_are_rejected(options, message):
+    problem = random_problem(0, 2, 2, 2)
+    with pytest.raises(InvalidProblem, match=message):
+        solve(problem, "milp", **options)
+
+
+def test_non_problem_is_rejected():
+    with pytest.raises(InvalidProblem, match=r"problem must be a solvers\.Problem, got list"):
+        _milp.solve_milp([[4]])
+
+
+# ------------------------------------------------------------ large formulation
+@pytest.mark.parametrize("interference", [True, False])
+def test_large_formulation_is_feasible_with_an_honest_bound(interference):
+    problem = random_problem(
+        7, num_nodes=64, cpus_per_node=4, num_jobs=125, interference_avoidance=interference
+    )
+    large = solve(problem, "milp", formulation="large")
+    exact = solve(problem, "milp", formulation="exact")
+    assert large.stats["formulation"] == "large"
+    assert large.status in (Status.OPTIMAL, Status.FEASIBLE)
+    assert not violations(problem, large.placement)
+    assert _close(large.objective, evaluate(problem, large.placement))
+    assert large.bound >= large.objective
+    assert large.bound >= exact.objective * (1 - RTOL)  # the bound holds for the unrestricted problem
+    assert large.objective <= exact.objective * (1 + RTOL)
+    assert large.gap <= 0.01
+
+
+# ------------------------------------------------------------------ anchors
+def _anchor_files() -> list[Path]:
+    return sorted(ANCHORS.glob("*.json")) if ANCHORS.is_dir() else []
+
+
+def _load_anchor(path: Path):
+    from pollux_opt import encode, parse_instance
+
+    data = json.loads(path.read_text())
+    inst = parse_instance(data["instance"])
+    problem = encode(inst.cluster, inst.jobs, inst.options)
+    nodes = {nid: i for i, nid in enumerate(inst.cluster.node_ids)}
+    ga = np.zeros_like(problem.current)
+    for j, job in enumerate(inst.jobs):
+        for nid, k in data["reference"]["ga_placement"].get(job.id, {}).items():
+            ga[j, nodes[nid]] = k
+    return problem, ga, data["reference"]
+
+
+@pytest.mark.skipif(not ANCHORS.is_dir(), reason=f"measured Pollux rounds not found at {ANCHORS}")
+@pytest.mark.parametrize("path", _anchor_files(), ids=lambda p: p.stem)
+def test_issue2_anchor_rounds_match_or_beat_ga(path):
+    problem, ga, reference = _load_anchor(path)
+    assert math.isclose(evaluate(problem, ga), reference["ga_objective_pinned"], rel_tol=1e-9)
+    result = solve(problem, "milp")
+    assert result.status is Status.OPTIMAL
+    assert not violations(problem, result.placement)
+    assert result.objective >= reference["ga_objective_pinned"] * (1 - 1e-12)
+
+
+def test_threads_option_works_after_a_default_run():
+    problem = random_problem(1, 4, 4, 6)
+    default = solve(problem, "milp", formulation="exact", mip_gap=0.0)
+    single = solve(problem, "milp", formulation="exact", mip_gap=0.0, threads=1)
+    again = solve(problem, "milp", formulation="exact", mip_gap=0.0)
+    assert single.status is Status.OPTIMAL and again.status is Status.OPTIMAL
+    assert _close(single.objective, default.objective) and _close(again.objective, default.objective)
