@@ -27,6 +27,13 @@ from ._goodput import (
 )
 from ._instance import Instance, instance_to_json, load_instance, parse_instance
 from ._model import Allocation, BatchConfig, Cluster, Job, Node, Options, restart_factor
+from ._events import EventLog, read_events
+from ._metrics import summarize
+from ._policies import POLICIES
+from ._realbackend import run_real
+from ._scheduler import Backend, Decision, JobView, Policy
+from ._scheduler import run as run_scheduler
+from ._workloadsets import WORKLOAD_SETS, Workload, WorkloadJob, load_workload
 
 __all__ = [
     "Allocation",
@@ -52,4 +59,19 @@ __all__ = [
     "parse_instance",
     "restart_factor",
     "step_time",
+    # scheduler, policies, event log, metrics, real runs (issue 5)
+    "Backend",
+    "Decision",
+    "EventLog",
+    "JobView",
+    "POLICIES",
+    "Policy",
+    "WORKLOAD_SETS",
+    "Workload",
+    "WorkloadJob",
+    "load_workload",
+    "read_events",
+    "run_real",
+    "run_scheduler",
+    "summarize",
 ]

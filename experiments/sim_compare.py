@@ -1,0 +1,105 @@
+"""Policy comparison on the AdaptDL workloads at 16 nodes x 4 (issue 6, section 6).
+
+For every (workload, policy): average and p99 JCT, makespan, worst rho and the
+fraction of jobs with rho > 1 (from the shared metrics' summary.json).  Writes
+``OUT/compare.csv``, one run directory per pair and ``OUT/compare.png``.
+
+    python experiments/sim_compare.py --out runs/sim-compare [--traces DIR] [--jobs 2]
+    python experiments/sim_compare.py --quick --out /tmp/q    # 1 short workload, smoke test
+
+``--quick`` simulates the first 12 jobs of workload-1 on 4 x 4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+
+from pollux_opt import Cluster
+from pollux_opt._sim import default_trace_dir, load_profiles, read_workload, simulate
+
+POLICIES = ("pollux", "tiresias", "optimus")
+#: Published Pollux-simulator averages over the eight workloads, hours (issue 6 targets).
+PUBLISHED_AVG_JCT_H = {"pollux": 0.76, "tiresias": 1.12, "optimus": 1.58}
+QUICK_JOBS = 12
+
+
+def run_one(task: dict) -> dict:
+    """Top-level (picklable): simulate one (workload, policy) pair; one CSV row."""
+    logging.disable(logging.WARNING)
+    profiles = load_profiles(task["traces"])
+    jobs = read_workload(task["workload"])
+    if task["quick"]:
+        jobs = jobs[:QUICK_JOBS]
+    cluster = Cluster.uniform(task["nodes"], task["cpus_per_node"])
+    res = simulate(jobs, profiles, task["policy"], cluster=cluster, interval=task["interval"],
+                   out_dir=task["out_dir"])
+    summary = json.loads((Path(task["out_dir"]) / "summary.json").read_text())
+    return {
+        "workload": Path(task["workload"]).stem, "policy": task["policy"], "jobs": res.num_jobs,
+        "completed": res.completed, "avg_jct_s": res.avg_jct, "p99_jct_s": res.p99_jct,
+        "makespan_s": res.makespan, "worst_rho": summary.get("worst_rho"),
+        "frac_rho_gt_1": summary.get("frac_rho_gt_1"), "wall_s": res.wall_seconds,
+        "solver_s": res.solver_seconds,
+    }
+
+
+def plot(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    pivot = df.pivot(index="workload", columns="policy", values="avg_jct_s") / 3600
+    pivot.plot.bar(ax=ax)
+    ax.set_ylabel("average JCT (h)")
+    ax.set_title("AdaptDL workloads, simulated")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", default=None, help="trace folder (default: ../shared/traces/adaptdl-osdi21)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES))
+    ap.add_argument("--workloads", nargs="+", type=int, default=list(range(1, 9)))
+    ap.add_argument("--interval", type=float, default=60.0)
+    ap.add_argument("--jobs", type=int, default=1, help="parallel processes")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    traces = Path(args.traces) if args.traces else default_trace_dir()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    workloads = [1] if args.quick else args.workloads
+    nodes = 4 if args.quick else 16
+    tasks = [
+        {"traces": str(traces), "workload": str(traces / "workloads" / f"workload-{w}.csv"), "policy": p,
+         "quick": args.quick, "nodes": nodes, "cpus_per_node": 4, "interval": args.interval,
+         "out_dir": str(out / f"workload-{w}-{p}")}
+        for w in workloads for p in args.policies
+    ]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            rows = list(pool.map(run_one, tasks))
+    else:
+        rows = [run_one(t) for t in tasks]
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "compare.csv", index=False)
+    means = df.groupby("policy")[["avg_jct_s", "p99_jct_s", "makespan_s", "wall_s"]].mean()
+    means["published_avg_jct_s"] = [PUBLISHED_AVG_JCT_H.get(p, float("nan")) * 3600 for p in means.index]
+    means.to_csv(out / "compare_means.csv")
+    plot(df, out / "compare.png")
+    print(means.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,189 @@
+"""Run one simulated workload through the shared scheduler loop into a run directory.
+
+The run directory matches a real run's: ``events.jsonl`` (the unified event
+log) and ``summary.json`` (from the shared metrics module when present), plus
+``jobs.csv`` with one row per simulated job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from solvers import InvalidProblem
+
+from .._events import EventLog
+from .._model import Cluster
+from .._scheduler import run as run_loop
+from ._backend import SimBackend, SimConfig
+from ._profile import Profile
+from ._workload import WorkloadJob
+
+__all__ = ["SIM_POLICIES", "make_policy", "simulate", "SimResult"]
+
+log = logging.getLogger(__name__)
+
+#: Policies the simulator builds itself (they need the simulator's oracle or are
+#: baselines defined in :mod:`pollux_opt._sim_policies`); other names go to the
+#: shared policy registry of :mod:`pollux_opt._policies`.
+SIM_POLICIES = ("tiresias", "optimus")
+
+
+def make_policy(name: str, backend: SimBackend, **options: Any):
+    """Build policy ``name`` for ``backend`` (Optimus gets the simulator's oracle)."""
+    from .._sim_policies import OptimusPolicy, TiresiasPolicy
+
+    if name == "tiresias":
+        return TiresiasPolicy(**options)
+    if name == "optimus":
+        return OptimusPolicy(oracle=backend.oracle, **options)
+    try:
+        from .. import _policies
+    except ImportError:  # pragma: no cover - the registry ships with the scheduler loop
+        raise InvalidProblem(f"unknown policy {name!r}; available: {list(SIM_POLICIES)}") from None
+    return _policies.make_policy(name, **options)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Outcome of :func:`simulate` (times in seconds)."""
+
+    policy: str
+    num_jobs: int
+    completed: int
+    avg_jct: float
+    p99_jct: float
+    makespan: float
+    rounds: int
+    wall_seconds: float
+    solver_seconds: float
+    out_dir: str | None
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def simulate(
+    jobs: Sequence[WorkloadJob],
+    profiles: Mapping[str, Profile],
+    policy: str | Any,
+    *,
+    cluster: Cluster | None = None,
+    interval: float = 60.0,
+    config: SimConfig | None = None,
+    out_dir=None,
+    policy_options: Mapping[str, Any] | None = None,
+    max_rounds: int | None = None,
+    progress: Callable | None = None,
+) -> SimResult:
+    """Simulate ``jobs`` under ``policy`` (a name or a policy object).
+
+    Args:
+        jobs: the workload.
+        profiles: application -> true profile.
+        policy: policy name (see :func:`make_policy`) or a Policy.
+        cluster: default 16 nodes x 4 (the paper's cluster).
+        interval: scheduling interval, seconds.
+        config: simulation settings.
+        out_dir: run directory (events.jsonl, summary.json, jobs.csv); None: no files.
+        policy_options: keyword options of the named policy.
+        max_rounds: stop after this many rounds.
+        progress: per-round callback of the scheduler loop.
+    """
+    cluster = cluster or Cluster.uniform(16, 4)
+    t0 = time.perf_counter()
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        events_path = out / "events.jsonl"
+        if events_path.exists():
+            events_path.unlink()  # a simulation is deterministic: rerun from scratch
+    events = EventLog(out / "events.jsonl") if out is not None else None
+    try:
+        backend = SimBackend(jobs, profiles, cluster, events, config)
+        pol = make_policy(policy, backend, **dict(policy_options or {})) if isinstance(policy, str) else policy
+        if events is not None:
+            events.emit("run_start", 0.0, None, policy=pol.name, resumed=False, simulated=True,
+                        cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes))
+        solver_s = [0.0]
+
+        def on_round(now, views, decision):
+            solver_s[0] += decision.solver_seconds
+            if progress is not None:
+                progress(now, views, decision)
+
+        rounds = run_loop(backend, pol, cluster, _NullLog() if events is None else events,
+                          interval=interval, progress=on_round, max_rounds=max_rounds)
+    finally:
+        if events is not None:
+            events.close()
+    jct = np.array(sorted(backend.jcts().values()))
+    records = backend.job_records()
+    done = [r["completion_time"] for r in records if r["completion_time"] is not None]
+    wall = time.perf_counter() - t0
+    result = SimResult(
+        policy=pol.name, num_jobs=len(records), completed=int(jct.size),
+        avg_jct=float(jct.mean()) if jct.size else math.nan,
+        p99_jct=float(np.percentile(jct, 99)) if jct.size else math.nan,
+        makespan=float(max(done) - min(r["submit_time"] for r in records)) if done else math.nan,
+        rounds=rounds, wall_seconds=wall, solver_seconds=solver_s[0],
+        out_dir=None if out is None else str(out),
+    )
+    if out is not None:
+        pd.DataFrame(records).to_csv(out / "jobs.csv", index=False)
+        summary = _summary(out, result, config or SimConfig(), interval, cluster)
+        _atomic_write(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False, default=_nan_null))
+    return result
+
+
+def _nan_null(x):
+    return None
+
+
+def _clean(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _summary(out: Path, result: SimResult, config: SimConfig, interval: float, cluster: Cluster) -> dict:
+    """The shared metrics' summary of the event log, plus the simulation's own fields."""
+    summary: dict = {}
+    try:
+        from .. import _metrics
+    except ImportError:  # pragma: no cover - the metrics module ships with the scheduler loop
+        _metrics = None
+    if _metrics is not None and hasattr(_metrics, "summarize"):
+        from .._events import read_events
+
+        summary = _metrics.summarize(read_events(out / "events.jsonl"))
+        if hasattr(summary, "to_json"):
+            summary = summary.to_json()
+        elif not isinstance(summary, dict):
+            summary = asdict(summary)
+    summary["simulation"] = {
+        **asdict(result), "config": asdict(config), "interval_s": interval,
+        "nodes": len(cluster.nodes), "cpus": cluster.total_cpus,
+    }
+    return _clean(summary)
+
+
+class _NullLog:
+    def emit(self, *args, **kwargs):
+        return {}

@@ -1,0 +1,211 @@
+"""Each policy's decisions on hand-made views (issue 5)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from pollux_opt import Cluster, InvalidProblem, Options, restart_factor
+from pollux_opt._goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt._policies import (
+    POLICIES,
+    DynamicPolicy,
+    FixedPolicy,
+    PolluxPolicy,
+    job_for_allocator,
+    make_policy,
+)
+from pollux_opt._scheduler import Decision, JobView, Policy
+
+
+def view(job_id, *, t=0.0, state="pending", placement=None, model=None, replicas=1, batch=32,
+         max_replicas=8, min_replicas=1, age=100.0, restarts=0, delay=5.0):
+    return JobView(
+        job_id=job_id, submit_time=t, state=state, placement=placement or {}, restarts=restarts, age=age,
+        min_replicas=min_replicas, max_replicas=max_replicas, submitted_replicas=replicas,
+        submitted_batch_size=batch, goodput_model=model, restart_delay=delay, progress=0.0,
+        attained_service=0.0,
+    )
+
+
+def model(*, noise: float, alpha_n: float = 0.002, m0: int = 32, max_batch: int = 4096) -> GoodputModel:
+    """A CPU-like job: 5 ms + 1 ms/sample compute, small intra-node sync, gradient noise ``noise``."""
+    return GoodputModel(
+        ThroughputParams(0.005, 0.001, alpha_n, 0.0005, 0.02, 0.002, 1.5),
+        GradientStats(grad_sqr=1.0, grad_var=noise / m0, init_batch_size=m0),
+        BatchLimits(init_batch_size=m0, max_batch_size=max_batch, max_local_bsz=1024),
+    )
+
+
+def used(decision: Decision) -> int:
+    return sum(sum(p.values()) for p in decision.placement.values())
+
+
+def test_registry_and_protocol():
+    assert set(POLICIES) == {"fixed", "dynamic", "pollux"}
+    for name, cls in POLICIES.items():
+        policy = cls()
+        assert policy.name == name
+        assert isinstance(policy, Policy)
+    assert make_policy("pollux").adapts_batch and not make_policy("fixed").adapts_batch
+    assert not make_policy("dynamic").adapts_batch
+    with pytest.raises(InvalidProblem, match=r"unknown policy 'sia'; choose one of \['dynamic', 'fixed', 'pollux'\]"):
+        make_policy("sia")
+
+
+# ------------------------------------------------------------------- fixed
+def test_fixed_is_fifo_gang_with_submitted_cpus_and_never_moves_running_jobs():
+    cluster = Cluster.uniform(1, 4)
+    jobs = [
+        view("run", t=0, state="running", placement={"n0": 1}, replicas=1),
+        view("late", t=30, replicas=1),
+        view("first", t=10, replicas=2, batch=64),
+        view("second", t=20, replicas=2),
+    ]
+    d = FixedPolicy().decide(100.0, cluster, jobs)
+    assert d.placement["run"] == {"n0": 1}          # untouched
+    assert d.placement["first"] == {"n0": 2}        # head of the queue, its submitted 2 CPUs
+    assert d.placement["second"] == {}              # 1 CPU left: does not fit, blocks ...
+    assert d.placement["late"] == {}                # ... the job behind it (strict FIFO)
+    assert d.batch["first"].batch_size == 64 and d.batch["first"].local_bsz == 32
+    assert d.status == "fifo" and math.isnan(d.objective)
+
+
+def test_fixed_packs_gangs_on_one_node_then_spreads():
+    cluster = Cluster.uniform(2, 2)
+    d = FixedPolicy().decide(0.0, cluster, [view("a", t=0, replicas=1), view("b", t=1, replicas=2)])
+    assert d.placement["a"] == {"n0": 1}
+    assert d.placement["b"] == {"n1": 2}
+    d = FixedPolicy().decide(0.0, cluster, [view("big", replicas=3), view("small", t=1, replicas=1)])
+    assert sum(d.placement["big"].values()) == 3 and len(d.placement["big"]) == 2
+    assert d.placement["small"] == {"n0": 1} or d.placement["small"] == {"n1": 1}
+    assert used(d) == 4
+
+
+def test_fixed_clamps_a_request_larger_than_the_cluster():
+    d = FixedPolicy().decide(0.0, Cluster.uniform(1, 2), [view("huge", replicas=16, max_replicas=16)])
+    assert d.placement["huge"] == {"n0": 2}
+
+
+def test_fixed_uses_the_models_split_of_the_submitted_batch():
+    m = model(noise=100.0)
+    d = FixedPolicy().decide(0.0, Cluster.uniform(1, 4), [view("a", replicas=2, batch=100, model=m)])
+    assert d.batch["a"].batch_size >= 100 and d.batch["a"].local_bsz == 50
+
+
+# ----------------------------------------------------------------- dynamic
+def test_dynamic_gives_idle_cpus_to_jobs_and_keeps_the_submitted_batch():
+    cluster = Cluster.uniform(1, 4)
+    m = model(noise=1000.0)
+    d = DynamicPolicy().decide(0.0, cluster, [view("a", model=m, batch=64), view("b", t=1, model=m, batch=64)])
+    assert used(d) == 4 and all(sum(p.values()) == 2 for p in d.placement.values())
+    for b in d.batch.values():
+        assert b.batch_size == 64  # throughput only: the user's batch, split over the replicas
+    assert d.status == "optimal" and d.objective > 0
+
+
+def test_dynamic_ignores_statistical_efficiency():
+    """Two jobs with the same throughput model but different gradient noise: the
+    throughput-only policy treats them alike at the submitted batch; Pollux grows
+    the batch of the noisy job (large batches keep its efficiency) and not of the quiet one."""
+    cluster = Cluster.uniform(1, 6)
+    quiet, noisy = model(noise=1.0), model(noise=5000.0)
+    jobs = [view("quiet", model=quiet, batch=32), view("noisy", t=1, model=noisy, batch=32)]
+    dyn = DynamicPolicy().decide(0.0, cluster, jobs)
+    pol = PolluxPolicy().decide(0.0, cluster, jobs)
+    k = lambda d, j: sum(d.placement[j].values())  # noqa: E731
+    assert k(dyn, "quiet") == k(dyn, "noisy") == 3  # identical throughput models
+    assert dyn.batch["quiet"].batch_size == dyn.batch["noisy"].batch_size == 33  # 32 split over 3, rounded up
+    assert pol.batch["noisy"].batch_size > 4 * 32
+    assert pol.batch["quiet"].batch_size < 2 * 32
+
+
+# ------------------------------------------------------------------ pollux
+def test_pollux_unmeasured_jobs_get_the_linear_prior_within_the_exploration_cap():
+    cluster = Cluster.uniform(1, 8)
+    d = PolluxPolicy().decide(0.0, cluster, [view("new")])
+    assert d.placement["new"] == {"n0": 1}  # never measured: one replica
+    assert "new" not in d.batch  # no model yet: the job trains at M0 until measured
+    m = model(noise=5000.0)
+    for profiled, expected in [(1, 2), (2, 4), (3, 6), (None, 8)]:
+        v = replace(view("a", model=m), max_profiled_replicas=profiled)
+        assert sum(PolluxPolicy().decide(0.0, cluster, [v]).placement["a"].values()) == expected
+    # the cap never goes below the job's own minimum
+    v = replace(view("b", min_replicas=3), max_profiled_replicas=0)
+    assert sum(DynamicPolicy().decide(0.0, cluster, [v]).placement["b"].values()) == 3
+
+
+def test_pollux_restart_penalty_uses_each_jobs_measured_delay():
+    """A running job is moved only if the gain beats its own restart penalty."""
+    cluster = Cluster.uniform(1, 4)
+    m = model(noise=2000.0)
+    # A young job whose restarts are slow stays where it is; one whose restarts are fast grows.
+    slow = view("a", state="running", placement={"n0": 1}, model=m, age=20.0, delay=60.0)
+    fast = view("a", state="running", placement={"n0": 1}, model=m, age=20.0, delay=0.5)
+    assert PolluxPolicy().decide(0.0, cluster, [slow]).placement["a"] == {"n0": 1}
+    assert sum(PolluxPolicy().decide(0.0, cluster, [fast]).placement["a"].values()) == 4
+
+
+def test_job_for_allocator_rescales_age_to_the_jobs_own_delay():
+    options = Options(restart_delay=30.0)
+    for age, restarts, delay in [(100.0, 2, 5.0), (12.0, 1, 10.0), (1000.0, 0, 0.25)]:
+        job = job_for_allocator(view("a", age=age, restarts=restarts, delay=delay), Cluster.uniform(1, 2),
+                                options, fixed_batch=False)
+        assert restart_factor(job.age, job.restarts, options.restart_delay) == pytest.approx(
+            restart_factor(age, restarts, delay))
+
+
+def test_pollux_interference_avoidance_keeps_distributed_jobs_apart():
+    cluster = Cluster.uniform(2, 2)
+    m = model(noise=5000.0, alpha_n=0.0)
+    jobs = [view(j, t=i, model=m, max_replicas=4) for i, j in enumerate("ab")]
+    d = PolluxPolicy().decide(0.0, cluster, jobs)
+    spread = [j for j, p in d.placement.items() if len(p) > 1]
+    assert len(spread) <= 1
+    # without the constraint both would be allowed to span the two nodes (checked by the allocator tests)
+
+
+def test_completed_and_failed_views_are_ignored():
+    cluster = Cluster.uniform(1, 2)
+    for policy in (FixedPolicy(), DynamicPolicy(), PolluxPolicy()):
+        d = policy.decide(0.0, cluster, [view("done", state="completed"), view("x", state="failed")])
+        assert used(d) == 0 and "done" not in d.placement
+
+
+@pytest.mark.parametrize("policy", [DynamicPolicy(), PolluxPolicy()])
+def test_oversubscribed_cluster_keeps_running_jobs_and_admits_first_come_first(policy):
+    """Regression (issue 5 demo): with more jobs than CPUs the objective is the same
+    whichever jobs wait, and the solver swapped running and waiting jobs every round."""
+    cluster = Cluster.uniform(1, 2)
+    m = model(noise=100.0)
+    jobs = [view("d", t=3, model=m), view("c", t=2, model=m),
+            view("b", t=1, state="running", placement={"n0": 1}, model=m, age=30),
+            view("a", t=0, state="running", placement={"n0": 1}, model=m, age=30)]
+    for _ in range(3):
+        d = policy.decide(40.0, cluster, jobs)
+        assert d.placement["a"] == d.placement["b"] == {"n0": 1}
+        assert d.placement["c"] == d.placement["d"] == {}
+    jobs = [view("d", t=3, model=m), view("c", t=2, model=m),
+            view("a", t=0, state="running", placement={"n0": 1}, model=m, age=30)]
+    d = policy.decide(40.0, cluster, jobs)
+    assert d.placement["a"] == {"n0": 1} and d.placement["c"] == {"n0": 1} and d.placement["d"] == {}
+
+
+@pytest.mark.parametrize("policy", [FixedPolicy(), DynamicPolicy(), PolluxPolicy()])
+def test_over_committed_views_are_made_to_fit(policy):
+    """A backend may briefly report more replicas on a node than it has; the
+    youngest job there is treated as holding nothing instead of crashing the allocator."""
+    cluster = Cluster.uniform(1, 2)
+    jobs = [view("old", t=0, state="running", placement={"n0": 2}, model=model(noise=10.0)),
+            view("young", t=5, state="running", placement={"n0": 1}, model=model(noise=10.0))]
+    d = policy.decide(10.0, cluster, jobs)
+    assert used(d) <= 2
+    if policy.name == "fixed":
+        assert d.placement["old"] == {"n0": 2} and d.placement["young"] == {}
+
+
+def test_unknown_node_in_a_view_is_an_error():
+    with pytest.raises(InvalidProblem, match=r"job 'a': placement on unknown node 'n9'"):
+        FixedPolicy().decide(0.0, Cluster.uniform(1, 2), [view("a", state="running", placement={"n9": 1})])

@@ -1,0 +1,160 @@
+"""Simulator (issue 6): profiles, workloads, backend, baselines, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pollux_opt import Cluster, InvalidProblem
+from pollux_opt._scheduler import Decision
+from pollux_opt._sim import (
+    ParametricProfile,
+    SimBackend,
+    SimConfig,
+    WorkloadJob,
+    default_trace_dir,
+    load_profiles,
+    philly_workload,
+    read_workload,
+    simulate,
+    split_batch,
+    tuned_config,
+)
+from pollux_opt._sim_policies import OptimusPolicy, TiresiasPolicy, pack
+
+TRACES = default_trace_dir()
+needs_traces = pytest.mark.skipif(
+    not (TRACES / "profiles").is_dir(), reason=f"AdaptDL traces not found at {TRACES}"
+)
+
+SYNTH = {"synth": ParametricProfile("synth", max_epochs=3, epoch_progress=200.0)}
+
+
+def _jobs(n=4, spacing=30.0, replicas=2, batch=256):
+    return [WorkloadJob(f"j{i}", i * spacing, "synth", replicas, batch) for i in range(n)]
+
+
+def test_split_batch_fits_max_local():
+    assert split_batch(1000, 3, 128) == (112, 2)  # 334 per replica in 3 micro-batches
+    assert split_batch(64, 4, 128) == (16, 0)
+
+
+def test_parametric_profile_rejects_bad_gamma():
+    with pytest.raises(InvalidProblem, match=r"gamma must be in \[1, 10\], got 0.5"):
+        ParametricProfile("x", gamma=0.5)
+
+
+def test_unknown_application_named():
+    with pytest.raises(InvalidProblem, match="no profile for application 'nope'"):
+        SimBackend([WorkloadJob("a", 0.0, "nope", 1, 128)], SYNTH, Cluster.uniform(1, 4))
+
+
+def test_views_hide_truth_until_measured():
+    b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(2, 4))
+    (v,) = b.views()
+    assert v.goodput_model is None and v.max_replicas == 1 and v.state == "pending"
+    b.apply(Decision({"j0": {"n0": 1}}, {}, math.nan, 0.0, "test"))
+    b.advance(60.0)
+    (v,) = b.views()
+    assert v.goodput_model is not None and v.max_replicas == 2  # explore factor 2 x measured
+    assert v.progress > 0 and v.attained_service == pytest.approx(60.0)
+
+
+def test_restart_delay_costs_progress():
+    def progress(delay):
+        b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4), config=SimConfig(restart_delay=delay))
+        b.apply(Decision({"j0": {"n0": 1}}, {}, math.nan, 0.0, "t"))
+        b.advance(60.0)
+        return b.views()[0].progress
+
+    assert progress(0.0) == pytest.approx(2 * progress(30.0))
+
+
+def test_interference_slows_shared_multi_node_jobs():
+    jobs = [WorkloadJob("a", 0, "synth", 2, 256), WorkloadJob("b", 0, "synth", 2, 256)]
+    dec = Decision({"a": {"n0": 1, "n1": 1}, "b": {"n0": 1, "n1": 1}}, {}, math.nan, 0.0, "t")
+    out = {}
+    for x in (0.0, 0.5):
+        b = SimBackend(jobs, SYNTH, Cluster.uniform(2, 4), config=SimConfig(restart_delay=0, interference=x))
+        b.apply(dec)
+        b.advance(10.0)
+        out[x] = b.views()[0].progress
+    assert out[0.5] == pytest.approx(0.5 * out[0.0])
+
+
+def test_overload_rejected():
+    b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4))
+    with pytest.raises(InvalidProblem, match="overloads node 'n0': 5 replicas > 4"):
+        b.apply(Decision({"j0": {"n0": 5}}, {}, math.nan, 0.0, "t"))
+
+
+def test_pack_keeps_unchanged_placements():
+    c = Cluster.uniform(2, 4)
+    out = pack(c, {"a": 2, "b": 4}, {"a": {"n1": 2}}, ["a", "b"])
+    assert out["a"] == {"n1": 2} and out["b"] == {"n0": 4}
+
+
+@pytest.mark.parametrize("policy", ["tiresias", "optimus"])
+def test_baselines_complete_synthetic_workload(tmp_path, policy):
+    res = simulate(_jobs(6), SYNTH, policy, cluster=Cluster.uniform(2, 4), interval=30.0, out_dir=tmp_path)
+    assert res.completed == 6 and res.avg_jct > 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["simulation"]["completed"] == 6
+    events = [json.loads(l) for l in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert sum(e["type"] == "complete" for e in events) == 6
+    assert sum(e["type"] == "submit" for e in events) == 6
+
+
+def test_tiresias_demotes_by_attained_service():
+    from pollux_opt._scheduler import JobView
+
+    def view(jid, submit, attained):
+        return JobView(jid, submit, "pending", {}, 0, 0.0, 0, 4, 4, 128, None, 30.0, 0.0, attained)
+
+    d = TiresiasPolicy(thresholds=(100.0,)).decide(
+        0.0, Cluster.uniform(1, 4), [view("old", 0.0, 500.0), view("new", 10.0, 0.0)]
+    )
+    assert sum(d.placement["new"].values()) == 4 and not d.placement["old"]
+
+
+@needs_traces
+def test_trace_profile_interpolates_between_measurements():
+    cifar = load_profiles(names=["cifar10"])["cifar10"]
+    lo, hi = cifar.step_sync((1,), 32), cifar.step_sync((1,), 45)
+    mid = cifar.step_sync((1,), 38)
+    assert min(lo[0], hi[0]) <= mid[0] <= max(lo[0], hi[0])
+    # An unmeasured spread (6 nodes) interpolates over scalability.csv: finite, slower than 1 node.
+    assert cifar.step_sync((4,) * 6, 32)[0] > lo[0]
+    assert cifar.init_batch_size == 128 and cifar.max_batch_size == 4096 and cifar.max_epochs == 100
+
+
+@needs_traces
+def test_tuned_configs_match_workload_csv():
+    """The workload CSVs' fixed configurations are the tuned ones (artifact rule)."""
+    profiles = load_profiles()
+    jobs = read_workload(TRACES / "workloads" / "workload-6.csv")
+    assert len(jobs) == 160
+    for j in jobs[:40]:
+        assert tuned_config(profiles[j.application], j.num_replicas)[0] == j.batch_size
+
+
+@needs_traces
+def test_philly_generator_scales_with_load():
+    profiles = load_profiles()
+    a = philly_workload(TRACES / "philly.csv", profiles, load=0.5, num_jobs=40, seed=3)
+    b = philly_workload(TRACES / "philly.csv", profiles, load=2.0, num_jobs=40, seed=3)
+    assert len(a) == 20 and len(b) == 80
+    assert all(0 <= j.time <= 8 * 3600 and j.application in profiles for j in b)
+
+
+def test_cli_simulate(tmp_path, monkeypatch):
+    from pollux_opt._sim import write_workload
+    from pollux_opt.cli import main
+
+    prof = tmp_path / "missing"
+    wl = tmp_path / "w.csv"
+    write_workload(_jobs(2), wl)
+    assert main(["simulate", "--workload", str(wl), "--profiles", str(prof), "--policy", "tiresias",
+                 "--out", str(tmp_path / "out")]) == 2
