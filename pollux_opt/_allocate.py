@@ -11,7 +11,7 @@ import numpy as np
 import solvers
 from solvers import InvalidProblem, Problem
 
-from ._goodput import GoodputModel
+from ._goodput import BatchChoice, GoodputModel
 from ._model import Allocation, BatchConfig, Cluster, Job, Options, restart_factor
 
 __all__ = ["allocate", "encode"]
@@ -29,6 +29,53 @@ _SPEEDUP_CACHE_SIZE = 4096
 
 
 @lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+def _model_table(
+    model: GoodputModel,
+    pairs: tuple[tuple[int, int], ...],
+    base: tuple[int, int],
+    fixed_batch_size: int | None,
+) -> tuple[dict[tuple[int, int], float], BatchChoice | None]:
+    """Speedups and best batch configurations of a goodput model at the given pairs.
+
+    Returns ``({pair: speedup}, choice)``: the speedups of the feasible
+    (speedup > 0) pairs, and the model's :class:`BatchChoice` at ``pairs``
+    (arrays in the order of ``pairs``; None when there are none).  The choice
+    is kept so that decoding a placement (:func:`_batch_config`) reuses it
+    instead of optimizing again; ``GoodputModel.optimize`` treats every pair
+    independently, so it equals a one-pair call.
+    """
+    if not pairs:
+        return {}, None
+    # The base goes last in the same call (one vectorised search instead of two).
+    nn = np.array([p[0] for p in pairs] + [base[0]])
+    kk = np.array([p[1] for p in pairs] + [base[1]])
+    choice = model.optimize(nn, kk, fixed_batch_size=fixed_batch_size)
+    if not choice.feasible[-1]:
+        model.speedup(nn, kk, base=base, fixed_batch_size=fixed_batch_size)  # raises its clear error
+    spd = choice.goodput[:-1] / choice.goodput[-1]
+    keep = np.flatnonzero(spd > 0)
+    table = dict(zip([pairs[i] for i in keep], spd[keep].tolist()))
+    return table, choice
+
+
+@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+def _pair_index(pairs: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], int]:
+    """{pair: position in pairs}; a scheduler uses few distinct pair lists, so this is shared."""
+    return {p: i for i, p in enumerate(pairs)}
+
+
+def _batch_config(job: Job, pairs: tuple[tuple[int, int], ...], pair: tuple[int, int]) -> BatchConfig | None:
+    """The cached best configuration of ``job`` at ``pair`` (None if not a feasible cached pair)."""
+    table, choice = _model_table(job.speedup, pairs, job.base, job.fixed_batch_size)
+    if pair not in table:
+        return None
+    i = _pair_index(pairs)[pair]
+    return BatchConfig(
+        local_bsz=int(choice.local_bsz[i]), accum_steps=int(choice.accum_steps[i]),
+        batch_size=int(choice.batch_size[i]), goodput=float(choice.goodput[i]),
+    )
+
+
 def _model_speedups(
     model: GoodputModel,
     pairs: tuple[tuple[int, int], ...],
@@ -36,12 +83,7 @@ def _model_speedups(
     fixed_batch_size: int | None,
 ) -> dict[tuple[int, int], float]:
     """{pair: speedup} of a goodput model at the given pairs, dropping infeasible (0) pairs."""
-    if not pairs:
-        return {}
-    nn = np.array([p[0] for p in pairs])
-    kk = np.array([p[1] for p in pairs])
-    spd = model.speedup(nn, kk, base=base, fixed_batch_size=fixed_batch_size)
-    return {p: float(s) for p, s in zip(pairs, spd) if s > 0}
+    return _model_table(model, pairs, base, fixed_batch_size)[0]
 
 
 def _candidate_pairs(job: Job, caps_desc: np.ndarray, max_nodes: int) -> list[tuple[int, int]]:
@@ -50,13 +92,18 @@ def _candidate_pairs(job: Job, caps_desc: np.ndarray, max_nodes: int) -> list[tu
     A pair needs ``num_nodes <= min(max_nodes, #nodes)``, replicas within the
     job's range, and replicas that fit on the ``num_nodes`` largest nodes.
     """
-    lo = max(job.min_replicas, 1)
+    return list(_pairs(max(job.min_replicas, 1), job.max_replicas, tuple(int(c) for c in caps_desc), max_nodes))
+
+
+@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+def _pairs(lo: int, hi: int, caps_desc: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, int], ...]:
+    """The pairs of :func:`_candidate_pairs`, cached: a scheduler asks for the same few ranges every round."""
     top = np.cumsum(caps_desc)
     pairs = []
-    for n in range(1, min(max_nodes, caps_desc.size) + 1):
-        for k in range(max(n, lo), min(job.max_replicas, int(top[n - 1])) + 1):
+    for n in range(1, min(max_nodes, len(caps_desc)) + 1):
+        for k in range(max(n, lo), min(hi, int(top[n - 1])) + 1):
             pairs.append((n, k))
-    return pairs
+    return tuple(pairs)
 
 
 def encode(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Problem:
@@ -82,9 +129,9 @@ def encode(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Problem:
             if nid not in node_index:
                 raise InvalidProblem(f"job {job.id!r}: placement on unknown node {nid!r}")
             current[j, node_index[nid]] = k
-        pairs = _candidate_pairs(job, caps_desc, options.max_nodes_per_job)
+        pairs = tuple(_candidate_pairs(job, caps_desc, options.max_nodes_per_job))
         if isinstance(job.speedup, GoodputModel):
-            table = _model_speedups(job.speedup, tuple(pairs), job.base, job.fixed_batch_size)
+            table = _model_speedups(job.speedup, pairs, job.base, job.fixed_batch_size)
         else:
             allowed = set(pairs)
             table = {p: s for p, s in job.speedup.items() if p in allowed}
@@ -115,11 +162,20 @@ def encode(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Problem:
     )
 
 
-def _batch_configs(jobs: Sequence[Job], placement: np.ndarray) -> dict[str, BatchConfig]:
+def _batch_configs(
+    jobs: Sequence[Job], placement: np.ndarray, cluster: Cluster, options: Options
+) -> dict[str, BatchConfig]:
+    caps_desc = np.sort(np.array([n.cpus for n in cluster.nodes], dtype=np.int64))[::-1]
     out = {}
     for job, row in zip(jobs, placement):
         k = int(row.sum())
         if k == 0 or not isinstance(job.speedup, GoodputModel):
+            continue
+        pair = (int((row > 0).sum()), k)
+        pairs = tuple(_candidate_pairs(job, caps_desc, options.max_nodes_per_job))
+        cached = _batch_config(job, pairs, pair)
+        if cached is not None:  # computed while encoding (same model, pairs and base)
+            out[job.id] = cached
             continue
         choice = job.speedup.optimize(int((row > 0).sum()), k, fixed_batch_size=job.fixed_batch_size)
         out[job.id] = BatchConfig(
@@ -190,7 +246,7 @@ def allocate(
     }
     return Allocation(
         placement=placement,
-        batch=_batch_configs(jobs, result.placement),
+        batch=_batch_configs(jobs, result.placement, cluster, opts),
         objective=result.objective,
         bound=result.bound,
         gap=result.gap,

@@ -778,8 +778,14 @@ class GoodputModel:
         """
         nodes, replicas = _allocation(num_nodes, num_replicas)
         shape = nodes.shape
-        n = nodes.reshape(-1).astype(np.float64)
-        k = replicas.reshape(-1).astype(np.float64)
+        # The model sees the node count only as "one node or several" (see
+        # _sync_time), so allocations with the same replicas on 2, 3, ... nodes
+        # share one answer: solve each distinct (multi-node, K) once, then expand.
+        multi = nodes.reshape(-1) > 1
+        keys, inverse = np.unique(replicas.reshape(-1) * 2 + multi, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        n = (1 + keys % 2).astype(np.float64)
+        k = (keys // 2).astype(np.float64)
         if fixed_batch_size is None:
             m, s = self._best_batch(n, k)
         else:
@@ -799,13 +805,14 @@ class GoodputModel:
                 "%d of %d allocations infeasible for %s",
                 int((~feasible).sum()), feasible.size, self.limits,
             )
+        batch = np.where(feasible, batch, 0).astype(np.int64)
         return BatchChoice(
-            goodput=(thr * eff).reshape(shape),
-            throughput=thr.reshape(shape),
-            efficiency=eff.reshape(shape),
-            local_bsz=m.reshape(shape),
-            accum_steps=s.reshape(shape),
-            batch_size=np.where(feasible, batch, 0).astype(np.int64).reshape(shape),
+            goodput=(thr * eff)[inverse].reshape(shape),
+            throughput=thr[inverse].reshape(shape),
+            efficiency=eff[inverse].reshape(shape),
+            local_bsz=m[inverse].reshape(shape),
+            accum_steps=s[inverse].reshape(shape),
+            batch_size=batch[inverse].reshape(shape),
         )
 
     def speedup(self, num_nodes, num_replicas, *, base=(1, 1), fixed_batch_size=None) -> np.ndarray:
