@@ -152,9 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live progress table")
     p.set_defaults(handler=_cmd_demo)
 
-    from ._sim._cli import add_simulate_parser
+    from ._sim._cli import add_profile_parser, add_simulate_parser
 
     add_simulate_parser(sub)
+    add_profile_parser(sub)
     return parser
 
 

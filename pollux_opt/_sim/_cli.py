@@ -1,4 +1,5 @@
-"""``pollux-opt simulate``: run workloads through the simulator (handler + parser lines)."""
+"""``pollux-opt simulate`` (run workloads through the simulator) and ``pollux-opt profile``
+(export real runs as simulator profiles): handlers + parser lines."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from solvers import InvalidProblem
 
-__all__ = ["add_simulate_parser", "cmd_simulate", "simulate_one"]
+__all__ = ["add_profile_parser", "add_simulate_parser", "cmd_profile", "cmd_simulate", "simulate_one"]
 
 
 def add_simulate_parser(sub) -> None:
@@ -84,5 +85,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                     bar.advance(task)
     json.dump({w: {k: r[k] for k in ("policy", "completed", "avg_jct", "p99_jct", "makespan", "wall_seconds", "out_dir")}
                for w, r in results.items()}, sys.stdout, indent=2, default=lambda x: None)
+    sys.stdout.write("\n")
+    return 0
+
+
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="export real runs' measurements as simulator profiles (AdaptDL format)")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="run directories of `pollux-opt run` (or a demo output folder holding them)")
+    p.add_argument("--out", required=True, help="profiles folder to write (one APP/ folder per application)")
+    p.add_argument("--app", nargs="+", default=None, help="only these applications (default: all found)")
+    p.set_defaults(handler=cmd_profile)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from ._export import export_profiles
+
+    result = export_profiles(args.run_dirs, args.out, apps=args.app)
+    json.dump({name: {**asdict(a), "jobs": list(a.jobs)} for name, a in result.items()}, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
