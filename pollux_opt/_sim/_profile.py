@@ -14,8 +14,9 @@ A :class:`Profile` answers what a real job would do at a configuration:
   finish ``epoch`` epochs (Optimus' oracle of remaining work).
 
 Sources: :func:`load_trace_profile` (the AdaptDL/Pollux OSDI'21 artifact
-format, see ``shared/traces/adaptdl-osdi21/README.md``), :func:`load_measured_profile`
-(profiles written by ``pollux-opt profile``, same file layout) and
+format, see ``shared/traces/adaptdl-osdi21/README.md``), :func:`load_profiles`
+on a folder written by ``pollux-opt profile`` (the same file layout, see
+:mod:`._export`) and
 :class:`ParametricProfile` (synthetic, for scaling studies).
 
 The policy never sees a profile: the simulation backend reports only the
