@@ -1,0 +1,202 @@
+"""Measure the elastic job runtime against issue 4's targets, per built-in job.
+
+* time to target on one core (K = 1 worker, one thread, batch co-adapted),
+  until the target is reached and until it is verified in a fresh process
+  (target: about 20 to 120 s);
+* rescale time (checkpoint, re-form workers, resume) over alternating
+  1 <-> 2 replica rescales (target: median <= 1 s);
+* held-out MAPE of the throughput model fitted to the job's own step times on
+  (replicas, local batch, accumulation) configurations (target: <= 10 %).
+
+Usage (from the repository root)::
+
+    python experiments/runtime_measurements.py                 # all built-in jobs
+    python experiments/runtime_measurements.py --jobs digits-cnn --parts rescale,mape
+
+The machine's load average is printed with the table: on a shared machine,
+other processes stretch step times and rescales.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from pollux_opt.jobs import (  # noqa: E402
+    ElasticJob,
+    JobSpec,
+    JobState,
+    WorkerPool,
+    get_job,
+    heldout_error,
+    profile_throughput,
+)
+
+log = logging.getLogger("runtime_measurements")
+
+#: The four jobs the issue's targets apply to, plus the smoke-test job.
+DEFAULT_JOBS = ("digits-cnn", "synth-classify", "stdlib-charlm", "ratings-mf", "synth-regress")
+
+#: Alternating replica counts of the rescale measurement (6 rescales).
+RESCALE_SEQUENCE = (2, 1, 2, 1, 2, 1)
+
+#: Seconds of training between two rescales (so each rescale interrupts real steps).
+RESCALE_GAP_S = 2.0
+
+#: Limit on one job's time-to-target run, seconds (the target range ends at 120 s).
+TARGET_TIMEOUT_S = 300.0
+
+#: Measured steps per profiled configuration and pass, and passes over the
+#: grid: short interleaved passes spread each configuration's steps over time,
+#: so a burst of load from other processes does not skew one configuration.
+PROFILE_STEPS = 8
+PROFILE_ROUNDS = 6
+
+
+def _never_completes(spec: JobSpec) -> JobSpec:
+    return spec.replace(target=1e300 if spec.higher_is_better else -1e300, eval_every=1e300)
+
+
+def time_to_target(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
+    """Train on one replica until verified completion; seconds from start()."""
+    job = ElasticJob(spec, workdir, pool=pool)
+    t0 = time.monotonic()
+    try:
+        job.start(1)
+        report = job.wait(timeout=TARGET_TIMEOUT_S, until=lambda r: r.state.terminal or r.events_of("target_reached"))
+        reached = time.monotonic() - t0
+        report = job.wait(timeout=TARGET_TIMEOUT_S)
+        verified = time.monotonic() - t0
+    finally:
+        job.close()
+    started = report.events_of("started")
+    return {
+        "state": report.state.value,
+        "to_target_s": reached,
+        "to_verified_s": verified,
+        "start_s": started[0].details["seconds"] if started else np.nan,
+        "final_metric": report.final_metric,
+        "target": spec.target,
+        "steps": report.step,
+        "progress": report.progress,
+        "last_batch": report.local_bsz * (report.accum_steps + 1),
+        "noise_scale": None if report.grad_stats is None else report.grad_stats.noise_scale,
+    }
+
+
+def rescale_times(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
+    """Median and max of RESCALE_SEQUENCE rescales between 1 and 2 replicas."""
+    job = ElasticJob(_never_completes(spec), workdir, pool=pool)
+    try:
+        job.start(1)
+        job.wait(timeout=120, until=lambda r: r.state is JobState.RUNNING)
+        for k in RESCALE_SEQUENCE:
+            time.sleep(RESCALE_GAP_S)
+            job.rescale(k)
+            job.wait(timeout=120, until=lambda r, k=k: r.state is JobState.RUNNING and r.num_replicas == k)
+        report = job.report()
+        job.stop()
+        job.wait(timeout=120)
+    finally:
+        job.close()
+    times = np.asarray(report.rescale_times)
+    return {"rescale_median_s": float(np.median(times)), "rescale_max_s": float(times.max()), "rescales": len(times)}
+
+
+def profile_configs(spec: JobSpec) -> tuple[list[tuple[int, int, int]], list[bool]]:
+    """(replicas, local batch, accumulation) grid and its fitting mask (False = held out).
+
+    Local batches M0/2 .. 8 M0 (capped by the job's limits) on 1 and 2
+    replicas; the 2nd and 4th sizes of each replica count, and one
+    accumulation configuration, are held out.
+    """
+    m0, hi = spec.init_batch_size, spec.max_local_bsz
+    sizes = sorted({min(max(m0 * f // 2, spec.min_local_bsz), hi) for f in (1, 2, 4, 8, 16)})
+    configs, train = [], []
+    for k in (1, 2):
+        for i, m in enumerate(sizes):
+            configs.append((k, m, 0))
+            train.append(i not in (1, 3))
+    configs += [(1, m0, 1), (2, max(m0 // 2, spec.min_local_bsz), 1)]
+    train += [True, False]
+    return configs, train
+
+
+def _in_order(rows, configs) -> np.ndarray:
+    """Row index of each configuration."""
+    index = {(int(k), int(m), int(s)): i for i, (k, m, s) in
+             enumerate(zip(rows.num_replicas, rows.local_bsz, rows.accum_steps))}
+    return np.array([index[cfg] for cfg in configs])
+
+
+def throughput_mape(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
+    """Held-out MAPE of the fitted model, and the measurement noise floor.
+
+    The grid is profiled twice.  ``mape_pct``: fit on the first profile's
+    fitting rows, error on its held-out rows.  ``repeat_pct``: mean absolute
+    percentage difference between the two profiles' held-out step times, i.e.
+    how well a *perfect* model could do on this machine at this load.
+    """
+    configs, train = profile_configs(spec)
+    train = np.asarray(train)
+    profiles = [
+        profile_throughput(spec, configs, steps=PROFILE_STEPS, rounds=PROFILE_ROUNDS,
+                           workdir=workdir / f"run{i}", pool=pool)
+        for i in range(2)
+    ]
+    first, second = profiles
+    mask = np.zeros(len(first), dtype=bool)
+    mask[_in_order(first, configs)] = train
+    params, predicted, mape = heldout_error(first, mask)
+    errors = np.abs(predicted - first.step_time[~mask]) / first.step_time[~mask] * 100
+    a = first.step_time[_in_order(first, configs)][~train]
+    b = second.step_time[_in_order(second, configs)][~train]
+    return {"mape_pct": mape, "max_ape_pct": float(errors.max()),
+            "repeat_pct": float(np.mean(np.abs(a - b) / b) * 100),
+            "fit_rows": int(mask.sum()), "heldout_rows": int((~mask).sum()), "gamma": params.gamma}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", default=",".join(DEFAULT_JOBS), help="comma-separated job names")
+    parser.add_argument("--parts", default="target,rescale,mape", help="comma-separated: target, rescale, mape")
+    parser.add_argument("--csv", type=Path, help="also write the table to this CSV file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    parts = set(args.parts.split(","))
+    rows = []
+    with WorkerPool(spares=1) as pool, tempfile.TemporaryDirectory(prefix="pollux-measure-") as tmp:
+        pool.warm()
+        for name in args.jobs.split(","):
+            spec = get_job(name)
+            row = {"job": name, "M0": spec.init_batch_size}
+            if "target" in parts:
+                row.update(time_to_target(spec, pool, Path(tmp) / f"{name}-target"))
+            if "rescale" in parts:
+                row.update(rescale_times(spec, pool, Path(tmp) / f"{name}-rescale"))
+            if "mape" in parts:
+                row.update(throughput_mape(spec, pool, Path(tmp) / f"{name}-profile"))
+            rows.append(row)
+            print(pd.DataFrame([row]).to_string(index=False), flush=True)
+    table = pd.DataFrame(rows)
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.3g}".format):
+        print()
+        print(table.to_string(index=False))
+    print(f"\nload average (1, 5, 15 min): {os.getloadavg()}; cores: {os.cpu_count()}")
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Atomic checkpoints with integrity checks and fallback to the previous good one.
+
+A checkpoint at optimizer step ``t`` is two files in ``<workdir>/checkpoints``:
+
+* ``ckpt-<t>.pt``: ``torch.save`` of the model, optimizer, scaler and RNG
+  states and the runtime state (data position, progress, statistics, profile);
+* ``ckpt-<t>.json``: metadata readable without torch (step, progress,
+  measurements, fitted model, metric) including the SHA-256 of the ``.pt`` bytes.
+
+Each file is written to a temporary name in the same directory, flushed,
+fsync'ed and renamed over its final name (``os.replace`` is atomic on POSIX),
+and the directory is fsync'ed; the ``.json`` is written after the ``.pt``, so a
+checkpoint exists only once both are complete.  A reader takes the newest
+checkpoint whose metadata parses and whose ``.pt`` hashes to the recorded
+digest; a corrupt one is renamed to ``*.corrupt`` (kept for inspection) and the
+previous one is used instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = [
+    "CheckpointInfo",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "checkpoint_dir",
+    "latest_good",
+    "list_checkpoints",
+    "load_payload",
+    "prune",
+    "save_checkpoint",
+    "verify",
+]
+
+logger = logging.getLogger(__name__)
+
+_META_RE = re.compile(r"^ckpt-(\d+)\.json$")
+_HASH_CHUNK = 1 << 20
+
+
+def checkpoint_dir(workdir: Path) -> Path:
+    return Path(workdir) / "checkpoints"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync dir."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, json.dumps(obj, sort_keys=True, indent=1, allow_nan=True).encode())
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint on disk: its step, files and metadata (a JSON object)."""
+
+    step: int
+    path: Path
+    meta_path: Path
+    meta: dict
+
+    @property
+    def final(self) -> bool:
+        return bool(self.meta.get("final", False))
+
+
+def _paths(directory: Path, step: int) -> tuple[Path, Path]:
+    return directory / f"ckpt-{step:010d}.pt", directory / f"ckpt-{step:010d}.json"
+
+
+def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
+    """Checkpoints whose metadata parses, newest step first (payloads not verified)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        match = _META_RE.match(entry.name)
+        if not match:
+            continue
+        try:
+            meta = json.loads(entry.read_text())
+        except (OSError, ValueError):
+            logger.warning("checkpoint metadata %s is unreadable; ignoring it", entry)
+            continue
+        if not isinstance(meta, dict) or "sha256" not in meta:
+            continue
+        step = int(match.group(1))
+        found.append(CheckpointInfo(step, _paths(directory, step)[0], entry, meta))
+    found.sort(key=lambda info: info.step, reverse=True)
+    return found
+
+
+def verify(info: CheckpointInfo) -> bool:
+    """True if the payload file exists and hashes to the recorded SHA-256."""
+    try:
+        return _sha256_file(info.path) == info.meta["sha256"]
+    except OSError:
+        return False
+
+
+def _quarantine(info: CheckpointInfo) -> None:
+    for path in (info.path, info.meta_path):
+        if path.exists():
+            try:
+                os.replace(path, path.with_name(path.name + ".corrupt"))
+            except OSError:  # pragma: no cover - best effort
+                logger.exception("could not quarantine %s", path)
+
+
+def latest_good(
+    directory: Path, on_corrupt: Callable[[CheckpointInfo], None] | None = None
+) -> CheckpointInfo | None:
+    """The newest checkpoint that verifies; corrupt newer ones are quarantined.
+
+    Args:
+        directory: the checkpoint directory.
+        on_corrupt: called with each corrupt checkpoint skipped (before quarantine).
+    """
+    for info in list_checkpoints(directory):
+        if verify(info):
+            return info
+        logger.warning("checkpoint %s is corrupt (digest mismatch or missing); falling back", info.path)
+        if on_corrupt is not None:
+            on_corrupt(info)
+        _quarantine(info)
+    return None
+
+
+def save_checkpoint(directory: Path, step: int, payload: dict, meta: dict) -> CheckpointInfo:
+    """Write checkpoint ``step`` atomically (payload via ``torch.save``, then metadata).
+
+    ``meta`` must be JSON-serialisable; ``step``, ``sha256`` and ``bytes`` are added.
+    """
+    import torch  # lazy: only workers save checkpoints
+
+    directory = Path(directory)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    data = buffer.getvalue()
+    path, meta_path = _paths(directory, step)
+    meta = dict(meta, step=int(step), sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    atomic_write_bytes(path, data)
+    atomic_write_json(meta_path, meta)
+    return CheckpointInfo(int(step), path, meta_path, meta)
+
+
+def load_payload(info: CheckpointInfo) -> dict:
+    """Read and verify a checkpoint's payload; ValueError if it does not match its digest."""
+    import torch
+
+    data = Path(info.path).read_bytes()
+    if hashlib.sha256(data).hexdigest() != info.meta["sha256"]:
+        raise ValueError(f"checkpoint {info.path} does not match its recorded SHA-256")
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints (final ones are always kept),
+    and stray temporary files and payloads without metadata."""
+    directory = Path(directory)
+    infos = list_checkpoints(directory)
+    for info in infos[keep:]:
+        if info.final:
+            continue
+        info.meta_path.unlink(missing_ok=True)
+        info.path.unlink(missing_ok=True)
+    known = {info.path.name for info in infos[:keep]} | {info.path.name for info in infos if info.final}
+    for entry in directory.iterdir():
+        if entry.name.startswith(".") and ".tmp-" in entry.name:
+            # Another process may be writing it right now; only this job's
+            # rank 0 writes here, and it calls prune after its own writes.
+            entry.unlink(missing_ok=True)
+        elif entry.suffix == ".pt" and entry.name not in known:
+            if not entry.with_suffix(".json").exists():
+                entry.unlink(missing_ok=True)

@@ -1,0 +1,259 @@
+"""End-to-end tests of the elastic job runtime with real worker processes (issue 4).
+
+The jobs are tiny (a few thousand samples, steps of about a millisecond) so the
+whole file runs in well under a minute on two cores; one module-wide pool of
+warm workers is shared by all tests.  The builders below are top-level
+functions because the worker processes import them by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pollux_opt import InvalidProblem  # noqa: E402
+from pollux_opt.jobs import (  # noqa: E402
+    BuildContext,
+    ElasticJob,
+    JobParts,
+    JobSpec,
+    JobState,
+    RuntimeOptions,
+    WorkerPool,
+    get_job,
+    heldout_error,
+    profile_throughput,
+)
+
+#: Generous limit for any one wait, seconds (only hit when something is broken;
+#: the machine is shared, so a cold worker start can take several seconds).
+WAIT_S = 90.0
+
+
+def build_tiny(ctx: BuildContext) -> JobParts:
+    """Linear-teacher regression with a small MLP.
+
+    Options: samples, width, delay_s (sleep per micro-batch, so that a test can
+    act between steps), raise_at_call and raise_rank (job code that raises).
+    """
+    cfg = ctx.config
+    gen = torch.Generator().manual_seed(123)
+    n, d = cfg.get("samples", 2048), 16
+    x = torch.randn(n, d, generator=gen)
+    y = x @ torch.randn(d, generator=gen) + 0.1 * torch.randn(n, generator=gen)
+    model = torch.nn.Sequential(torch.nn.Linear(d, cfg.get("width", 32)), torch.nn.Tanh(),
+                                torch.nn.Linear(cfg.get("width", 32), 1))
+    calls = [0]
+
+    def loss(m, batch):
+        calls[0] += 1
+        raise_at = cfg.get("raise_at_call")
+        if raise_at is not None and calls[0] >= raise_at:
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            if rank == cfg.get("raise_rank", 0):
+                raise RuntimeError(f"deliberate failure in job code at call {calls[0]}")
+        if cfg.get("delay_s"):
+            time.sleep(cfg["delay_s"])
+        xb, yb = batch
+        return torch.nn.functional.mse_loss(m(xb).squeeze(1), yb)
+
+    return JobParts(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05), train_size=n,
+        get_batch=lambda idx: (x[idx], y[idx]), loss=loss,
+        evaluate=lambda m: float(torch.nn.functional.mse_loss(m(x[:256]).squeeze(1), y[:256])),
+    )
+
+
+TINY = JobSpec(
+    name="tiny-test", builder=build_tiny, init_batch_size=16, max_batch_size=256, max_local_bsz=128,
+    target=-1.0, metric="mse", higher_is_better=False, lr_scaling="adascale", eval_every=1000.0,
+    config={"delay_s": 0.003},
+)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(spares=2, max_idle=3) as p:
+        p.warm()
+        yield p
+
+
+def _steps(job: ElasticJob):
+    return job.step_log()
+
+
+# --------------------------------------------------------------------------- tests
+def test_tiny_builtin_job_completes_and_is_verified_in_fresh_process(tmp_path, pool):
+    spec = get_job("synth-regress").replace(config={"samples": 3000}, target=0.3, eval_every=25)
+    with ElasticJob(spec, tmp_path / "job", pool=pool) as job:
+        job.start(1)
+        report = job.wait(timeout=WAIT_S)
+        assert report.state is JobState.COMPLETED, report.error
+        assert report.final_metric is not None and report.final_metric <= spec.target
+        record = json.loads((tmp_path / "job" / "verification.json").read_text())
+        assert record["reached"] and record["metric"] == report.final_metric
+        # Re-evaluated in a process that is none of the workers.
+        assert record["pid"] not in {p for e in report.events for p in e.details.get("pids", [])}
+        assert [e.kind for e in report.events][-2:] == ["target_reached", "verified"]
+        assert report.progress >= report.step  # gain >= 1 at batch >= M0
+        with pytest.raises(InvalidProblem, match="is completed; it cannot be started"):
+            job.start(1)
+
+
+def test_rescale_1_2_1_loses_and_repeats_no_step(tmp_path, pool):
+    options = RuntimeOptions(fixed_batch_size=64, step_limit=150)
+    with ElasticJob(TINY, tmp_path / "job", options=options, pool=pool) as job:
+        job.start(1)
+        job.wait(timeout=WAIT_S, until=lambda r: r.state is JobState.RUNNING and r.step >= 40)
+        job.rescale(2)
+        job.wait(timeout=WAIT_S, until=lambda r: r.num_replicas == 2 and r.state is JobState.RUNNING and r.step >= 90)
+        job.rescale(1)
+        report = job.wait(timeout=WAIT_S)
+    assert report.state is JobState.STOPPED and report.step == 150
+    rescales = report.events_of("rescaled")
+    assert [e.details["num_replicas"] for e in rescales] == [2, 1]
+    for event in rescales:
+        # Resumed exactly where the workers paused, with the same parameters.
+        assert event.details["from_checkpoint"] == event.details["step"] == event.details["paused_step"]
+        assert event.details["checksum"] == event.details["paused_checksum"] == event.details["checkpoint_checksum"]
+    assert len(report.rescale_times) == 2 and all(t > 0 for t in report.rescale_times)
+    steps = _steps(job)
+    assert steps["step"].tolist() == list(range(1, 151))  # no step lost, none repeated
+    assert sorted(set(steps["num_replicas"])) == [1, 2]
+    batch = steps["num_replicas"] * steps["local_bsz"] * (steps["accum_steps"] + 1)
+    assert report.samples == int(batch.sum())  # data position advanced by exactly the samples used
+    assert (batch == 64).all()  # fixed mode: the user's total batch on 1 and 2 replicas
+
+
+def test_stop_and_resume_reproduces_an_uninterrupted_run_bitwise(tmp_path, pool):
+    options = RuntimeOptions(fixed_batch_size=32, step_limit=80)
+    with ElasticJob(TINY, tmp_path / "straight", options=options, pool=pool) as job:
+        job.start(1)
+        straight = job.wait(timeout=WAIT_S)
+    with ElasticJob(TINY, tmp_path / "interrupted", options=options, pool=pool) as job:
+        job.start(1)
+        job.wait(timeout=WAIT_S, until=lambda r: r.state is JobState.RUNNING and r.step >= 20)
+        job.stop()
+        paused = job.wait(timeout=WAIT_S)
+        assert paused.state is JobState.STOPPED and 20 <= paused.step < 80
+    # A new handle on the same workdir, as after a scheduler restart.
+    with ElasticJob.from_workdir(tmp_path / "interrupted", pool=pool) as job:
+        assert job.poll() is JobState.STOPPED and job.report().step == paused.step
+        job.start(1)
+        resumed = job.wait(timeout=WAIT_S)
+    assert straight.step == resumed.step == 80
+    final = [r.events_of("stopped")[-1].details["checksum"] for r in (straight, resumed)]
+    assert final[0] == final[1]
+    assert resumed.events_of("started")[-1].details["from_checkpoint"] == paused.step
+
+
+def test_killed_worker_restarts_from_last_good_checkpoint(tmp_path, pool):
+    options = RuntimeOptions(fixed_batch_size=64, step_limit=200, checkpoint_every_steps=10)
+    with ElasticJob(TINY, tmp_path / "job", options=options, pool=pool) as job:
+        job.start(2)
+        before = job.wait(timeout=WAIT_S, until=lambda r: r.state is JobState.RUNNING and r.step >= 35)
+        os.kill(before.worker_pids[1], signal.SIGKILL)
+        report = job.wait(timeout=WAIT_S)
+    assert report.state is JobState.STOPPED and report.step == 200, report.error
+    assert report.num_restarts == 1
+    lost = report.events_of("worker_lost")
+    assert len(lost) == 1 and lost[0].details["rank"] == 1 and lost[0].details["exitcode"] == -signal.SIGKILL
+    restarted = report.events_of("restarted")[0].details
+    resumed_at = restarted["from_checkpoint"]
+    assert resumed_at % 10 == 0 and 30 <= resumed_at <= lost[0].details["step"] + 10
+    assert restarted["checksum"] == restarted["checkpoint_checksum"]
+    assert before.worker_pids[1] not in restarted["pids"]
+    steps = _steps(job)
+    gens = steps["generation"].unique()
+    after = steps[steps["generation"] == gens[-1]]["step"].tolist()
+    assert after == list(range(resumed_at + 1, 201))  # continues right after the checkpoint
+    done_before = steps[steps["generation"] == gens[0]]["step"].tolist()
+    assert done_before == list(range(1, len(done_before) + 1))
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path, pool):
+    options = RuntimeOptions(fixed_batch_size=32, step_limit=40, checkpoint_every_steps=10)
+    workdir = tmp_path / "job"
+    with ElasticJob(TINY, workdir, options=options, pool=pool) as job:
+        job.start(1)
+        assert job.wait(timeout=WAIT_S).step == 40
+    newest = workdir / "checkpoints" / "ckpt-0000000040.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: still a loadable zip, wrong numbers
+    newest.write_bytes(bytes(data))
+    with ElasticJob.from_workdir(workdir, pool=pool) as job:
+        job.start(1)
+        report = job.wait(timeout=WAIT_S)
+    corrupt = report.events_of("checkpoint_corrupt")
+    assert [e.details["step"] for e in corrupt] == [40]
+    assert report.events_of("started")[-1].details["from_checkpoint"] == 30
+    assert (workdir / "checkpoints" / "ckpt-0000000040.pt.corrupt").exists()
+    assert report.state is JobState.STOPPED and report.step == 40
+
+
+def test_raising_job_code_fails_the_job_without_hanging_peers(tmp_path, pool):
+    spec = TINY.replace(name="tiny-raises", config={"raise_at_call": 12, "raise_rank": 1, "delay_s": 0.003})
+    with ElasticJob(spec, tmp_path / "job", options=RuntimeOptions(fixed_batch_size=64), pool=pool) as job:
+        job.start(2)
+        t0 = time.monotonic()
+        report = job.wait(timeout=WAIT_S)
+        assert report.state is JobState.FAILED
+        assert time.monotonic() - t0 < WAIT_S
+        assert "rank 1: RuntimeError: deliberate failure in job code" in report.error
+        failed = report.events_of("failed")[0].details
+        assert "Traceback" in failed["traceback"]
+        pids = report.events_of("started")[0].details["pids"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)  # the blocked peer was ended, not left hanging
+    state = json.loads((tmp_path / "job" / "state.json").read_text())
+    assert state["state"] == "failed" and "deliberate failure" in state["error"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_fitted_throughput_model_predicts_heldout_step_times(tmp_path, pool):
+    spec = TINY.replace(name="tiny-wide", config={"samples": 4096, "width": 256, "delay_s": 0})
+    configs = [(1, 16, 0), (1, 64, 0), (1, 128, 0), (1, 256, 0), (2, 16, 0), (2, 128, 0), (2, 64, 0), (1, 32, 1)]
+    spec = spec.replace(max_local_bsz=256, max_batch_size=1024)
+    rows = profile_throughput(spec, configs, steps=6, rounds=3, workdir=tmp_path / "profile", pool=pool)
+    assert len(rows) == len(configs)
+    key = list(zip(rows.num_replicas.tolist(), rows.local_bsz.tolist(), rows.accum_steps.tolist()))
+    heldout = {(1, 128, 0), (2, 64, 0), (1, 32, 1)}
+    train = np.array([k not in heldout for k in key])
+    params, predicted, mape = heldout_error(rows, train)
+    assert params.alpha_n > 0  # a two-replica sync cost was measured, not the prior
+    # The experiment script reports the figure against the 10% target; here the
+    # machine is shared with other test runs, so only gross misfits fail.
+    assert mape < 35.0, (mape, predicted, rows.step_time[~train])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["digits-cnn", "synth-classify", "stdlib-charlm", "ratings-mf"])
+def test_builtin_job_reaches_its_target_on_one_core(tmp_path, pool, name):
+    spec = get_job(name)
+    with ElasticJob(spec, tmp_path / name, pool=pool) as job:
+        job.start(1)
+        report = job.wait(timeout=600)
+    assert report.state is JobState.COMPLETED, report.error
+    assert spec.reached(report.final_metric)
+    assert report.progress >= report.step  # M0-equivalent progress never below the step count (gain >= 1)
