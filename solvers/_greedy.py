@@ -32,11 +32,10 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from typing import Any
 
 import numpy as np
 
-from ._errors import InvalidProblem
+from ._checks import check_problem, check_time_limit
 from ._problem import Problem, evaluate, utility, violations
 from ._result import Result, Status
 
@@ -45,21 +44,6 @@ __all__ = ["solve_greedy"]
 #: A step must raise the objective's utility sum by more than this (absolute),
 #: so that float round-off cannot make the greedy cycle or add useless CPUs.
 GAIN_TOLERANCE = 1e-12
-
-
-def _check_problem(problem: Any) -> None:
-    if not isinstance(problem, Problem):
-        raise InvalidProblem(f"problem must be a solvers.Problem, got {type(problem).__name__}")
-
-
-def _check_time_limit(time_limit: Any) -> None:
-    if time_limit is None:
-        return
-    ok = isinstance(time_limit, (int, float, np.integer, np.floating)) and not isinstance(
-        time_limit, bool
-    )
-    if not ok or not math.isfinite(time_limit) or time_limit <= 0:
-        raise InvalidProblem(f"time_limit must be a positive number of seconds, got {time_limit!r}")
 
 
 class _Greedy:
@@ -257,8 +241,8 @@ def solve_greedy(problem: Problem, *, time_limit: float | None = None) -> Result
         InvalidProblem: for a bad problem or option.
     """
     start = time.perf_counter()
-    _check_problem(problem)
-    _check_time_limit(time_limit)
+    check_problem(problem)
+    check_time_limit(time_limit)
     deadline = math.inf if time_limit is None else start + float(time_limit)
 
     answers: list[tuple[str, np.ndarray]] = []

@@ -93,6 +93,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._checks import check_problem, check_time_limit
 from ._errors import InvalidProblem
 from ._problem import Problem, evaluate, job_values, mean_from_utility_sum, utility, violations
 from ._result import Result, Status
@@ -1123,12 +1124,8 @@ def _run_highs(
 
 
 def _check_options(problem, time_limit, mip_gap, formulation) -> None:
-    if not isinstance(problem, Problem):
-        raise InvalidProblem(f"problem must be a solvers.Problem, got {type(problem).__name__}")
-    if time_limit is not None and (
-        isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0
-    ):
-        raise InvalidProblem(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    check_problem(problem)
+    check_time_limit(time_limit)
     if isinstance(mip_gap, bool) or not isinstance(mip_gap, (int, float)) or not 0 <= mip_gap < 1:
         raise InvalidProblem(f"mip_gap must be in [0, 1), got {mip_gap!r}")
     if not isinstance(formulation, str) or formulation not in FORMULATIONS:
