@@ -148,20 +148,28 @@ def test_finds_near_optimal_answers_on_tiny_problems(seed: int) -> None:
 
 
 # --------------------------------------------------------------------- operators
-@jax.jit
-def _repair_one(x, u, params):
-    n_jobs = x.shape[0]
-    return evo.repair(x, evo._priorities(u[:n_jobs], u[n_jobs:])[0], params)
+def _padded(problem, params, x):
+    """A placement int[J, N] as the solver's padded node-major int32[N', J']."""
+    out = np.zeros(params.current.shape, np.int32)
+    out[: problem.num_nodes, : problem.num_jobs] = np.asarray(x).T
+    return out
+
+
+def _unpadded(problem, out):
+    out = np.asarray(out)
+    assert np.all(out[problem.num_nodes :] == 0) and np.all(out[:, problem.num_jobs :] == 0)
+    return out[: problem.num_nodes, : problem.num_jobs].T.astype(np.int64)
+
+
+_repair_one = jax.jit(evo.repair)
 
 
 def _repair(problem, x, rng):
     params, _ = evo.encode(problem)
-    padded = np.zeros(params.current.shape, np.int32)
-    padded[: problem.num_jobs, : problem.num_nodes] = x
-    u = rng.random(params.current.shape[0] + 1).astype(np.float32)
-    out = np.asarray(_repair_one(padded, u, params))
-    assert np.all(out[problem.num_jobs :] == 0) and np.all(out[:, problem.num_nodes :] == 0)
-    return out[: problem.num_jobs, : problem.num_nodes].astype(np.int64)
+    n_jobs = params.current.shape[1]
+    rank = rng.permutation(n_jobs).astype(np.int32)
+    shift = np.int32(rng.integers(n_jobs))
+    return _unpadded(problem, _repair_one(_padded(problem, params, x), rank, params, shift))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -189,15 +197,87 @@ def test_repair_keeps_feasible_placements(which: int, seed: int) -> None:
     assert np.array_equal(_repair(problem, x, rng), x)
 
 
+def _before_reference(x, rank, shift):
+    """Replicas on each node of the jobs with higher priority, by brute force."""
+    n_jobs = x.shape[1]
+    priority = (rank - shift) % n_jobs
+    higher = priority[:, None] < priority[None, :]  # [k, j]: k before j
+    return x @ higher.astype(np.int64)
+
+
+@pytest.mark.parametrize("path", ["matmul", "scan"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), n_jobs=st.integers(1, 24), n_nodes=st.integers(1, 6))
+def test_priority_sums_match_brute_force(path: str, seed: int, n_jobs: int, n_nodes: int) -> None:
+    # One ranking shared by the population and a rotation per child must give
+    # the sums of "the jobs before j in the rotated order", on both code paths.
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 5, size=(n_nodes, n_jobs)).astype(np.int32)
+    rank = rng.permutation(n_jobs).astype(np.int32)
+    shift = np.int32(rng.integers(n_jobs))
+    limit = evo.MATMUL_PRIORITY_MAX if path == "matmul" else 0
+    saved, evo.MATMUL_PRIORITY_MAX = evo.MATMUL_PRIORITY_MAX, limit
+    try:
+        got = np.asarray(jax.jit(lambda *a: evo._before(*a))(x, rank, shift))  # traced now
+    finally:
+        evo.MATMUL_PRIORITY_MAX = saved
+    np.testing.assert_array_equal(got, _before_reference(x.astype(np.int64), rank, shift))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_nodes=st.integers(1, 9))
+def test_first_from_picks_the_first_true_node_from_the_offset(seed: int, n_nodes: int) -> None:
+    rng = np.random.default_rng(seed)
+    mask = rng.random((n_nodes, 5)) < 0.3
+    offset = rng.integers(0, n_nodes, size=5).astype(np.int32)
+    node, has = map(np.asarray, jax.jit(evo._first_from)(mask, offset))
+    for j in range(5):
+        order = [(offset[j] + k) % n_nodes for k in range(n_nodes)]
+        hits = [n for n in order if mask[n, j]]
+        assert has[j] == bool(hits)
+        if hits:
+            assert node[j] == hits[0]
+
+
+def test_draws_are_uniform_a_permutation_and_repeatable() -> None:
+    draw = jax.jit(evo.draws, static_argnums=(1, 2))
+    d = draw(jax.random.key(7), 400, 40)
+    again = draw(jax.random.key(7), 400, 40)
+    other = draw(jax.random.key(8), 400, 40)
+    u = np.asarray(d.job)
+    assert u.shape == (400, evo.DRAWS_PER_JOB, 40) and d.individual.shape == (400, 6)
+    assert u.min() >= 0 and u.max() < 1
+    # 16 000 uniforms per stream: each mean is 0.5 within 4 standard errors
+    # (0.289 / sqrt(16 000) = 0.0023), and the 8 streams (one hashed word
+    # each half) are uncorrelated within 5 standard errors (1 / sqrt(16 000)).
+    streams = u.transpose(1, 0, 2).reshape(evo.DRAWS_PER_JOB, -1)
+    np.testing.assert_allclose(streams.mean(axis=1), 0.5, atol=0.01)
+    assert np.abs(np.corrcoef(streams) - np.eye(evo.DRAWS_PER_JOB)).max() < 0.04
+    assert sorted(np.asarray(d.rank).tolist()) == list(range(40))
+    assert np.array_equal(u, np.asarray(again.job))
+    assert not np.array_equal(u, np.asarray(other.job))
+
+
+def test_step_fitness_equals_score_of_the_children() -> None:
+    # step takes the children's fitness from their repair instead of score().
+    problem = _problem(9)
+    params, seeds = evo.encode(problem)
+    config = evo.EvoConfig(population_size=8)
+    state = jax.jit(evo.init, static_argnums=2)(seeds, params, config)
+    breed = jax.jit(evo._breed, static_argnums=3)
+    children, fitness = breed(jax.random.key(1), state, params, config)
+    scored = np.asarray(jax.jit(evo.score)(children, params))
+    assert np.all(np.isfinite(scored))
+    np.testing.assert_allclose(np.asarray(fitness), scored, rtol=1e-6)
+
+
 @pytest.mark.parametrize("p", [-5.0, -1.0, 0.0, 1.0, 2.0])
 def test_fitness_is_the_log_of_the_pinned_objective(p: float) -> None:
     problem = _problem(7, p=p, weighted=True)
     params, _ = evo.encode(problem)
     placements = [random_placement(s, problem, fill_fraction=0.8) for s in range(8)]
     placements.append(problem.current)
-    batch = np.zeros((len(placements),) + params.current.shape, np.int32)
-    for i, x in enumerate(placements):
-        batch[i, : problem.num_jobs, : problem.num_nodes] = x
+    batch = np.stack([_padded(problem, params, x) for x in placements])
     fitness = np.asarray(jax.jit(evo.score)(batch, params))
     expected = [math.log(evaluate(problem, x)) for x in placements]
     np.testing.assert_allclose(fitness, expected, atol=FITNESS_ATOL)
@@ -206,8 +286,7 @@ def test_fitness_is_the_log_of_the_pinned_objective(p: float) -> None:
 def test_fitness_of_a_disallowed_pair_is_minus_infinity() -> None:
     name, problem = [(n, p) for n, p in edge_problems() if n == "invalid_current"][0]
     params, _ = evo.encode(problem)
-    batch = np.zeros((1,) + params.current.shape, np.int32)
-    batch[0, : problem.num_jobs, : problem.num_nodes] = problem.current
+    batch = _padded(problem, params, problem.current)[None]
     assert np.asarray(jax.jit(evo.score)(batch, params))[0] == -np.inf
 
 
@@ -264,3 +343,27 @@ def test_padding_shares_programs_between_similar_sizes() -> None:
     large = random_problem(31, 4, 4, 8, max_replicas_limit=4)
     sig = [evo._signature(evo.encode(p)[0]) for p in (small, large)]
     assert sig[0] == sig[1]
+
+
+# --------------------------------------------------------------------- the comparison script
+def test_issue3_solver_comparison_quick_writes_csv_and_plot(tmp_path) -> None:
+    # About 10 s: two 16 x 4 sizes, every solver, 10 evolutionary seeds.
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "solver_comparison.py"
+    spec = importlib.util.spec_from_file_location("solver_comparison", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    assert module.main(["--quick", "--out", str(tmp_path), "--log-level", "WARNING"]) == 0
+    df = pd.read_csv(tmp_path / "solver_comparison.csv")
+    assert set(df["size"]) == {"16x4/10", "16x4/20"}
+    assert set(df.solver) == {"milp", "greedy", "evolutionary"}
+    assert (df.gap >= -1e-9).all() and (df[df.solver == "milp"].gap <= 1e-4).all()
+    evo = df[df.solver == "evolutionary"]
+    assert (evo.seeds == 10).all() and (evo.objective_min <= evo.objective_max).all()
+    assert (evo.compile_s > 0).all() or (evo.build_s > evo.solve_s).all()
+    assert (tmp_path / "solver_comparison.png").stat().st_size > 0
