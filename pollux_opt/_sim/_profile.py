@@ -341,26 +341,6 @@ class ParametricProfile:
     noise_start: float = 1.0
     noise_end: float = 20.0
 
-    def _nk_table(self, nodes: int, replicas: int):
-        """(local_bsz grid, [step, sync] rows) of an unmeasured placement shape.
-
-        One linear interpolation over (nodes, replicas, local_bsz) at every
-        measured local batch size (nearest row outside the convex hull), then
-        1-D in the local batch: far cheaper than a 3-D lookup per query.
-        """
-        key = ("nk", nodes, replicas)
-        hit = self._cache.get(key)
-        if hit is None:
-            linear, nearest, max_nodes = self._nd_interp()
-            grid = np.unique(self.placements.local_bsz.to_numpy(float))
-            x = np.column_stack([np.full(grid.size, min(nodes, max_nodes)), np.full(grid.size, replicas), grid])
-            vals = linear(x)
-            bad = ~np.isfinite(vals).all(axis=1)
-            if bad.any():
-                vals[bad] = nearest(x[bad])
-            hit = self._cache[key] = (grid, vals)
-        return hit
-
     def step_sync(self, placement, local_bsz):
         p = _canonical(placement)
         nodes, k = len(p), sum(p)
