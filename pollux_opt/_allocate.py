@@ -236,7 +236,7 @@ def allocate(
     result = solvers.solve(problem, opts.solver, **kwargs)
     log.info(
         "allocate: %d jobs on %d nodes with %s -> %s, objective %.6g (build %.3fs, solve %.3fs)",
-        len(jobs), cluster.nodes.__len__(), opts.solver, result.status.value,
+        len(jobs), len(cluster.nodes), opts.solver, result.status.value,
         result.objective, result.build_seconds, result.solve_seconds,
     )
     ids = cluster.node_ids

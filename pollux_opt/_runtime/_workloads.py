@@ -55,6 +55,21 @@ def _accuracy(torch, model, x, y, chunk: int = 4096) -> float:
     return correct / x.shape[0]
 
 
+def _sgd_classifier(torch, model, cfg, momentum: float, x_tr, y_tr, x_va, y_va) -> JobParts:
+    """JobParts of a classifier trained by SGD on cross-entropy, scored by accuracy.
+
+    ``momentum`` is the builder's default (``cfg["momentum"]`` overrides it).
+    """
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.get("lr", 0.01), momentum=cfg.get("momentum", momentum))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    return JobParts(
+        model=model, optimizer=optimizer, train_size=int(x_tr.shape[0]),
+        get_batch=lambda idx: (x_tr[idx], y_tr[idx]),
+        loss=lambda m, b: loss_fn(m(b[0]), b[1]),
+        evaluate=lambda m: _accuracy(torch, m, x_va, y_va),
+    )
+
+
 # ----------------------------------------------------------------------- digits
 def build_digits_cnn(ctx: BuildContext) -> JobParts:
     """Small CNN on scikit-learn's bundled 8x8 digits (1797 images, 10 classes)."""
@@ -74,14 +89,7 @@ def build_digits_cnn(ctx: BuildContext) -> JobParts:
         torch.nn.Flatten(), torch.nn.Linear(2 * c * 16, cfg.get("hidden", 128)), torch.nn.ReLU(),
         torch.nn.Linear(cfg.get("hidden", 128), 10),
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.get("lr", 0.01), momentum=cfg.get("momentum", 0.5))
-    loss_fn = torch.nn.CrossEntropyLoss()
-    return JobParts(
-        model=model, optimizer=optimizer, train_size=len(train),
-        get_batch=lambda idx: (x_tr[idx], y_tr[idx]),
-        loss=lambda m, b: loss_fn(m(b[0]), b[1]),
-        evaluate=lambda m: _accuracy(torch, m, x_va, y_va),
-    )
+    return _sgd_classifier(torch, model, cfg, 0.5, x_tr, y_tr, x_va, y_va)
 
 
 # --------------------------------------------------------- synthetic classification
@@ -113,14 +121,7 @@ def build_synth_classify(ctx: BuildContext) -> JobParts:
         torch.nn.Linear(width, width), torch.nn.ReLU(),
         torch.nn.Linear(width, int(y_np.max()) + 1),
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.get("lr", 0.01), momentum=cfg.get("momentum", 0.9))
-    loss_fn = torch.nn.CrossEntropyLoss()
-    return JobParts(
-        model=model, optimizer=optimizer, train_size=len(train),
-        get_batch=lambda idx: (x_tr[idx], y_tr[idx]),
-        loss=lambda m, b: loss_fn(m(b[0]), b[1]),
-        evaluate=lambda m: _accuracy(torch, m, x_va, y_va),
-    )
+    return _sgd_classifier(torch, model, cfg, 0.9, x_tr, y_tr, x_va, y_va)
 
 
 # ------------------------------------------------------------ synthetic regression
