@@ -401,3 +401,66 @@ def test_job_parts_are_checked_with_the_builder_named(torch):
     ]:
         with pytest.raises(InvalidProblem, match=message):
             JobParts(**dict(good, **{field: value})).check("pkg:build")
+
+
+# ------------------------------------------------ supervisor state machine (no processes)
+class _FakeConn:
+    def __init__(self) -> None:
+        self.sent: list[tuple] = []
+
+    def send(self, msg: tuple) -> None:
+        self.sent.append(msg)
+
+
+class _FakeWorker:
+    def __init__(self, pid: int) -> None:
+        self.conn = _FakeConn()
+        self.pid = pid
+
+    def alive(self) -> bool:
+        return True
+
+
+class _FakePool:
+    def __init__(self) -> None:
+        self.released: list = []
+
+    def release(self, workers) -> None:
+        self.released.extend(workers)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("request_kind", ["rescale", "stop"])
+def test_issue5_target_pause_racing_a_scheduler_request_still_completes(tmp_path, request_kind):
+    """Regression (issue 5, the demo hang): rank 1 reported 'paused (target)',
+    then a scheduler request (rescale or stop) arrived before rank 0's report.
+    The request used to forget rank 1's report; the ranks never report again,
+    so the job stayed 'running' forever.  Now the target pause completes."""
+    from pollux_opt._runtime._job import _Allocation
+    from pollux_opt.jobs import ElasticJob
+
+    job = ElasticJob("digits-cnn", tmp_path / "job")
+    verifications = []
+    job._pool = _FakePool()
+    job._start_verification = lambda: verifications.append(job._step)
+    workers = [_FakeWorker(100), _FakeWorker(101)]
+    job._workers, job._gen, job._phase = workers, 1, "running"
+    job._alloc = _Allocation({"n0": 2}, None, None)
+    job._state = JobState.RUNNING
+
+    def paused(rank: int) -> dict:
+        return {"generation": 1, "rank": rank, "step": 554, "reason": "target", "checksum": "c",
+                "progress": 60.0, "samples": 9000, "metric": 0.9}
+
+    job._on_message(1, "paused", paused(1))
+    if request_kind == "rescale":
+        job._request_alloc(_Allocation({"n0": 1}, None, None), 0.0)
+    else:
+        job._request_stop()
+    assert workers[0].conn.sent == [("stop",)]  # the request reached rank 0, which ignores it once paused
+    job._on_message(0, "paused", paused(0))
+    assert [e.kind for e in job._events][-1] == "target_reached"
+    assert verifications == [554] and job._phase == "idle" and job._pool.released == workers
+    job.close()

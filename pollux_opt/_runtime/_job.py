@@ -564,7 +564,9 @@ class ElasticJob:
         self._phase = "pausing"
         self._pause_reason = reason
         self._transition = (reason, t0)
-        self._paused = {}
+        # Not cleared here: while running, ranks may already have paused on
+        # their own (target or step limit) and will not report again; their
+        # reports complete this pause.  _launch clears them for a new generation.
         with self._lock:
             self._state = JobState.RESCALING
         self._send(0, ("stop",))
