@@ -22,7 +22,7 @@ from pollux_opt._sim import (
     split_batch,
     tuned_config,
 )
-from pollux_opt._sim_policies import OptimusPolicy, TiresiasPolicy, pack
+from pollux_opt._sim_policies import TiresiasPolicy, pack
 
 TRACES = default_trace_dir()
 needs_traces = pytest.mark.skipif(
@@ -158,3 +158,57 @@ def test_cli_simulate(tmp_path, monkeypatch):
     write_workload(_jobs(2), wl)
     assert main(["simulate", "--workload", str(wl), "--profiles", str(prof), "--policy", "tiresias",
                  "--out", str(tmp_path / "out")]) == 2
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"completion_delay": -1.0}, r"completion_delay must be a finite number >= 0, got -1.0"),
+    ({"completion_delay": {"synth": float("nan")}}, r"completion_delay\['synth'\] must be a finite number >= 0, got nan"),
+    ({"wake_every": 0.0}, r"wake_every must be None or a finite number of seconds > 0, got 0.0"),
+])
+def test_sim_config_rejects_bad_fidelity_settings(changes, message):
+    with pytest.raises(InvalidProblem, match=message):
+        SimConfig(**changes)
+
+
+def _alone_jct(config: SimConfig, interval: float = 60.0) -> tuple[float, list]:
+    res = simulate(_jobs(1), SYNTH, "tiresias", cluster=Cluster.uniform(1, 4), interval=interval, config=config)
+    return res.avg_jct, res
+
+
+def test_completion_delay_adds_to_jct_and_frees_cpus_meanwhile():
+    base, _ = _alone_jct(SimConfig(restart_delay=0.0))
+    delayed, _ = _alone_jct(SimConfig(restart_delay=0.0, completion_delay={"synth": 7.0}))
+    assert delayed == pytest.approx(base + 7.0)
+    b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4), config=SimConfig(restart_delay=0.0, completion_delay=1e6))
+    b.apply(Decision({"j0": {"n0": 4}}, {}, math.nan, 0.0, "t"))
+    while not b.jcts():
+        b.advance(60.0)
+    assert b.views() == [] and b.jcts()["j0"] > 1e6  # verifying: no CPUs, not schedulable
+
+
+def test_wake_every_starts_a_round_when_a_job_arrives_or_finishes(tmp_path):
+    jobs = [WorkloadJob("a", 0.0, "synth", 2, 256), WorkloadJob("b", 7.0, "synth", 2, 256)]
+    fixed = simulate(jobs, SYNTH, "tiresias", cluster=Cluster.uniform(1, 4), interval=60.0,
+                     config=SimConfig(restart_delay=0.0), out_dir=tmp_path / "fixed")
+    woken = simulate(jobs, SYNTH, "tiresias", cluster=Cluster.uniform(1, 4), interval=60.0,
+                     config=SimConfig(restart_delay=0.0, wake_every=1.0), out_dir=tmp_path / "woken")
+
+    def starts(run):
+        events = [json.loads(line) for line in (tmp_path / run / "events.jsonl").read_text().splitlines()]
+        return {e["job_id"]: e["t"] for e in events if e["type"] == "start"}
+
+    assert starts("fixed")["b"] == pytest.approx(60.0)  # waited for the next round
+    assert starts("woken")["b"] == pytest.approx(7.0)  # the poll after its arrival
+    assert woken.avg_jct < fixed.avg_jct
+
+
+def test_cli_completion_delay(tmp_path):
+    from pollux_opt._sim._cli import completion_delays
+
+    assert completion_delays("2.5", None) == 2.5
+    (tmp_path / "export.json").write_text(json.dumps({"a": {"verify_seconds": 3.0}, "b": {"verify_seconds": None}}))
+    assert completion_delays("measured", str(tmp_path)) == {"a": 3.0, "b": 0.0}
+    with pytest.raises(InvalidProblem, match="--completion-delay measured needs --profiles with an export.json"):
+        completion_delays("measured", str(tmp_path / "nope"))
+    with pytest.raises(InvalidProblem, match="--completion-delay must be a number of seconds or 'measured', got 'x'"):
+        completion_delays("x", None)

@@ -72,6 +72,7 @@ def _write_run(root: Path, name: str, nodes_gen2: dict) -> tuple[Path, float]:
     (run / "events.jsonl").write_text(
         json.dumps({"t": 1.0, "job_id": "a", "type": "validation", "value": 0.5, "progress": 10.0}) + "\n"
         + json.dumps({"t": 2.0, "job_id": "a", "type": "validation", "value": 0.95, "progress": final}) + "\n"
+        + json.dumps({"t": 4.5, "job_id": "a", "type": "complete", "verify_s": 2.5}) + "\n"
     )
     return run, final
 
@@ -84,6 +85,7 @@ def test_round_trip_through_the_simulator_reader(tmp_path):
     assert set(result) == {"toy-app"}
     assert result["toy-app"].jobs == ("one-node/a", "two-nodes/a")
     assert result["toy-app"].restart_seconds == pytest.approx(1.5)
+    assert result["toy-app"].verify_seconds == pytest.approx(2.5)  # from the run log's complete event
 
     profile = load_profiles(out)["toy-app"]
     assert profile.init_batch_size == M0 and profile.max_batch_size == MAX_BSZ
@@ -171,3 +173,17 @@ def test_grad_var_export_matches_the_simulated_gain(tmp_path):
     sqr, var = profile.grad_stats(128, 0)
     sim_gain = (var + sqr) / (var / (batch / profile.init_batch_size) + sqr)
     np.testing.assert_allclose(sim_gain, steps.gain)
+
+
+def test_single_node_profile_with_one_replica_count_extrapolates_without_error(tmp_path):
+    """Profiles exported from one machine can have every row on one node and
+    one replica count (a degenerate hull for 3-D interpolation): a placement
+    never measured takes the nearest measured rows instead of raising."""
+    run, _ = _write_run(tmp_path, "r", {"n0": 2})
+    steps = pd.read_csv(run / "jobs" / "a" / "steps.csv")
+    steps = steps[steps.generation == 1]
+    steps.to_csv(run / "jobs" / "a" / "steps.csv", index=False)
+    export_profiles([run], tmp_path / "p")
+    profile = load_profiles(tmp_path / "p")["toy-app"]
+    step, sync = profile.step_sync((1, 1), M0 // 2)  # two nodes: never measured
+    assert step == pytest.approx(COMPUTE[1]) and sync == pytest.approx(0.0)

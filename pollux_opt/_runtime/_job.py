@@ -14,8 +14,6 @@ import logging
 import math
 import os
 import queue
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -40,7 +38,7 @@ from ._pool import WorkerHandle, WorkerPool
 from ._report import Event, JobReport, JobState, Measurements, RuntimeOptions, normalize_placement
 from ._spec import JobSpec, workdir_path
 from ._torch import check_torch
-from ._verify import VERIFICATION_FILE
+from ._verify import VERIFICATION_FILE, verify_process
 from ._worker import Assignment
 
 __all__ = ["ElasticJob"]
@@ -213,8 +211,7 @@ class ElasticJob:
         self._resumed: dict[int, dict] = {}
         self._paused: dict[int, dict] = {}
         self._resume_from: CheckpointInfo | None = None
-        self._verify_proc: subprocess.Popen | None = None
-        self._verify_log = None
+        self._verify_proc = None  # multiprocessing process of the completion check
         self._last_adapt = 0.0
 
     # ================================================================ construction
@@ -490,12 +487,9 @@ class ElasticJob:
             workers, self._workers = self._workers, []
         if workers and self._pool is not None:
             self._pool.discard(workers)
-        if self._verify_proc is not None and self._verify_proc.poll() is None:
+        if self._verify_proc is not None and self._verify_proc.is_alive():
             self._verify_proc.kill()
-            self._verify_proc.wait()
-        if self._verify_log is not None:
-            self._verify_log.close()
-            self._verify_log = None
+            self._verify_proc.join()
         if self._own_pool and self._pool is not None:
             self._pool.close()
 
@@ -884,25 +878,22 @@ class ElasticJob:
         (self.workdir / VERIFICATION_FILE).unlink(missing_ok=True)
         log_dir = self.workdir / "logs"
         log_dir.mkdir(exist_ok=True)
-        self._verify_log = open(log_dir / "verify.log", "ab")
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        # The fresh process must import the builder's module as this process does.
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-        self._verify_proc = subprocess.Popen(
-            [sys.executable, "-m", "pollux_opt._runtime._verify", str(self.workdir), str(info.meta_path)],
-            stdout=self._verify_log, stderr=subprocess.STDOUT, env=env, cwd=str(self.workdir),
+        # A new process from the pool's fork server: torch already imported,
+        # none of the training processes' memory (see _verify).
+        self._verify_proc = self._pool.start_process(
+            verify_process, (str(self.workdir), str(info.meta_path), str(log_dir / "verify.log")),
+            name=f"pollux-verify-{self.job_id}",
         )
         self._set_state(JobState.VERIFYING)
 
     def _check_verification(self) -> None:
         proc = self._verify_proc
-        if proc is None or proc.poll() is None:
+        if proc is None or proc.is_alive():
             return
+        proc.join()
         self._verify_proc = None
-        self._verify_log.close()
-        self._verify_log = None
-        if proc.returncode != 0:
-            self._fail(f"verification process exited with status {proc.returncode} (see logs/verify.log)")
+        if proc.exitcode != 0:
+            self._fail(f"verification process exited with status {proc.exitcode} (see logs/verify.log)")
             return
         record = json.loads((self.workdir / VERIFICATION_FILE).read_text())
         if record["reached"]:

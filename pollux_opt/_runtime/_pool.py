@@ -25,7 +25,7 @@ __all__ = ["WorkerHandle", "WorkerPool"]
 logger = logging.getLogger("pollux_opt.runtime")
 
 #: Modules the fork server imports before forking workers (torch is the slow one).
-FORKSERVER_PRELOAD = ("torch", "torch.distributed", "pollux_opt._runtime._worker")
+FORKSERVER_PRELOAD = ("torch", "torch.distributed", "pollux_opt._runtime._worker", "pollux_opt._runtime._verify")
 
 #: Seconds a terminated worker gets to exit before it is killed.
 TERMINATE_GRACE_S = 2.0
@@ -99,6 +99,14 @@ class WorkerPool:
         self._spawned += 1
         logger.debug("spawned worker pid %d", process.pid)
         return WorkerHandle(process, parent)
+
+    def start_process(self, target, args: tuple, name: str) -> mp.process.BaseProcess:
+        """Start ``target(*args)`` in a new process of the pool's start method
+        (forked from the fork server: torch imported, no job's state); not a
+        pool worker.  ``target`` must be a top-level function, ``args`` picklable."""
+        process = self._ctx.Process(target=target, args=args, name=name, daemon=True)
+        process.start()
+        return process
 
     def warm(self, count: int | None = None) -> None:
         """Make sure at least ``count`` (default ``spares``) idle workers exist or are starting."""

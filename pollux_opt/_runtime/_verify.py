@@ -1,11 +1,15 @@
 """Completion check: re-evaluate a final checkpoint in a fresh process.
 
-Run as ``python -m pollux_opt._runtime._verify WORKDIR CHECKPOINT_META``.  It
-rebuilds the job from ``WORKDIR/job.json`` (so nothing of the training
-processes' memory is trusted), loads the checkpoint after checking its digest,
-evaluates the validation metric and writes ``WORKDIR/verification.json``
-atomically.  Exit status 0 when the evaluation ran (whatever the metric), 1 on
-an error (written to stderr).
+The job's controller starts :func:`verify_process` in a new process forked
+from the worker pool's fork server (which has imported torch and nothing of
+any job), so the check skips the interpreter start and ``import torch``
+(seconds on a small machine) yet shares no memory with the training
+processes.  It can also be run by hand as ``python -m
+pollux_opt._runtime._verify WORKDIR CHECKPOINT_META``.  Either way it
+rebuilds the job from ``WORKDIR/job.json``, loads the checkpoint after checking
+its digest, evaluates the validation metric and writes
+``WORKDIR/verification.json`` atomically.  Exit status 0 when the evaluation
+ran (whatever the metric), 1 on an error (written to stderr).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["main", "verify_checkpoint"]
+__all__ = ["main", "verify_checkpoint", "verify_process"]
 
 VERIFICATION_FILE = "verification.json"
 
@@ -72,6 +76,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(json.dumps(record))
     return 0
+
+
+def verify_process(workdir: str, meta_path: str, log_path: str) -> None:
+    """Process entry point (top level, picklable arguments): :func:`main` with
+    stdout and stderr appended to ``log_path``; exits with its status."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.exit(main([workdir, meta_path]))
 
 
 if __name__ == "__main__":

@@ -74,6 +74,22 @@ class SimConfig:
             measurement a job reports (0: exact).
         seed: seed of the report noise.
         emit_reports: also log one ``report`` event per running job per interval.
+        completion_delay: seconds from reaching the target to completion, during
+            which the job holds no CPUs: a real job's re-evaluation of its final
+            checkpoint in a fresh process.  A number for every job, or
+            ``{application: seconds}`` (applications not named: 0).  Pollux's
+            simulator has none (0); profiles exported from real runs measure it.
+        wake_every: None: rounds every ``interval`` exactly, as Pollux's simulator
+            (arrivals wait for the next round).  A number of seconds: like the
+            real backend, which polls its jobs this often and starts the next
+            round early once a job arrives or reaches its target.
+        start_delay: seconds a job's first start costs (building its data and
+            model), a number or ``{application: seconds}``; None: ``restart_delay``
+            (Pollux's simulator charges every start alike).
+        split_single: run a one-replica job's batch without accumulation as two
+            micro-batches of half the size, as the real executor does so that
+            every step yields two gradients for the variance estimate
+            (``pollux_opt._runtime._adapt.executable``); False: as configured.
     """
 
     restart_delay: float = DEFAULT_RESTART_DELAY_S
@@ -83,8 +99,24 @@ class SimConfig:
     report_noise: float = 0.0
     seed: int = 0
     emit_reports: bool = False
+    completion_delay: float | Mapping[str, float] = 0.0
+    wake_every: float | None = None
+    start_delay: float | Mapping[str, float] | None = None
+    split_single: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("completion_delay", "start_delay"):
+            delays = getattr(self, name)
+            if delays is None and name == "start_delay":
+                continue
+            items = delays.items() if isinstance(delays, Mapping) else [("", delays)]
+            for app, c in items:
+                if isinstance(c, bool) or not isinstance(c, (int, float)) or not (math.isfinite(c) and c >= 0):
+                    where = f"[{app!r}]" if app else ""
+                    raise InvalidProblem(f"{name}{where} must be a finite number >= 0, got {c!r}")
+        w = self.wake_every
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0)):
+            raise InvalidProblem(f"wake_every must be None or a finite number of seconds > 0, got {w!r}")
         d = self.restart_delay
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not (math.isfinite(d) and d >= 0):
             raise InvalidProblem(f"restart_delay must be a finite number >= 0, got {d!r}")
@@ -112,6 +144,11 @@ def split_batch(batch_size: int, replicas: int, max_local_bsz: int, min_local_bs
     accum = max(math.ceil(local / max_local_bsz) - 1, 0)
     atomic = max(math.ceil(local / (accum + 1)), min_local_bsz)
     return atomic, accum
+
+
+def _per_app(value: float | Mapping[str, float], application: str) -> float:
+    """A setting given for every job or per application (0 for one not named)."""
+    return float(value.get(application, 0.0)) if isinstance(value, Mapping) else float(value)
 
 
 @dataclass(eq=False)
@@ -291,12 +328,19 @@ class SimBackend:
     def advance(self, seconds: float) -> None:
         if not (math.isfinite(seconds) and seconds > 0):
             raise InvalidProblem(f"seconds must be a finite number > 0, got {seconds!r}")
-        slow = self._slowdowns()
-        for job in self._jobs.values():
-            if job.placement and job.completion_time is None:
-                self._step(job, seconds, slow.get(job.spec.name, 0.0))
-        self._now += seconds
-        self._admit()
+        end = self._now + seconds
+        while self._now < end:
+            dt = end - self._now if self.config.wake_every is None else min(self.config.wake_every, end - self._now)
+            slow = self._slowdowns()
+            reached = False
+            for job in self._jobs.values():
+                if job.placement and job.completion_time is None:
+                    self._step(job, dt, slow.get(job.spec.name, 0.0))
+                    reached = reached or job.completion_time is not None
+            self._now = end if end - self._now <= dt else self._now + dt
+            arrived = self._admit()
+            if self.config.wake_every is not None and (reached or arrived):
+                return  # the real backend starts the next round now
 
     # ----------------------------------------------------------------- results
     def jcts(self) -> dict[str, float]:
@@ -324,16 +368,19 @@ class SimBackend:
         if self.events is not None:
             self.events.emit(etype, t, job_id, **fields)
 
-    def _admit(self) -> None:
+    def _admit(self) -> bool:
+        """Submit the jobs that have arrived by now; True if there were any."""
+        arrived = False
         for job in self._jobs.values():
             if not job.submitted and job.spec.time <= self._now:
-                job.submitted = True
+                job.submitted = arrived = True
                 self._emit(
                     "submit", job.spec.time, job.spec.name,
                     submitted_replicas=job.spec.num_replicas,
                     submitted_batch_size=job.spec.batch_size, application=job.spec.application,
                     max_replicas=job.hard_max_replicas(self.config.max_replicas),
                 )
+        return arrived
 
     def _sorted(self, placement: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(placement[n] for n in sorted(placement, key=self._order.__getitem__))
@@ -347,6 +394,8 @@ class SimBackend:
             return
         job.rescale_left = self.config.restart_delay
         if not job.started:
+            if self.config.start_delay is not None:
+                job.rescale_left = _per_app(self.config.start_delay, job.spec.application)
             job.started = True
             self._emit("start", self._now, job.spec.name, placement=new)
         else:
@@ -373,7 +422,14 @@ class SimBackend:
                 )
         # Never exceed the job's largest batch (artifact caps the atomic batch the same way).
         local = max(min(local, p.max_batch_size // (k * (accum + 1))), 1)
+        if self.config.split_single and k == 1 and accum == 0 and local >= 2:
+            half = -(-local // 2)
+            if half >= p.min_local_bsz:
+                local, accum = half, 1
         job.local_bsz, job.accum_steps = local, accum
+
+    def _completion_delay(self, job: SimJob) -> float:
+        return _per_app(self.config.completion_delay, job.spec.application)
 
     def _slowdowns(self) -> dict[str, float]:
         if self.config.interference <= 0:
@@ -472,10 +528,12 @@ class SimBackend:
                 now += delta
                 seconds -= delta
                 if job.epoch >= p.max_epochs:
-                    job.completion_time = now
-                    self._emit("complete", now, job.spec.name, verified=False,
+                    verify = self._completion_delay(job)
+                    job.completion_time = now + verify
+                    self._emit("complete", job.completion_time, job.spec.name, verified=False,
                                metric="epochs", value=job.epoch, restarts=job.restarts,
-                               progress=job.progress, model=goodput_model_to_json(self._model(job)))
+                               progress=job.progress, model=goodput_model_to_json(self._model(job)),
+                               verify_s=verify)
                     job.placement = {}
         if self.config.emit_reports and job.completion_time is None:
             self._emit(

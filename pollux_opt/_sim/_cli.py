@@ -12,7 +12,7 @@ from pathlib import Path
 
 from solvers import InvalidProblem
 
-__all__ = ["add_profile_parser", "add_simulate_parser", "cmd_profile", "cmd_simulate", "simulate_one"]
+__all__ = ["add_profile_parser", "add_simulate_parser", "cmd_profile", "cmd_simulate", "completion_delays", "simulate_one"]
 
 
 def add_simulate_parser(sub) -> None:
@@ -27,6 +27,12 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--restart-delay", type=float, default=30.0, help="seconds a (re)start costs")
     p.add_argument("--interference", type=float, default=0.0, help="slowdown of multi-node jobs sharing a node")
     p.add_argument("--report-noise", type=float, default=0.0, help="log-normal sigma of measurement error")
+    p.add_argument("--completion-delay", default="0",
+                   help="seconds from reaching the target to completion (a real job's verification), or "
+                        "'measured': per application from PROFILES/export.json (written by `pollux-opt profile`)")
+    p.add_argument("--wake-every", type=float, default=None,
+                   help="start the next round early once a job arrives or finishes, checking this often "
+                        "(seconds), as a real run does; default: fixed rounds, as Pollux's simulator")
     p.add_argument("--out", required=True, help="output folder (one run dir per workload)")
     p.add_argument("--jobs", type=int, default=1, help="workloads simulated in parallel processes")
     p.set_defaults(handler=cmd_simulate)
@@ -43,12 +49,31 @@ def simulate_one(args: dict) -> dict:
     profiles = load_profiles(args["profiles"])
     jobs = read_workload(args["workload"])
     config = SimConfig(restart_delay=args["restart_delay"], interference=args["interference"],
-                       report_noise=args["report_noise"])
+                       report_noise=args["report_noise"], completion_delay=args["completion_delay"],
+                       wake_every=args["wake_every"])
     result = simulate(
         jobs, profiles, args["policy"], cluster=Cluster.uniform(args["nodes"], args["cpus_per_node"]),
         interval=args["interval"], config=config, out_dir=args["out_dir"],
     )
     return asdict(result)
+
+
+def completion_delays(value: str, profiles: str | None) -> float | dict[str, float]:
+    """``--completion-delay``: a number of seconds, or ``"measured"``: each
+    application's ``verify_seconds`` from ``profiles/export.json`` (0 where none)."""
+    if value == "measured":
+        path = Path(profiles or ".") / "export.json"
+        if profiles is None or not path.is_file():
+            raise InvalidProblem(
+                f"--completion-delay measured needs --profiles with an export.json "
+                f"(written by `pollux-opt profile`); {str(path)!r} does not exist"
+            )
+        apps = json.loads(path.read_text())
+        return {name: float(a.get("verify_seconds") or 0.0) for name, a in apps.items()}
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidProblem(f"--completion-delay must be a number of seconds or 'measured', got {value!r}") from None
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -59,6 +84,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for w in args.workload:
         if not Path(w).is_file():
             raise InvalidProblem(f"--workload file {w!r} does not exist")
+    delay = completion_delays(args.completion_delay, args.profiles)
     out = Path(args.out)
     single = len(args.workload) == 1
     tasks = []
@@ -68,7 +94,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "workload": w, "profiles": args.profiles, "policy": args.policy, "nodes": args.nodes,
             "cpus_per_node": args.cpus_per_node, "interval": args.interval,
             "restart_delay": args.restart_delay, "interference": args.interference,
-            "report_noise": args.report_noise, "out_dir": str(run_dir),
+            "report_noise": args.report_noise, "completion_delay": delay, "wake_every": args.wake_every,
+            "out_dir": str(run_dir),
         })
     results = {}
     with Progress(transient=False) as bar:

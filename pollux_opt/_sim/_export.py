@@ -10,7 +10,7 @@ in the layout of ``shared/traces/adaptdl-osdi21/README.md``, so that
 runs and jobs of one application are pooled.  It also writes
 ``workload-<run>.csv`` (the run's jobs in the simulator's workload format) and
 ``export.json`` (per application: M0, batch limits, progress to completion,
-jobs used, median measured restart seconds) at the top of ``PROFILES_DIR``.
+jobs used, median measured start, restart and verification seconds) at the top of ``PROFILES_DIR``.
 
 Conversions (runtime convention -> trace convention):
 
@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -106,7 +105,11 @@ class ExportedApp:
         target_progress: progress to completion (M0-steps), the last row's.
         jobs: ``run/job`` identifiers pooled.
         steps: steps.csv rows pooled.
-        restart_seconds: median measured (re)start time (s), None if none.
+        restart_seconds: median measured rescale / restart time (s), None if none.
+        start_seconds: median measured first-start time (s), None if none.
+        verify_seconds: median time from reaching the target to the verified
+            completion (s), None if no job completed; the simulator's
+            ``SimConfig.completion_delay`` for this application.
         folder: the written folder.
     """
 
@@ -117,6 +120,8 @@ class ExportedApp:
     jobs: tuple[str, ...]
     steps: int
     restart_seconds: float | None
+    start_seconds: float | None
+    verify_seconds: float | None
     folder: str
 
 
@@ -131,6 +136,8 @@ class _JobData:
     final_progress: float
     validation: pd.DataFrame  # progress, value
     launch_seconds: list[float]
+    start_seconds: list[float]
+    verify_seconds: list[float]
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -228,10 +235,16 @@ def _read_job(run: Path, job_dir: Path, run_events: list[dict]) -> _JobData | No
     ).sort_values("progress")
     launch_seconds = [float(e["details"]["seconds"]) for e in events
                       if e.get("kind") in _LAUNCH_EVENTS[1:] and "seconds" in e.get("details", {})]
+    # Target reached -> verified in a fresh process (the run log's complete event).
+    verify_seconds = [float(e["verify_s"]) for e in run_events
+                      if e.get("type") == "complete" and e.get("job_id") == job_id and e.get("verify_s") is not None]
     return _JobData(
         key=f"{run.name}/{job_id}", app=str(spec["name"]), init_batch_size=int(spec["init_batch_size"]),
         max_batch_size=int(spec["max_batch_size"]), steps=steps, completed=completed,
         final_progress=float(steps.progress.iloc[-1]), validation=val, launch_seconds=launch_seconds,
+        start_seconds=[float(e["details"]["seconds"]) for e in events
+                       if e.get("kind") == _LAUNCH_EVENTS[0] and "seconds" in e.get("details", {})],
+        verify_seconds=verify_seconds,
     )
 
 
@@ -373,10 +386,14 @@ def export_profiles(run_dirs: Sequence, out_dir, *, apps: Sequence[str] | None =
         for b, df in validation.items():
             _atomic_csv(df, folder / f"validation-{b}.csv")
         restarts = [s for j in group for s in j.launch_seconds]
+        starts = [s for j in group for s in j.start_seconds]
+        verifies = [s for j in group for s in j.verify_seconds]
         result[app] = ExportedApp(
             name=app, init_batch_size=m0, max_batch_size=max(validation), target_progress=target,
             jobs=tuple(j.key for j in group), steps=len(steps),
-            restart_seconds=float(np.median(restarts)) if restarts else None, folder=str(folder),
+            restart_seconds=float(np.median(restarts)) if restarts else None,
+            start_seconds=float(np.median(starts)) if starts else None,
+            verify_seconds=float(np.median(verifies)) if verifies else None, folder=str(folder),
         )
     for run in runs:
         if (run / "config.json").is_file():

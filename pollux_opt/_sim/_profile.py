@@ -175,6 +175,7 @@ class TraceProfile:
     def _nd_interp(self):
         if self._nd is None:
             from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+            from scipy.spatial import QhullError
 
             p = self.placements.copy()
             p["num_nodes"] = p.placement.astype(str).str.len()
@@ -186,8 +187,17 @@ class TraceProfile:
                 ignore_index=True,
             )
             pts, vals = df[xs].to_numpy(float), df[ys].to_numpy(float)
-            self._nd = (LinearNDInterpolator(pts, vals), NearestNDInterpolator(pts, vals),
-                        float(df.num_nodes.max()))
+            # Only the coordinates that vary span a hull (e.g. one node only, as
+            # profiles exported from a single machine): interpolate over those;
+            # with fewer than two, nearest rows only.
+            varying = np.ptp(pts, axis=0) > 0
+            linear = None
+            if varying.sum() >= 2:
+                try:
+                    linear = LinearNDInterpolator(pts[:, varying], vals)
+                except QhullError:  # degenerate (e.g. collinear) points: nearest rows only
+                    linear = None
+            self._nd = (linear, NearestNDInterpolator(pts, vals), float(df.num_nodes.max()), varying)
         return self._nd
 
     def _nk_table(self, nodes: int, replicas: int):
@@ -200,10 +210,10 @@ class TraceProfile:
         key = ("nk", nodes, replicas)
         hit = self._cache.get(key)
         if hit is None:
-            linear, nearest, max_nodes = self._nd_interp()
+            linear, nearest, max_nodes, varying = self._nd_interp()
             grid = np.unique(self.placements.local_bsz.to_numpy(float))
             x = np.column_stack([np.full(grid.size, min(nodes, max_nodes)), np.full(grid.size, replicas), grid])
-            vals = linear(x)
+            vals = linear(x[:, varying]) if linear is not None else np.full((grid.size, 2), np.nan)
             bad = ~np.isfinite(vals).all(axis=1)
             if bad.any():
                 vals[bad] = nearest(x[bad])
