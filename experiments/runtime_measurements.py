@@ -36,6 +36,7 @@ from pollux_opt.jobs import (  # noqa: E402
     ElasticJob,
     JobSpec,
     JobState,
+    Measurements,
     WorkerPool,
     get_job,
     heldout_error,
@@ -139,13 +140,31 @@ def _in_order(rows, configs) -> np.ndarray:
     return np.array([index[cfg] for cfg in configs])
 
 
+_FIELDS = ("num_nodes", "num_replicas", "local_bsz", "accum_steps", "step_time", "sync_time", "compute_time", "count")
+
+
+def _reordered(rows: Measurements, index: np.ndarray) -> Measurements:
+    return Measurements(*(getattr(rows, f)[index] for f in _FIELDS))
+
+
+def _pooled(a: Measurements, b: Measurements) -> Measurements:
+    """Rows of two passes over the same configurations (same order): times are
+    geometric means (nan sync stays nan), counts add."""
+    times = {f: np.sqrt(getattr(a, f) * getattr(b, f)) for f in ("step_time", "sync_time", "compute_time")}
+    return Measurements(a.num_nodes, a.num_replicas, a.local_bsz, a.accum_steps, times["step_time"],
+                        times["sync_time"], times["compute_time"], a.count + b.count)
+
+
 def throughput_mape(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
     """Held-out MAPE of the fitted model, and the measurement noise floor.
 
-    The grid is profiled twice.  ``mape_pct``: fit on the first profile's
-    fitting rows, error on its held-out rows.  ``repeat_pct``: mean absolute
-    percentage difference between the two profiles' held-out step times, i.e.
-    how well a *perfect* model could do on this machine at this load.
+    The grid is profiled in two independent passes.  ``mape_pct``: fit on the
+    fitting rows and error on the held-out rows, each configuration's step
+    and sync time being the geometric mean of its two passes (measuring
+    twice as long: millisecond steps of the small jobs vary by 5-10 % between
+    passes even on a quiet machine).  ``repeat_pct``: mean absolute
+    percentage difference between the two passes' held-out step times, i.e.
+    how far a single pass is from repeating itself.
     """
     configs, train = profile_configs(spec)
     train = np.asarray(train)
@@ -154,16 +173,15 @@ def throughput_mape(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
                            workdir=workdir / f"run{i}", pool=pool)
         for i in range(2)
     ]
-    first, second = profiles
-    mask = np.zeros(len(first), dtype=bool)
-    mask[_in_order(first, configs)] = train
-    params, predicted, mape = heldout_error(first, mask)
-    errors = np.abs(predicted - first.step_time[~mask]) / first.step_time[~mask] * 100
-    a = first.step_time[_in_order(first, configs)][~train]
-    b = second.step_time[_in_order(second, configs)][~train]
+    first, second = (_reordered(p, _in_order(p, configs)) for p in profiles)
+    pooled = _pooled(first, second)
+    params, predicted, mape = heldout_error(pooled, train)
+    measured = pooled.step_time[~train]
+    errors = np.abs(predicted - measured) / measured * 100
+    a, b = first.step_time[~train], second.step_time[~train]
     return {"mape_pct": mape, "max_ape_pct": float(errors.max()),
             "repeat_pct": float(np.mean(np.abs(a - b) / b) * 100),
-            "fit_rows": int(mask.sum()), "heldout_rows": int((~mask).sum()), "gamma": params.gamma}
+            "fit_rows": int(train.sum()), "heldout_rows": int((~train).sum()), "gamma": params.gamma}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,8 @@ simulated under the same policy, cluster and interval, in two variants:
   variance estimate).
 
 Writes ``OUT/fidelity.csv`` (one row per policy and variant: real and
-simulated average JCT, relative error) and prints it::
+simulated average JCT, relative error) and ``OUT/fidelity.png``, and prints
+the table::
 
     pollux-opt demo --quick --out runs/demo
     python experiments/sim_fidelity.py runs/demo --out runs/fidelity
@@ -86,7 +87,33 @@ def fidelity(run_args: list[str], out: Path) -> pd.DataFrame:
             })
     table = pd.DataFrame(rows)
     table.to_csv(out / "fidelity.csv", index=False)
+    _plot(table, out / "fidelity.png")
     return table
+
+
+def _plot(table: pd.DataFrame, path: Path) -> None:
+    """Bars of real and simulated average JCT per policy (one group per variant)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = list(dict.fromkeys(table.run))
+    fig, ax = plt.subplots(figsize=(5, 3))
+    width = 0.8 / 3
+    real = table.groupby("run").real_avg_jct_s.first()
+    for i, run in enumerate(runs):
+        ax.bar(i - width, real[run], width, color="black", label="real" if i == 0 else None)
+        for j, variant in enumerate(("paper", "matched")):
+            sim = table[(table.run == run) & (table.variant == variant)].sim_avg_jct_s.iloc[0]
+            ax.bar(i + j * width, sim, width, color=("tab:gray", "tab:blue")[j],
+                   label=f"simulated ({variant})" if i == 0 else None)
+    ax.set_xticks(range(len(runs)), runs)
+    ax.set_ylabel("average JCT (s)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

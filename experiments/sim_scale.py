@@ -4,7 +4,8 @@ synthetic parametric profiles, recording the policy's solver time per round.
 Writes ``OUT/scale.csv`` (one row per cluster size and policy: avg JCT,
 rounds, mean and max solver seconds per round, wall time) and ``OUT/scale.png``.
 
-    python experiments/sim_scale.py --out runs/sim-scale
+    python experiments/sim_scale.py --out runs/sim-scale --sizes 64 128 256 512 --jobs 2
+    python experiments/sim_scale.py --out runs/sim-scale-big --sizes 1024 2048 --max-rounds 60
     python experiments/sim_scale.py --quick --out /tmp/q
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,8 @@ import pandas as pd
 
 from pollux_opt import Cluster
 from pollux_opt._sim import ParametricProfile, WorkloadJob, simulate
+
+log = logging.getLogger("sim_scale")
 
 SIZES = [64, 128, 256, 512, 1024, 2048]
 QUICK_SIZES = [16, 32]
@@ -47,33 +51,56 @@ def workload(cpus: int, seed: int, window_s: float) -> list[WorkloadJob]:
                         {"small": 256, "medium": 512, "large": 1024}[a]) for i, (a, t) in enumerate(zip(apps, times))]
 
 
+def run_one(task: dict) -> dict:
+    """Top-level (picklable): simulate one (cluster size, policy) pair; one CSV row."""
+    logging.disable(logging.WARNING)
+    cpus, pol = task["cpus"], task["policy"]
+    jobs = workload(cpus, seed=cpus, window_s=task["window_s"])
+    per_round: list[float] = []
+    res = simulate(jobs, synthetic_profiles(), pol, cluster=Cluster.uniform(cpus // CPUS_PER_NODE, CPUS_PER_NODE),
+                   progress=lambda now, views, d: per_round.append(d.solver_seconds), max_rounds=task["max_rounds"])
+    return {"cpus": cpus, "policy": pol, "jobs": len(jobs), "completed": res.completed,
+            "avg_jct_s": res.avg_jct if res.completed == len(jobs) else float("nan"), "rounds": res.rounds,
+            "max_rounds": task["max_rounds"],
+            "mean_solver_s": float(np.mean(per_round)) if per_round else float("nan"),
+            "p95_solver_s": float(np.quantile(per_round, 0.95)) if per_round else float("nan"),
+            "max_solver_s": float(np.max(per_round)) if per_round else float("nan"),
+            "wall_s": res.wall_seconds}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--policies", nargs="+", default=["pollux", "tiresias"])
     ap.add_argument("--sizes", nargs="+", type=int, default=None)
+    ap.add_argument("--max-rounds", type=int, default=None,
+                    help="stop each run after this many rounds (solver timing at sizes too large to run to the end; "
+                         "avg JCT is then left empty)")
+    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
-    logging.disable(logging.WARNING)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     window = 3600.0 if args.quick else WINDOW_S
-    profiles = synthetic_profiles()
+    tasks = [{"cpus": c, "policy": p, "window_s": window, "max_rounds": args.max_rounds}
+             for c in sizes for p in args.policies]
     rows = []
-    for cpus in sizes:
-        jobs = workload(cpus, seed=cpus, window_s=window)
-        for pol in args.policies:
-            per_round: list[float] = []
-            res = simulate(jobs, profiles, pol, cluster=Cluster.uniform(cpus // CPUS_PER_NODE, CPUS_PER_NODE),
-                           progress=lambda now, views, d: per_round.append(d.solver_seconds))
-            rows.append({"cpus": cpus, "policy": pol, "jobs": len(jobs), "completed": res.completed,
-                         "avg_jct_s": res.avg_jct, "rounds": res.rounds,
-                         "mean_solver_s": float(np.mean(per_round)) if per_round else float("nan"),
-                         "max_solver_s": float(np.max(per_round)) if per_round else float("nan"),
-                         "wall_s": res.wall_seconds})
-            pd.DataFrame(rows).to_csv(out / "scale.csv", index=False)
-    df = pd.DataFrame(rows)
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        log.info("done %s", {k: row[k] for k in ("cpus", "policy", "rounds", "mean_solver_s", "wall_s")})
+        pd.DataFrame(rows).sort_values(["cpus", "policy"]).to_csv(out / "scale.csv", index=False)
+
+    if args.jobs == 1:
+        for t in tasks:
+            record(run_one(t))
+    else:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            for f in as_completed([pool.submit(run_one, t) for t in tasks]):
+                record(f.result())
+    df = pd.DataFrame(rows).sort_values(["cpus", "policy"])
     import matplotlib
 
     matplotlib.use("Agg")

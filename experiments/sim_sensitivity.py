@@ -6,7 +6,7 @@ workload (16 x 4, interval 60 s, restart 30 s).  Job load resamples the
 workload from the Philly trace with the load multiplier.  Writes
 ``OUT/sensitivity.csv`` and one plot per axis ``OUT/sensitivity-AXIS.png``.
 
-    python experiments/sim_sensitivity.py --out runs/sim-sens [--workload 6]
+    python experiments/sim_sensitivity.py --out runs/sim-sens [--workload 6] [--jobs 2]
     python experiments/sim_sensitivity.py --quick --out /tmp/q
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +31,10 @@ AXES = {
 }
 QUICK_AXES = {"load": [0.5, 1.0], "interval_s": [60.0, 240.0], "restart_delay_s": [30.0], "report_noise": [0.0, 0.3], "p": [-1.0]}
 QUICK_JOBS = 10
+#: The paper's settings (16 x 4, interval 60 s, restart 30 s, exact reports, p = -1); each axis varies one.
+DEFAULTS = {"load": 1.0, "interval_s": 60.0, "restart_delay_s": 30.0, "report_noise": 0.0, "p": -1.0}
+
+log = logging.getLogger("sim_sensitivity")
 
 
 def _policy(name: str, p: float, restart: float):
@@ -40,43 +45,63 @@ def _policy(name: str, p: float, restart: float):
     return name
 
 
+def run_one(task: dict) -> dict:
+    """Top-level (picklable): one (axis, value, policy) point; one CSV row."""
+    logging.disable(logging.WARNING)
+    quick, axis, value, pol = task["quick"], task["axis"], task["value"], task["policy"]
+    traces = Path(task["traces"])
+    profiles = load_profiles(traces)
+    settings = dict(DEFAULTS, **{axis: value})
+    if axis == "load":
+        jobs = philly_workload(traces / "philly.csv", profiles, load=value,
+                               num_jobs=QUICK_JOBS if quick else 160, seed=task["workload"])
+    else:
+        jobs = read_workload(traces / "workloads" / f"workload-{task['workload']}.csv")
+        jobs = jobs[:QUICK_JOBS] if quick else jobs
+    cluster = Cluster.uniform(4, 4) if quick else Cluster.uniform(16, 4)
+    cfg = SimConfig(restart_delay=settings["restart_delay_s"], report_noise=settings["report_noise"])
+    res = simulate(jobs, profiles, _policy(pol, settings["p"], settings["restart_delay_s"]), cluster=cluster,
+                   interval=settings["interval_s"], config=cfg)
+    return {"axis": axis, "value": value, "policy": pol, "avg_jct_s": res.avg_jct,
+            "p99_jct_s": res.p99_jct, "makespan_s": res.makespan,
+            "completed": res.completed, "jobs": res.num_jobs, "wall_s": res.wall_seconds}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=None)
     ap.add_argument("--out", required=True)
     ap.add_argument("--workload", type=int, default=6)
     ap.add_argument("--policies", nargs="+", default=["pollux", "tiresias"])
+    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
-    logging.disable(logging.WARNING)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     traces = Path(args.traces) if args.traces else default_trace_dir()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    profiles = load_profiles(traces)
-    base_jobs = read_workload(traces / "workloads" / f"workload-{args.workload}.csv")
     axes = QUICK_AXES if args.quick else AXES
-    cluster = Cluster.uniform(4, 4) if args.quick else Cluster.uniform(16, 4)
+    tasks = [
+        {"axis": axis, "value": value, "policy": pol, "quick": args.quick, "traces": str(traces),
+         "workload": args.workload}
+        for axis, values in axes.items() for value in values for pol in args.policies
+        if not (axis == "p" and pol != "pollux")
+    ]
     rows = []
-    for axis, values in axes.items():
-        for value in values:
-            for pol in args.policies:
-                if axis == "p" and pol != "pollux":
-                    continue
-                s = {"load": 1.0, "interval_s": 60.0, "restart_delay_s": 30.0, "report_noise": 0.0, "p": -1.0}
-                s[axis] = value
-                if axis == "load":
-                    jobs = philly_workload(traces / "philly.csv", profiles, load=value,
-                                           num_jobs=QUICK_JOBS if args.quick else 160, seed=args.workload)
-                else:
-                    jobs = base_jobs[:QUICK_JOBS] if args.quick else base_jobs
-                cfg = SimConfig(restart_delay=s["restart_delay_s"], report_noise=s["report_noise"])
-                res = simulate(jobs, profiles, _policy(pol, s["p"], s["restart_delay_s"]), cluster=cluster,
-                               interval=s["interval_s"], config=cfg)
-                rows.append({"axis": axis, "value": value, "policy": pol, "avg_jct_s": res.avg_jct,
-                             "p99_jct_s": res.p99_jct, "makespan_s": res.makespan,
-                             "completed": res.completed, "jobs": res.num_jobs, "wall_s": res.wall_seconds})
-                pd.DataFrame(rows).to_csv(out / "sensitivity.csv", index=False)
-    df = pd.DataFrame(rows)
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        log.info("done %s", {k: row[k] for k in ("axis", "value", "policy", "avg_jct_s", "wall_s")})
+        pd.DataFrame(rows).sort_values(["axis", "value", "policy"]).to_csv(out / "sensitivity.csv", index=False)
+
+    if args.jobs == 1:
+        for t in tasks:
+            record(run_one(t))
+    else:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            for f in as_completed([pool.submit(run_one, t) for t in tasks]):
+                record(f.result())
+    df = pd.DataFrame(rows).sort_values(["axis", "value", "policy"])
     import matplotlib
 
     matplotlib.use("Agg")

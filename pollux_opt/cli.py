@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run a workload under fixed, dynamic and pollux; compare and plot")
     p.add_argument("--workload", default="mixed", help="named workload set or file (default: mixed)")
-    p.add_argument("--quick", action="store_true", help="quick variant, 10 s rounds (about 6 minutes on 2 cores)")
+    p.add_argument("--quick", action="store_true", help="quick variant, 10 s rounds (about 2-3 minutes on 2 cores)")
     p.add_argument("--out", default="demo-out", help="output directory (default: demo-out)")
     p.add_argument("--interval", type=float, help="seconds between rounds (default 30; 10 with --quick)")
     p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")

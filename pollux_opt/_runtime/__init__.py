@@ -45,7 +45,8 @@ Signatures:
 
 States (:class:`JobState`): ``pending`` -> ``rescaling`` (acquiring workers,
 loading the checkpoint) -> ``running`` <-> ``rescaling`` -> ``verifying``
-(target reached; final checkpoint re-evaluated in a fresh process) ->
+(target reached; final checkpoint re-evaluated in a fresh process forked
+from the pool's fork server, holding no core of the job) ->
 ``completed``; ``stopped`` after ``stop()`` or a step limit (resume with
 ``start``); ``failed`` with ``report().error`` when job code raises or faults
 exceed ``max_restarts``.  A job holds cores exactly while ``running`` or
