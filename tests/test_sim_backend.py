@@ -162,7 +162,8 @@ def test_cli_simulate(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("changes, message", [
     ({"completion_delay": -1.0}, r"completion_delay must be a finite number >= 0, got -1.0"),
-    ({"completion_delay": {"synth": float("nan")}}, r"completion_delay\['synth'\] must be a finite number >= 0, got nan"),
+    ({"completion_delay": {"synth": float("nan")}},
+     r"completion_delay\['synth'\] must be a finite number >= 0, got nan"),
     ({"wake_every": 0.0}, r"wake_every must be None or a finite number of seconds > 0, got 0.0"),
 ])
 def test_sim_config_rejects_bad_fidelity_settings(changes, message):

@@ -115,7 +115,8 @@ class SimConfig:
                     where = f"[{app!r}]" if app else ""
                     raise InvalidProblem(f"{name}{where} must be a finite number >= 0, got {c!r}")
         w = self.wake_every
-        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0)):
+        bad_wake = isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0)
+        if w is not None and bad_wake:
             raise InvalidProblem(f"wake_every must be None or a finite number of seconds > 0, got {w!r}")
         d = self.restart_delay
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not (math.isfinite(d) and d >= 0):

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from solvers import InvalidProblem
 
-__all__ = ["add_profile_parser", "add_simulate_parser", "cmd_profile", "cmd_simulate", "completion_delays", "simulate_one"]
+__all__ = [
+    "add_profile_parser", "add_simulate_parser", "cmd_profile", "cmd_simulate", "completion_delays", "simulate_one",
+]
 
 
 def add_simulate_parser(sub) -> None:
