@@ -213,3 +213,7 @@ def test_cli_completion_delay(tmp_path):
         completion_delays("measured", str(tmp_path / "nope"))
     with pytest.raises(InvalidProblem, match="--completion-delay must be a number of seconds or 'measured', got 'x'"):
         completion_delays("x", None)
+    (tmp_path / "export.json").write_text(json.dumps({"a": {"start_seconds": 1.5}}))
+    assert completion_delays("measured", str(tmp_path), option="--start-delay", field="start_seconds") == {"a": 1.5}
+    with pytest.raises(InvalidProblem, match="--start-delay must be a number of seconds or 'measured', got 'y'"):
+        completion_delays("y", None, option="--start-delay", field="start_seconds")

@@ -32,6 +32,11 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--completion-delay", default="0",
                    help="seconds from reaching the target to completion (a real job's verification), or "
                         "'measured': per application from PROFILES/export.json (written by `pollux-opt profile`)")
+    p.add_argument("--start-delay", default=None,
+                   help="seconds a job's first start costs, or 'measured' (per application, from "
+                        "PROFILES/export.json); default: the restart delay")
+    p.add_argument("--split-single", action="store_true",
+                   help="run a one-replica job's batch as two micro-batches, as the real executor does")
     p.add_argument("--wake-every", type=float, default=None,
                    help="start the next round early once a job arrives or finishes, checking this often "
                         "(seconds), as a real run does; default: fixed rounds, as Pollux's simulator")
@@ -52,7 +57,8 @@ def simulate_one(args: dict) -> dict:
     jobs = read_workload(args["workload"])
     config = SimConfig(restart_delay=args["restart_delay"], interference=args["interference"],
                        report_noise=args["report_noise"], completion_delay=args["completion_delay"],
-                       wake_every=args["wake_every"])
+                       wake_every=args["wake_every"], start_delay=args["start_delay"],
+                       split_single=args["split_single"])
     result = simulate(
         jobs, profiles, args["policy"], cluster=Cluster.uniform(args["nodes"], args["cpus_per_node"]),
         interval=args["interval"], config=config, out_dir=args["out_dir"],
@@ -60,22 +66,24 @@ def simulate_one(args: dict) -> dict:
     return asdict(result)
 
 
-def completion_delays(value: str, profiles: str | None) -> float | dict[str, float]:
-    """``--completion-delay``: a number of seconds, or ``"measured"``: each
-    application's ``verify_seconds`` from ``profiles/export.json`` (0 where none)."""
+def completion_delays(value: str, profiles: str | None, *, option: str = "--completion-delay",
+                      field: str = "verify_seconds") -> float | dict[str, float]:
+    """``--completion-delay`` (or ``--start-delay`` with ``field="start_seconds"``):
+    a number of seconds, or ``"measured"``: each application's ``field`` from
+    ``profiles/export.json`` (0 where none)."""
     if value == "measured":
         path = Path(profiles or ".") / "export.json"
         if profiles is None or not path.is_file():
             raise InvalidProblem(
-                f"--completion-delay measured needs --profiles with an export.json "
+                f"{option} measured needs --profiles with an export.json "
                 f"(written by `pollux-opt profile`); {str(path)!r} does not exist"
             )
         apps = json.loads(path.read_text())
-        return {name: float(a.get("verify_seconds") or 0.0) for name, a in apps.items()}
+        return {name: float(a.get(field) or 0.0) for name, a in apps.items()}
     try:
         return float(value)
     except ValueError:
-        raise InvalidProblem(f"--completion-delay must be a number of seconds or 'measured', got {value!r}") from None
+        raise InvalidProblem(f"{option} must be a number of seconds or 'measured', got {value!r}") from None
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -87,6 +95,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if not Path(w).is_file():
             raise InvalidProblem(f"--workload file {w!r} does not exist")
     delay = completion_delays(args.completion_delay, args.profiles)
+    start = None if args.start_delay is None else completion_delays(
+        args.start_delay, args.profiles, option="--start-delay", field="start_seconds")
     out = Path(args.out)
     single = len(args.workload) == 1
     tasks = []
@@ -97,6 +107,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "cpus_per_node": args.cpus_per_node, "interval": args.interval,
             "restart_delay": args.restart_delay, "interference": args.interference,
             "report_noise": args.report_noise, "completion_delay": delay, "wake_every": args.wake_every,
+            "start_delay": start, "split_single": args.split_single,
             "out_dir": str(run_dir),
         })
     results = {}
