@@ -53,7 +53,9 @@ def workload(cpus: int, seed: int, window_s: float) -> list[WorkloadJob]:
 
 def run_one(task: dict) -> dict:
     """Top-level (picklable): simulate one (cluster size, policy) pair; one CSV row."""
-    logging.disable(logging.WARNING)
+    # The simulator's own warnings (e.g. an over-committed node) would drown the progress lines.
+    for name in ("pollux_opt", "solvers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     cpus, pol = task["cpus"], task["policy"]
     jobs = workload(cpus, seed=cpus, window_s=task["window_s"])
     per_round: list[float] = []
@@ -79,6 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {args.jobs}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -47,7 +47,9 @@ def _policy(name: str, p: float, restart: float):
 
 def run_one(task: dict) -> dict:
     """Top-level (picklable): one (axis, value, policy) point; one CSV row."""
-    logging.disable(logging.WARNING)
+    # The simulator's own warnings (e.g. an over-committed node) would drown the progress lines.
+    for name in ("pollux_opt", "solvers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     quick, axis, value, pol = task["quick"], task["axis"], task["value"], task["policy"]
     traces = Path(task["traces"])
     profiles = load_profiles(traces)
@@ -76,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {args.jobs}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     traces = Path(args.traces) if args.traces else default_trace_dir()
     out = Path(args.out)
