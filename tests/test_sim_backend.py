@@ -8,6 +8,7 @@ import math
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem
+from pollux_opt._model import BatchConfig
 from pollux_opt._scheduler import Decision
 from pollux_opt._sim import (
     ParametricProfile,
@@ -171,15 +172,13 @@ def test_sim_config_rejects_bad_fidelity_settings(changes, message):
         SimConfig(**changes)
 
 
-def _alone_jct(config: SimConfig, interval: float = 60.0) -> tuple[float, list]:
-    res = simulate(_jobs(1), SYNTH, "tiresias", cluster=Cluster.uniform(1, 4), interval=interval, config=config)
-    return res.avg_jct, res
+def _alone_jct(config: SimConfig) -> float:
+    return simulate(_jobs(1), SYNTH, "tiresias", cluster=Cluster.uniform(1, 4), interval=60.0, config=config).avg_jct
 
 
 def test_completion_delay_adds_to_jct_and_frees_cpus_meanwhile():
-    base, _ = _alone_jct(SimConfig(restart_delay=0.0))
-    delayed, _ = _alone_jct(SimConfig(restart_delay=0.0, completion_delay={"synth": 7.0}))
-    assert delayed == pytest.approx(base + 7.0)
+    base = _alone_jct(SimConfig(restart_delay=0.0))
+    assert _alone_jct(SimConfig(restart_delay=0.0, completion_delay={"synth": 7.0})) == pytest.approx(base + 7.0)
     b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4), config=SimConfig(restart_delay=0.0, completion_delay=1e6))
     b.apply(Decision({"j0": {"n0": 4}}, {}, math.nan, 0.0, "t"))
     while not b.jcts():
@@ -187,7 +186,37 @@ def test_completion_delay_adds_to_jct_and_frees_cpus_meanwhile():
     assert b.views() == [] and b.jcts()["j0"] > 1e6  # verifying: no CPUs, not schedulable
 
 
-def test_wake_every_starts_a_round_when_a_job_arrives_or_finishes(tmp_path):
+def test_start_delay_replaces_the_restart_delay_for_the_first_start_only():
+    base = _alone_jct(SimConfig(restart_delay=0.0))
+    assert _alone_jct(SimConfig(restart_delay=30.0)) == pytest.approx(base + 30.0)  # the job never moves
+    assert _alone_jct(SimConfig(restart_delay=30.0, start_delay={"synth": 4.0})) == pytest.approx(base + 4.0)
+
+
+def test_split_single_runs_one_replica_as_two_micro_batches():
+    for split, expected in ((False, (256, 0)), (True, (128, 1))):
+        b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4), config=SimConfig(split_single=split))
+        b.apply(Decision({"j0": {"n0": 1}}, {"j0": BatchConfig(256, 0, 256, math.nan)}, math.nan, 0.0, "t"))
+        job = b._jobs["j0"]
+        assert (job.local_bsz, job.accum_steps) == expected
+
+
+def test_wake_every_starts_a_round_when_a_job_finishes(tmp_path):
+    """Two jobs that each want the whole node: the second starts at the poll
+    after the first completes, not at the next 10-minute round."""
+    jobs = [WorkloadJob("a", 0.0, "synth", 4, 256), WorkloadJob("b", 1.0, "synth", 4, 256)]
+    runs = {}
+    for name, wake in (("fixed", None), ("woken", 1.0)):
+        simulate(jobs, SYNTH, "tiresias", cluster=Cluster.uniform(1, 4), interval=600.0,
+                 config=SimConfig(restart_delay=0.0, wake_every=wake), out_dir=tmp_path / name)
+        events = [json.loads(line) for line in (tmp_path / name / "events.jsonl").read_text().splitlines()]
+        runs[name] = {(e["type"], e["job_id"]): e["t"] for e in events if e["type"] in ("start", "complete")}
+    done_a = runs["woken"][("complete", "a")]
+    assert runs["woken"][("start", "b")] == pytest.approx(math.ceil(done_a))
+    assert runs["fixed"][("start", "b")] % 600.0 == pytest.approx(0.0)
+    assert runs["fixed"][("start", "b")] > runs["woken"][("start", "b")]
+
+
+def test_wake_every_starts_a_round_when_a_job_arrives(tmp_path):
     jobs = [WorkloadJob("a", 0.0, "synth", 2, 256), WorkloadJob("b", 7.0, "synth", 2, 256)]
     fixed = simulate(jobs, SYNTH, "tiresias", cluster=Cluster.uniform(1, 4), interval=60.0,
                      config=SimConfig(restart_delay=0.0), out_dir=tmp_path / "fixed")
