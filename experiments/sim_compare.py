@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 
 from pollux_opt import Cluster
-from pollux_opt._sim import default_trace_dir, load_profiles, read_workload, simulate
+from pollux_opt._sim import default_trace_dir, load_profiles, read_workload, run_tasks, simulate
 
 POLICIES = ("pollux", "tiresias", "optimus")
 #: Published Pollux-simulator averages over the eight workloads, hours (issue 6 targets).
@@ -87,11 +86,7 @@ def main(argv=None) -> int:
          "out_dir": str(out / f"workload-{w}-{p}")}
         for w in workloads for p in args.policies
     ]
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            rows = list(pool.map(run_one, tasks))
-    else:
-        rows = [run_one(t) for t in tasks]
+    rows = run_tasks(run_one, tasks, jobs=args.jobs)
     df = pd.DataFrame(rows)
     df.to_csv(out / "compare.csv", index=False)
     means = df.groupby("policy")[["avg_jct_s", "p99_jct_s", "makespan_s", "wall_s"]].mean()

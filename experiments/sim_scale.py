@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from pollux_opt import Cluster
-from pollux_opt._sim import ParametricProfile, WorkloadJob, simulate
+from pollux_opt._sim import ParametricProfile, WorkloadJob, run_tasks, simulate
 
 log = logging.getLogger("sim_scale")
+#: Row fields logged as each run finishes.
+PROGRESS_FIELDS = ("cpus", "policy", "rounds", "mean_solver_s", "wall_s")
 
 SIZES = [64, 128, 256, 512, 1024, 2048]
 QUICK_SIZES = [16, 32]
@@ -92,18 +93,12 @@ def main(argv=None) -> int:
              for c in sizes for p in args.policies]
     rows = []
 
-    def record(row: dict) -> None:
+    def record(task: dict, row: dict) -> None:
         rows.append(row)
-        log.info("done %s", {k: row[k] for k in ("cpus", "policy", "rounds", "mean_solver_s", "wall_s")})
+        log.info("done %s", {k: row[k] for k in PROGRESS_FIELDS})
         pd.DataFrame(rows).sort_values(["cpus", "policy"]).to_csv(out / "scale.csv", index=False)
 
-    if args.jobs == 1:
-        for t in tasks:
-            record(run_one(t))
-    else:
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            for f in as_completed([pool.submit(run_one, t) for t in tasks]):
-                record(f.result())
+    run_tasks(run_one, tasks, jobs=args.jobs, on_result=record)
     df = pd.DataFrame(rows).sort_values(["cpus", "policy"])
     import matplotlib
 

@@ -14,13 +14,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import pandas as pd
 
 from pollux_opt import Cluster, Options
-from pollux_opt._sim import SimConfig, default_trace_dir, load_profiles, philly_workload, read_workload, simulate
+from pollux_opt._sim import (
+    SimConfig,
+    default_trace_dir,
+    load_profiles,
+    philly_workload,
+    read_workload,
+    run_tasks,
+    simulate,
+)
 
 AXES = {
     "load": [0.5, 1.0, 1.5, 2.0],
@@ -35,6 +42,8 @@ QUICK_JOBS = 10
 DEFAULTS = {"load": 1.0, "interval_s": 60.0, "restart_delay_s": 30.0, "report_noise": 0.0, "p": -1.0}
 
 log = logging.getLogger("sim_sensitivity")
+#: Row fields logged as each run finishes.
+PROGRESS_FIELDS = ("axis", "value", "policy", "avg_jct_s", "wall_s")
 
 
 def _policy(name: str, p: float, restart: float):
@@ -93,18 +102,12 @@ def main(argv=None) -> int:
     ]
     rows = []
 
-    def record(row: dict) -> None:
+    def record(task: dict, row: dict) -> None:
         rows.append(row)
-        log.info("done %s", {k: row[k] for k in ("axis", "value", "policy", "avg_jct_s", "wall_s")})
+        log.info("done %s", {k: row[k] for k in PROGRESS_FIELDS})
         pd.DataFrame(rows).sort_values(["axis", "value", "policy"]).to_csv(out / "sensitivity.csv", index=False)
 
-    if args.jobs == 1:
-        for t in tasks:
-            record(run_one(t))
-    else:
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            for f in as_completed([pool.submit(run_one, t) for t in tasks]):
-                record(f.result())
+    run_tasks(run_one, tasks, jobs=args.jobs, on_result=record)
     df = pd.DataFrame(rows).sort_values(["axis", "value", "policy"])
     import matplotlib
 

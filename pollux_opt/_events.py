@@ -65,6 +65,7 @@ __all__ = [
     "iter_events",
     "goodput_model_to_json",
     "goodput_model_from_json",
+    "jsonable",
 ]
 
 log = logging.getLogger(__name__)
@@ -108,16 +109,18 @@ PLACEMENT_EVENTS = frozenset({"start", "rescale_begin", "rescale_end", "restart_
 CLUSTER_EVENTS = frozenset({"run_start", "allocation"})
 
 
-def _jsonable(value: Any) -> Any:
-    """nan/inf floats become null (JSON has no nan); tuples become lists."""
+def jsonable(value: Any) -> Any:
+    """``value`` made strict-JSON-safe: nan/inf floats become null (JSON has no
+    nan), tuples become lists, dict keys strings, numpy scalars Python numbers.
+    The one converter for the event log, job state files and summaries."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if hasattr(value, "item") and callable(value.item):  # numpy scalars
-        return _jsonable(value.item())
+        return jsonable(value.item())
     return value
 
 
@@ -167,7 +170,7 @@ class EventLog:
 
     def emit(self, type: str, t: float, job_id: str | None = None, **fields: Any) -> dict:
         """Append one event and return it (as written)."""
-        event = {"t": float(t), "job_id": job_id, "type": type, **_jsonable(fields)}
+        event = {"t": float(t), "job_id": job_id, "type": type, **jsonable(fields)}
         _check(event)
         self._fh.write(json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n")
         self._fh.flush()

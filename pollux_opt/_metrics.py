@@ -63,7 +63,7 @@ import numpy as np
 
 from solvers import InvalidProblem
 
-from ._events import PLACEMENT_EVENTS, goodput_model_from_json
+from ._events import PLACEMENT_EVENTS, goodput_model_from_json, jsonable
 
 __all__ = [
     "summarize",
@@ -427,21 +427,7 @@ def summarize(events: Sequence[dict], cluster_cpus: int | None = None, *, node_c
         "mean_load1": stat(np.mean, np.array([_num(e.get("load1")) for e in rounds], dtype=float)),
         "overhead_pct_of_wall": 100.0 * float(np.nansum(overhead)) / window if window > 0 else math.nan,
     }
-    return _json_ready(summary)
-
-
-def _json_ready(value):
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, (np.floating,)):
-        return _json_ready(float(value))
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
-    return value
+    return jsonable(summary)
 
 
 #: Columns of :func:`compare_table`: summary key -> column title.

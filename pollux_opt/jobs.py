@@ -18,43 +18,6 @@ Example::
 
 from __future__ import annotations
 
-from ._runtime import (
-    LR_SCALING_RULES,
-    TORCH_MISSING,
-    BuildContext,
-    ElasticJob,
-    Event,
-    JobParts,
-    JobReport,
-    JobSpec,
-    JobState,
-    Measurements,
-    RuntimeOptions,
-    WorkerPool,
-    get_job,
-    job_names,
-    register_job,
-    training_job,
-)
-from ._runtime._profile import heldout_error, profile_throughput
-
-__all__ = [
-    "LR_SCALING_RULES",
-    "TORCH_MISSING",
-    "BuildContext",
-    "ElasticJob",
-    "Event",
-    "JobParts",
-    "JobReport",
-    "JobSpec",
-    "JobState",
-    "Measurements",
-    "RuntimeOptions",
-    "WorkerPool",
-    "get_job",
-    "heldout_error",
-    "job_names",
-    "profile_throughput",
-    "register_job",
-    "training_job",
-]
+# The public names are exactly the runtime package's (one list, kept there).
+from ._runtime import *  # noqa: F403
+from ._runtime import __all__  # noqa: F401

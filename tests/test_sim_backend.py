@@ -246,3 +246,14 @@ def test_cli_completion_delay(tmp_path):
     assert completion_delays("measured", str(tmp_path), option="--start-delay", field="start_seconds") == {"a": 1.5}
     with pytest.raises(InvalidProblem, match="--start-delay must be a number of seconds or 'measured', got 'y'"):
         completion_delays("y", None, option="--start-delay", field="start_seconds")
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_run_tasks_keeps_task_order_and_reports_each_result(jobs):
+    from pollux_opt._sim import run_tasks
+
+    seen = []
+    out = run_tasks(math.sqrt, [16.0, 1.0, 9.0], jobs=jobs, on_result=lambda t, r: seen.append((t, r)))
+    assert out == [4.0, 1.0, 3.0] and sorted(seen) == [(1.0, 1.0), (9.0, 3.0), (16.0, 4.0)]
+    with pytest.raises(InvalidProblem, match="jobs must be an integer >= 1, got 0"):
+        run_tasks(math.sqrt, [1.0], jobs=0)

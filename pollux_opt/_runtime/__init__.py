@@ -92,6 +92,7 @@ from __future__ import annotations
 
 from ._job import ElasticJob
 from ._pool import WorkerPool
+from ._profile import heldout_error, profile_throughput
 from ._registry import get_job, job_names, register_job, training_job
 from ._report import Event, JobReport, JobState, Measurements, RuntimeOptions
 from ._spec import LR_SCALING_RULES, BuildContext, JobParts, JobSpec
@@ -111,7 +112,9 @@ __all__ = [
     "RuntimeOptions",
     "WorkerPool",
     "get_job",
+    "heldout_error",
     "job_names",
+    "profile_throughput",
     "register_job",
     "training_job",
 ]

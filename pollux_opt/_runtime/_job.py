@@ -24,6 +24,7 @@ import numpy as np
 
 from solvers import InvalidProblem
 
+from .._events import jsonable
 from .._goodput import GradientStats, ThroughputParams
 from ._adapt import (
     BatchConfig,
@@ -84,20 +85,6 @@ class _Allocation:
         return len(self.placement)
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return _json_safe(float(value))
-    return value
-
-
 class ElasticJob:
     """One elastic data-parallel training job, driven without blocking.
 
@@ -155,7 +142,7 @@ class ElasticJob:
             if not isinstance(job_id, str) or not job_id:
                 raise InvalidProblem(f"job_id must be a non-empty string, got {job_id!r}")
             atomic_write_json(job_file, {
-                "job_id": job_id, "spec": spec.to_json(), "options": _json_safe(options.__dict__),
+                "job_id": job_id, "spec": spec.to_json(), "options": jsonable(options.__dict__),
                 "created": time.time(),
             })
         self.job_id: str = job_id
@@ -949,7 +936,7 @@ class ElasticJob:
 
     # ----------------------------------------------------------- persistence
     def _record(self, kind: str, details: dict) -> None:
-        event = Event(time.time(), kind, _json_safe(details))
+        event = Event(time.time(), kind, jsonable(details))
         with self._lock:
             self._events.append(event)
         logger.info("job %s: %s %s", self.job_id, kind, details)
@@ -970,4 +957,4 @@ class ElasticJob:
                 "placement": None if self._alloc is None else dict(self._alloc.placement),
                 "params": params_to_dict(self._params), "time": time.time(),
             }
-        atomic_write_json(self.workdir / STATE_FILE, _json_safe(data))
+        atomic_write_json(self.workdir / STATE_FILE, jsonable(data))

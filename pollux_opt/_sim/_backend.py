@@ -33,6 +33,8 @@ from solvers import InvalidProblem
 from .._events import EventLog, goodput_model_to_json
 from .._goodput import BatchLimits, GoodputModel, GradientStats, fit_throughput
 from .._model import BatchConfig, Cluster
+from .._runtime._adapt import BatchConfig as RunConfig
+from .._runtime._adapt import executable
 from .._scheduler import Decision, JobView
 from ._profile import Profile
 from ._workload import WorkloadJob
@@ -423,14 +425,11 @@ class SimBackend:
                 )
         # Never exceed the job's largest batch (artifact caps the atomic batch the same way).
         local = max(min(local, p.max_batch_size // (k * (accum + 1))), 1)
-        if self.config.split_single and k == 1 and accum == 0 and local >= 2:
-            half = -(-local // 2)
-            if half >= p.min_local_bsz:
-                local, accum = half, 1
+        if self.config.split_single:
+            limits = BatchLimits(p.init_batch_size, p.max_batch_size, p.min_local_bsz, p.max_local_bsz)
+            run = executable(k, RunConfig(local, accum), limits)  # the real executor's own rule
+            local, accum = run.local_bsz, run.accum_steps
         job.local_bsz, job.accum_steps = local, accum
-
-    def _completion_delay(self, job: SimJob) -> float:
-        return _per_app(self.config.completion_delay, job.spec.application)
 
     def _slowdowns(self) -> dict[str, float]:
         if self.config.interference <= 0:
@@ -529,7 +528,7 @@ class SimBackend:
                 now += delta
                 seconds -= delta
                 if job.epoch >= p.max_epochs:
-                    verify = self._completion_delay(job)
+                    verify = _per_app(self.config.completion_delay, job.spec.application)
                     job.completion_time = now + verify
                     self._emit("complete", job.completion_time, job.spec.name, verified=False,
                                metric="epochs", value=job.epoch, restarts=job.restarts,

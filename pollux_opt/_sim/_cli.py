@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
@@ -89,6 +88,8 @@ def completion_delays(value: str, profiles: str | None, *, option: str = "--comp
 def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
+    from ._run import run_tasks
+
     if args.jobs < 1:
         raise InvalidProblem(f"--jobs must be >= 1, got {args.jobs}")
     for w in args.workload:
@@ -110,19 +111,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "start_delay": start, "split_single": args.split_single,
             "out_dir": str(run_dir),
         })
-    results = {}
     with Progress(transient=False) as bar:
         task = bar.add_task(f"simulate {args.policy}", total=len(tasks))
-        if args.jobs == 1:
-            for t in tasks:
-                results[t["workload"]] = simulate_one(t)
-                bar.advance(task)
-        else:
-            with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-                futures = {pool.submit(simulate_one, t): t for t in tasks}
-                for f in as_completed(futures):
-                    results[futures[f]["workload"]] = f.result()
-                    bar.advance(task)
+        done = run_tasks(simulate_one, tasks, jobs=args.jobs, on_result=lambda t, r: bar.advance(task))
+    results = {t["workload"]: r for t, r in zip(tasks, done)}
     json.dump({w: {k: r[k] for k in ("policy", "completed", "avg_jct", "p99_jct", "makespan", "wall_seconds", "out_dir")}
                for w, r in results.items()}, sys.stdout, indent=2, default=lambda x: None)
     sys.stdout.write("\n")

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -21,14 +22,15 @@ import pandas as pd
 
 from solvers import InvalidProblem
 
-from .._events import EventLog
+from .. import _metrics, _policies
+from .._events import EventLog, jsonable, read_events
 from .._model import Cluster
 from .._scheduler import run as run_loop
 from ._backend import SimBackend, SimConfig
 from ._profile import Profile
 from ._workload import WorkloadJob
 
-__all__ = ["SIM_POLICIES", "make_policy", "simulate", "SimResult"]
+__all__ = ["SIM_POLICIES", "make_policy", "run_tasks", "simulate", "SimResult"]
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +48,6 @@ def make_policy(name: str, backend: SimBackend, **options: Any):
         return TiresiasPolicy(**options)
     if name == "optimus":
         return OptimusPolicy(oracle=backend.oracle, **options)
-    try:
-        from .. import _policies
-    except ImportError:  # pragma: no cover - the registry ships with the scheduler loop
-        raise InvalidProblem(f"unknown policy {name!r}; available: {list(SIM_POLICIES)}") from None
     return _policies.make_policy(name, **options)
 
 
@@ -67,6 +65,34 @@ class SimResult:
     wall_seconds: float
     solver_seconds: float
     out_dir: str | None
+
+
+def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], *, jobs: int = 1,
+              on_result: Callable[[Any, Any], None] | None = None) -> list:
+    """``[fn(t) for t in tasks]``, in ``jobs`` worker processes (in this process
+    when 1); ``on_result(task, result)`` is called as each one finishes (e.g.
+    to advance a progress bar or write partial results).
+
+    ``fn`` must be a top-level function and the tasks picklable when ``jobs > 1``.
+    Results come back in the order of ``tasks``.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise InvalidProblem(f"jobs must be an integer >= 1, got {jobs!r}")
+    results: list = [None] * len(tasks)
+    if jobs == 1:
+        for i, task in enumerate(tasks):
+            results[i] = fn(task)
+            if on_result is not None:
+                on_result(task, results[i])
+        return results
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+        for future in as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            if on_result is not None:
+                on_result(tasks[i], results[i])
+    return results
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -144,44 +170,18 @@ def simulate(
     if out is not None:
         pd.DataFrame(records).to_csv(out / "jobs.csv", index=False)
         summary = _summary(out, result, config or SimConfig(), interval, cluster)
-        _atomic_write(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False, default=_nan_null))
+        _atomic_write(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
     return result
-
-
-def _nan_null(x):
-    return None
-
-
-def _clean(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
 
 
 def _summary(out: Path, result: SimResult, config: SimConfig, interval: float, cluster: Cluster) -> dict:
     """The shared metrics' summary of the event log, plus the simulation's own fields."""
-    summary: dict = {}
-    try:
-        from .. import _metrics
-    except ImportError:  # pragma: no cover - the metrics module ships with the scheduler loop
-        _metrics = None
-    if _metrics is not None and hasattr(_metrics, "summarize"):
-        from .._events import read_events
-
-        summary = _metrics.summarize(read_events(out / "events.jsonl"))
-        if hasattr(summary, "to_json"):
-            summary = summary.to_json()
-        elif not isinstance(summary, dict):
-            summary = asdict(summary)
+    summary = _metrics.summarize(read_events(out / "events.jsonl"))
     summary["simulation"] = {
         **asdict(result), "config": asdict(config), "interval_s": interval,
         "nodes": len(cluster.nodes), "cpus": cluster.total_cpus,
     }
-    return _clean(summary)
+    return jsonable(summary)
 
 
 class _NullLog:
