@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import multiprocessing as mp
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -73,7 +74,8 @@ def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], *, jobs: int = 1,
     when 1); ``on_result(task, result)`` is called as each one finishes (e.g.
     to advance a progress bar or write partial results).
 
-    ``fn`` must be a top-level function and the tasks picklable when ``jobs > 1``.
+    ``fn`` must be a top-level function and the tasks picklable when ``jobs > 1``
+    (workers start from a fork server, or are spawned, never forked).
     Results come back in the order of ``tasks``.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -85,7 +87,11 @@ def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], *, jobs: int = 1,
             if on_result is not None:
                 on_result(task, results[i])
         return results
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    # Not fork: the caller may hold threads (JAX, torch, a progress bar), and a
+    # forked child of a multithreaded process can deadlock.
+    methods = mp.get_all_start_methods()
+    context = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
         for future in as_completed(futures):
             i = futures[future]
