@@ -41,6 +41,7 @@ __all__ = [
     "DynamicPolicy",
     "FixedPolicy",
     "PolluxPolicy",
+    "fair_share",
     "make_policy",
     "job_for_allocator",
 ]
@@ -71,19 +72,49 @@ MIN_RESTART_DELAY_S = 1e-3
 EXPLORATION_FACTOR = 2
 
 
-def _linear_prior(cluster: Cluster, max_replicas: int) -> dict[tuple[int, int], float]:
-    """Speedup table ``{(n, k): k}``: perfect linear scaling over one replica.
+def _linear_prior(cluster: Cluster, max_replicas: int, base_replicas: int = 1) -> dict[tuple[int, int], float]:
+    """Speedup table ``{(n, k): k / base_replicas}``: perfect linear scaling.
 
     Used for a job with no fitted model yet (never measured): the optimistic
     prior of Pollux's prior-driven exploration (OSDI 2021, section 4.1); with
     the exploration cap such a job gets one replica until it is measured.
+    ``base_replicas`` is the replica count of the speedup's base allocation.
     """
     caps = sorted((n.cpus for n in cluster.nodes), reverse=True)
     table = {}
     for n in range(1, len(caps) + 1):
         for k in range(n, min(max_replicas, sum(caps[:n])) + 1):
-            table[(n, k)] = float(k)
+            table[(n, k)] = k / base_replicas
     return table
+
+
+def fair_share(cluster: Cluster, num_jobs: int) -> tuple[int, int]:
+    """(nodes, replicas) of an exclusive ``1 / num_jobs`` share of the cluster.
+
+    Pollux (OSDI 2021, section 4.2) measures each job's speedup against its
+    goodput at a fair allocation, "an exclusive 1/J share of the cluster":
+    ``ceil(C / J)`` replicas (at least one) on as few of the largest nodes as hold them.
+    """
+    if isinstance(num_jobs, bool) or not isinstance(num_jobs, int) or num_jobs < 1:
+        raise InvalidProblem(f"num_jobs must be an integer >= 1, got {num_jobs!r}")
+    replicas = max(1, -(-cluster.total_cpus // num_jobs))
+    nodes, held = 0, 0
+    for cap in sorted((n.cpus for n in cluster.nodes), reverse=True):
+        if held >= replicas:
+            break
+        nodes, held = nodes + 1, held + cap
+    return nodes, replicas
+
+
+def _feasible_base(view: JobView, share: tuple[int, int], fixed_batch: bool) -> tuple[int, int]:
+    """``share`` reduced to what the job can run: at most as many replicas as its
+    largest batch has smallest micro-batches (its submitted batch with ``fixed_batch``)."""
+    model = view.goodput_model
+    lim = model.limits
+    biggest = view.submitted_batch_size if fixed_batch else lim.max_batch_size
+    k = max(1, min(share[1], biggest // lim.min_local_bsz))
+    per_node = -(-share[1] // share[0])
+    return min(share[0], -(-k // per_node)), k
 
 
 def job_for_allocator(
@@ -93,6 +124,7 @@ def job_for_allocator(
     *,
     fixed_batch: bool,
     weight: float = 1.0,
+    share: tuple[int, int] = (1, 1),
 ) -> Job:
     """The allocator's :class:`Job` for one view.
 
@@ -111,6 +143,8 @@ def job_for_allocator(
         fixed_batch: speedups from throughput at ``view.submitted_batch_size``
             (no statistical efficiency) instead of goodput with an adaptive batch.
         weight: the job's weight in the power mean.
+        share: (nodes, replicas) of the allocation speedups are measured
+            against (see :func:`fair_share`), reduced to what the job can run.
     """
     max_k = min(view.max_replicas, cluster.total_cpus)
     profiled = view.max_profiled_replicas
@@ -123,10 +157,11 @@ def job_for_allocator(
     age = float(view.age) * options.restart_delay / delay if options.restart_delay > 0 else float(view.age)
     if not 0 < weight:
         raise InvalidProblem(f"job {view.job_id!r}: weight must be > 0, got {weight!r}")
+    fixed = view.submitted_batch_size if fixed_batch and view.goodput_model is not None else None
     if view.goodput_model is None:
-        speedup = _linear_prior(cluster, max_k)
+        speedup, base = _linear_prior(cluster, max_k, share[1]), (1, 1)
     else:
-        speedup = view.goodput_model
+        speedup, base = view.goodput_model, _feasible_base(view, share, fixed is not None)
     return Job(
         id=view.job_id,
         speedup=speedup,
@@ -136,7 +171,8 @@ def job_for_allocator(
         restarts=int(view.restarts),
         age=age,
         weight=weight,
-        fixed_batch_size=view.submitted_batch_size if fixed_batch and view.goodput_model is not None else None,
+        base=base,
+        fixed_batch_size=fixed,
     )
 
 
@@ -157,9 +193,10 @@ def _fixed_batch_config(view: JobView, num_nodes: int, replicas: int) -> BatchCo
 def _active(jobs: Sequence[JobView], cluster: Cluster) -> list[JobView]:
     """The pending and running views, with placements made to fit the cluster.
 
-    A backend may briefly report more replicas on a node than it has (e.g. a
-    job that re-launched itself on its old CPUs after a failed verification
-    while they were given to another job); the allocator rejects such input,
+    A backend may report more replicas on a node than it has (e.g. a job
+    restarted by hand on CPUs the scheduler has given to another job; the
+    runtime's own jobs wait for the scheduler after a failed verification
+    instead of reclaiming their CPUs); the allocator rejects such input,
     so the youngest jobs on an over-committed node are shown as holding nothing
     (and are moved or stopped by the decision).
     """
@@ -263,6 +300,10 @@ class _AllocatorPolicy:
     name: str = ""
     adapts_batch: bool = True
     fixed_batch: bool = False
+    #: Speedups over each job's goodput at a fair share of the cluster (Pollux,
+    #: section 4.2) rather than over one replica; changes the power mean's
+    #: relative weights for p != 1, not the speedups' order within a job.
+    fair_share_base: bool = True
 
     def prepare(self, cluster: Cluster) -> None:
         """Load the solver stack (Pyomo, HiGHS) once before the first round, so that
@@ -277,8 +318,10 @@ class _AllocatorPolicy:
         order = sorted(active, key=lambda v: (not v.placement, v.submit_time, v.job_id))
         n = len(order)
         weight = {v.job_id: 1.0 + TIE_BREAK * (n - r) / n for r, v in enumerate(order)}
+        share = fair_share(cluster, n) if self.fair_share_base else (1, 1)
         alloc_jobs = [
-            job_for_allocator(v, cluster, self.options, fixed_batch=self.fixed_batch, weight=weight[v.job_id])
+            job_for_allocator(v, cluster, self.options, fixed_batch=self.fixed_batch,
+                              weight=weight[v.job_id], share=share)
             for v in active
         ]
         result = allocate(cluster, alloc_jobs, self.options)

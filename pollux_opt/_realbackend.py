@@ -339,6 +339,9 @@ class RealBackend:
     def _create(self, job: _Tracked):
         opts_kwargs = dict(self._runtime_options)
         opts_kwargs["fixed_batch_size"] = None if self.adapts_batch else job.wl.batch_size
+        # Its CPUs are released when it reaches the target: after a failed
+        # check it must wait for the scheduler, not reclaim them.
+        opts_kwargs["resume_after_failed_verification"] = False
         options = _make_options(opts_kwargs)
         workdir = self.run_dir / JOBS_DIR / job.wl.id
         return self._factory(job.spec, workdir, job.wl.id, options, self.pool)

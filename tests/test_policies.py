@@ -14,6 +14,7 @@ from pollux_opt._policies import (
     DynamicPolicy,
     FixedPolicy,
     PolluxPolicy,
+    fair_share,
     job_for_allocator,
     make_policy,
 )
@@ -155,6 +156,41 @@ def test_job_for_allocator_rescales_age_to_the_jobs_own_delay():
                                 options, fixed_batch=False)
         assert restart_factor(job.age, job.restarts, options.restart_delay) == pytest.approx(
             restart_factor(age, restarts, delay))
+
+
+def test_issue6_fair_share_is_an_exclusive_one_over_j_share_of_the_cluster():
+    assert fair_share(Cluster.uniform(16, 4), 160) == (1, 1)
+    assert fair_share(Cluster.uniform(16, 4), 10) == (2, 7)  # ceil(64 / 10) on the fewest nodes
+    assert fair_share(Cluster.uniform(1, 8), 3) == (1, 3)
+    with pytest.raises(InvalidProblem, match="num_jobs must be an integer >= 1, got 0"):
+        fair_share(Cluster.uniform(1, 8), 0)
+
+
+def test_issue6_speedups_are_measured_against_the_fair_share():
+    cluster, options = Cluster.uniform(2, 4), Options()
+    m = model(noise=2000.0)
+    job = job_for_allocator(view("a", model=m), cluster, options, fixed_batch=False, share=(2, 6))
+    assert job.base == (2, 6)
+    # reduced to what the job can run: a submitted batch of 4 has at most 4 one-sample micro-batches
+    job = job_for_allocator(view("a", model=m, batch=4), cluster, options, fixed_batch=True, share=(2, 6))
+    assert job.base == (2, 4)
+    prior = job_for_allocator(view("new"), cluster, options, fixed_batch=False, share=(1, 4))
+    assert prior.speedup[(1, 1)] == pytest.approx(0.25)  # linear prior over the same base
+    # The policy uses the fair share of the jobs it allocates: 8 CPUs / 2 jobs.
+    seen = {}
+    original = PolluxPolicy.decide.__globals__["allocate"]
+
+    def spy(cluster, jobs, options):
+        seen.update({j.id: j.base for j in jobs})
+        return original(cluster, jobs, options)
+
+    PolluxPolicy.decide.__globals__["allocate"] = spy
+    try:
+        PolluxPolicy().decide(0.0, cluster, [view("a", model=m), view("b", model=m, t=1.0)])
+        PolluxPolicy(fair_share_base=False).decide(0.0, cluster, [view("c", model=m)])
+    finally:
+        PolluxPolicy.decide.__globals__["allocate"] = original
+    assert seen == {"a": (1, 4), "b": (1, 4), "c": (1, 1)}
 
 
 def test_pollux_interference_avoidance_keeps_distributed_jobs_apart():

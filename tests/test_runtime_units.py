@@ -464,3 +464,32 @@ def test_issue5_target_pause_racing_a_scheduler_request_still_completes(tmp_path
     assert [e.kind for e in job._events][-1] == "target_reached"
     assert verifications == [554] and job._phase == "idle" and job._pool.released == workers
     job.close()
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, resume):
+    """A job driven on its own trains on from its final checkpoint on its last
+    allocation; a scheduler-driven one (the real backend sets
+    ``resume_after_failed_verification=False``) stops holding nothing, since its
+    CPUs were handed back at the target, and a scheduler request made while it
+    was verifying is served instead."""
+    from pollux_opt._runtime._job import _Allocation
+    from pollux_opt.jobs import ElasticJob
+
+    with pytest.raises(InvalidProblem, match="resume_after_failed_verification must be True or False, got 1"):
+        RuntimeOptions(resume_after_failed_verification=1)
+    job = ElasticJob("digits-cnn", tmp_path / "job", options=RuntimeOptions(resume_after_failed_verification=resume))
+    launched = []
+    job._launch = lambda alloc, kind, t0: launched.append((alloc.placement, kind))
+    job._alloc, job._state = _Allocation({"n0": 2}, None, None), JobState.VERIFYING
+    job._after_failed_verification()
+    if resume:
+        assert launched == [({"n0": 2}, "restart")]
+    else:
+        assert launched == [] and job.report().state is JobState.STOPPED
+        assert job._events[-1].kind == "stopped" and job._events[-1].details["reason"] == "verification_failed"
+    job._state, job._verification_failures = JobState.VERIFYING, 0
+    job._request_alloc(_Allocation({"n1": 1}, None, None), 0.0)  # the scheduler moved it meanwhile
+    job._after_failed_verification()
+    assert launched[-1] == ({"n1": 1}, "restart")
+    job.close()

@@ -85,6 +85,21 @@ def test_interference_slows_shared_multi_node_jobs():
     assert out[0.5] == pytest.approx(0.5 * out[0.0])
 
 
+def test_issue6_fixed_applications_keep_their_submitted_configuration():
+    """The paper's simulator pins NCF to its tuned configuration under every policy."""
+    with pytest.raises(InvalidProblem, match="fixed_applications must be a tuple of application names, got 'ncf'"):
+        SimConfig(fixed_applications="ncf")
+    assert SimConfig().fixed_applications == ("ncf",)
+    for fixed, want_batch, want_max in [(("synth",), 256, 2), ((), 1024, 8)]:
+        b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(2, 4), config=SimConfig(fixed_applications=fixed))
+        b.apply(Decision({"j0": {"n0": 2}}, {"j0": BatchConfig(512, 0, 1024, 1.0)}, math.nan, 0.0, "t"))
+        b.advance(60.0)
+        assert b._jobs["j0"].batch_size == want_batch
+        b.apply(Decision({"j0": {"n0": 4}}, {"j0": BatchConfig(256, 0, 1024, 1.0)}, math.nan, 0.0, "t"))
+        b.advance(60.0)
+        assert b.views()[0].max_replicas == want_max  # explore factor 2 x 4 measured, unless pinned
+
+
 def test_overload_rejected():
     b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4))
     with pytest.raises(InvalidProblem, match="overloads node 'n0': 5 replicas > 4"):
@@ -246,6 +261,30 @@ def test_cli_completion_delay(tmp_path):
     assert completion_delays("measured", str(tmp_path), option="--start-delay", field="start_seconds") == {"a": 1.5}
     with pytest.raises(InvalidProblem, match="--start-delay must be a number of seconds or 'measured', got 'y'"):
         completion_delays("y", None, option="--start-delay", field="start_seconds")
+
+
+@pytest.mark.parametrize("flag, expected", [(None, ("ncf",)), ([], ()), (["bert", "ncf"], ("bert", "ncf"))])
+def test_cli_fixed_apps_reaches_the_simulation(tmp_path, monkeypatch, flag, expected):
+    from pollux_opt._sim import _profile, _run
+    from pollux_opt._sim._cli import simulate_one
+
+    from pollux_opt._sim import write_workload
+
+    wl = tmp_path / "w.csv"
+    write_workload(_jobs(1), wl)
+    seen = {}
+
+    def fake_simulate(jobs, profiles, policy, *, config, **kwargs):
+        seen["config"] = config
+        return _run.SimResult(policy, 1, 1, 1.0, 1.0, 1.0, 1, 0.0, 0.0, None)
+
+    monkeypatch.setattr(_profile, "load_profiles", lambda root=None, names=None: SYNTH)
+    monkeypatch.setattr(_run, "simulate", fake_simulate)
+    simulate_one({"workload": str(wl), "profiles": None, "policy": "tiresias", "nodes": 1, "cpus_per_node": 4,
+                  "interval": 60.0, "restart_delay": 30.0, "interference": 0.0, "report_noise": 0.0,
+                  "completion_delay": 0.0, "wake_every": None, "start_delay": None, "split_single": False,
+                  "fixed_apps": flag, "out_dir": None})
+    assert seen["config"].fixed_applications == expected
 
 
 @pytest.mark.parametrize("jobs", [1, 2])

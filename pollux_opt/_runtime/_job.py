@@ -898,7 +898,13 @@ class ElasticJob:
         if self._verification_failures >= MAX_VERIFICATION_FAILURES:
             self._fail("the final metric did not reach the target when re-evaluated in a fresh process")
             return
-        alloc, self._pending = self._pending or self._alloc, None
+        alloc, self._pending = self._pending, None
+        if alloc is None and self.options.resume_after_failed_verification:
+            alloc = self._alloc
+        if alloc is None:  # wait, holding nothing, for the scheduler's next allocation
+            self._record("stopped", {"reason": "verification_failed", "step": self._step})
+            self._set_state(JobState.STOPPED)
+            return
         self._launch(alloc, "restart", time.monotonic())
 
     # ------------------------------------------------------------ adaptation

@@ -118,6 +118,12 @@ class RuntimeOptions:
             sooner by the controller, which watches the worker processes.
         warmup_steps: steps after each (re)start or batch change left out of
             the throughput measurements (first-step allocation and caches).
+        resume_after_failed_verification: when the fresh-process check does not
+            confirm the target, train on from the final checkpoint on the job's
+            last allocation (True, for a job driven on its own) or stop holding
+            no workers until the next ``start``/``rescale`` (False, for a job a
+            scheduler drives: its CPUs were handed back when it reached the
+            target and may belong to another job by now).
     """
 
     fixed_batch_size: int | None = None
@@ -130,8 +136,14 @@ class RuntimeOptions:
     max_restarts: int = 3
     collective_timeout_s: float = 300.0
     warmup_steps: int = 2
+    resume_after_failed_verification: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.resume_after_failed_verification, bool):
+            raise InvalidProblem(
+                "resume_after_failed_verification must be True or False, "
+                f"got {self.resume_after_failed_verification!r}"
+            )
         for name in ("fixed_batch_size", "checkpoint_every_steps", "step_limit"):
             value = getattr(self, name)
             if value is not None:

@@ -50,6 +50,11 @@ DEFAULT_RESTART_DELAY_S = 30.0
 DEFAULT_EXPLORE_FACTOR = 2
 #: Absolute cap on replicas per job (the artifact's simulator caps at 64).
 DEFAULT_MAX_REPLICAS = 64
+#: Applications whose jobs run at their submitted (tuned) replicas and batch
+#: size under every policy: the paper's simulator pins NCF to its tuned
+#: configuration, one GPU at batch 32768, under Pollux and Optimus alike
+#: (artifact ``simulator.py``, ``get_pollux_job_info``/``get_optimus_job_info``).
+PAPER_FIXED_APPLICATIONS = ("ncf",)
 #: Refit the throughput model when the number of measured configurations has
 #: grown by this factor since the last fit (a new (nodes, replicas) pair always
 #: refits).  Project choice: keeps fitting cost logarithmic in the measurements.
@@ -92,6 +97,9 @@ class SimConfig:
             micro-batches of half the size, as the real executor does so that
             every step yields two gradients for the variance estimate
             (``pollux_opt._runtime._adapt.executable``); False: as configured.
+        fixed_applications: applications whose jobs are not elastic: at most
+            their submitted replicas, always their submitted batch size, whatever
+            the policy decides (default: NCF, as in the paper's simulator; ``()``: none).
     """
 
     restart_delay: float = DEFAULT_RESTART_DELAY_S
@@ -105,8 +113,15 @@ class SimConfig:
     wake_every: float | None = None
     start_delay: float | Mapping[str, float] | None = None
     split_single: bool = False
+    fixed_applications: tuple[str, ...] = PAPER_FIXED_APPLICATIONS
 
     def __post_init__(self) -> None:
+        apps = self.fixed_applications
+        if isinstance(apps, str) or not isinstance(apps, (tuple, list, frozenset, set)) or not all(
+            isinstance(a, str) for a in apps
+        ):
+            raise InvalidProblem(f"fixed_applications must be a tuple of application names, got {apps!r}")
+        object.__setattr__(self, "fixed_applications", tuple(apps))
         for name in ("completion_delay", "start_delay"):
             delays = getattr(self, name)
             if delays is None and name == "start_delay":
@@ -189,9 +204,12 @@ class SimJob:
     def batch_size(self) -> int:
         return self.replicas * self.local_bsz * (self.accum_steps + 1)
 
-    def hard_max_replicas(self, cap: int) -> int:
+    def hard_max_replicas(self, cap: int, fixed: bool = False) -> int:
+        """Most replicas the job may take: bounded by ``cap`` and by its largest
+        batch in smallest micro-batches; a ``fixed`` job by its submitted replicas."""
         p = self.profile
-        return max(1, min(cap, p.max_batch_size // p.min_local_bsz))
+        most = max(1, min(cap, p.max_batch_size // p.min_local_bsz))
+        return min(most, max(1, self.spec.num_replicas)) if fixed else most
 
 
 class Oracle:
@@ -280,7 +298,7 @@ class SimBackend:
         for job in self._jobs.values():
             if not job.submitted or job.completion_time is not None:
                 continue
-            hard = job.hard_max_replicas(cfg.max_replicas)
+            hard = job.hard_max_replicas(cfg.max_replicas, self._fixed(job))
             if cfg.explore_factor is None:
                 max_rep = hard
             else:
@@ -381,9 +399,12 @@ class SimBackend:
                     "submit", job.spec.time, job.spec.name,
                     submitted_replicas=job.spec.num_replicas,
                     submitted_batch_size=job.spec.batch_size, application=job.spec.application,
-                    max_replicas=job.hard_max_replicas(self.config.max_replicas),
+                    max_replicas=job.hard_max_replicas(self.config.max_replicas, self._fixed(job)),
                 )
         return arrived
+
+    def _fixed(self, job: SimJob) -> bool:
+        return job.spec.application in self.config.fixed_applications
 
     def _sorted(self, placement: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(placement[n] for n in sorted(placement, key=self._order.__getitem__))
@@ -408,7 +429,10 @@ class SimBackend:
     def _set_batch(self, job: SimJob, config: BatchConfig | None) -> None:
         p = job.profile
         k = job.replicas
-        if config is not None and config.batch_size > 0:
+        if self._fixed(job):  # not elastic: the submitted batch, whatever the policy chose
+            batch = min(job.spec.batch_size, p.max_batch_size)
+            local, accum = split_batch(batch, k, p.max_local_bsz, p.min_local_bsz)
+        elif config is not None and config.batch_size > 0:
             local, accum = config.local_bsz, config.accum_steps
             if not (p.min_local_bsz <= local <= p.max_local_bsz) or k * local * (accum + 1) != config.batch_size:
                 local, accum = split_batch(config.batch_size, k, p.max_local_bsz, p.min_local_bsz)

@@ -39,6 +39,9 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--wake-every", type=float, default=None,
                    help="start the next round early once a job arrives or finishes, checking this often "
                         "(seconds), as a real run does; default: fixed rounds, as Pollux's simulator")
+    p.add_argument("--fixed-apps", nargs="*", default=None, metavar="APP",
+                   help="applications whose jobs keep their submitted replicas and batch size under every "
+                        "policy (default: ncf, as Pollux's simulator; give none to make every job elastic)")
     p.add_argument("--out", required=True, help="output folder (one run dir per workload)")
     p.add_argument("--jobs", type=int, default=1, help="workloads simulated in parallel processes")
     p.set_defaults(handler=cmd_simulate)
@@ -57,7 +60,8 @@ def simulate_one(args: dict) -> dict:
     config = SimConfig(restart_delay=args["restart_delay"], interference=args["interference"],
                        report_noise=args["report_noise"], completion_delay=args["completion_delay"],
                        wake_every=args["wake_every"], start_delay=args["start_delay"],
-                       split_single=args["split_single"])
+                       split_single=args["split_single"],
+                       **({} if args["fixed_apps"] is None else {"fixed_applications": tuple(args["fixed_apps"])}))
     result = simulate(
         jobs, profiles, args["policy"], cluster=Cluster.uniform(args["nodes"], args["cpus_per_node"]),
         interval=args["interval"], config=config, out_dir=args["out_dir"],
@@ -108,7 +112,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "cpus_per_node": args.cpus_per_node, "interval": args.interval,
             "restart_delay": args.restart_delay, "interference": args.interference,
             "report_noise": args.report_noise, "completion_delay": delay, "wake_every": args.wake_every,
-            "start_delay": start, "split_single": args.split_single,
+            "start_delay": start, "split_single": args.split_single, "fixed_apps": args.fixed_apps,
             "out_dir": str(run_dir),
         })
     with Progress(transient=False) as bar:
