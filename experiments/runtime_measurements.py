@@ -45,7 +45,7 @@ from pollux_opt.jobs import (  # noqa: E402
 
 log = logging.getLogger("runtime_measurements")
 
-#: The four jobs the issue's targets apply to, plus the smoke-test job.
+#: The built-in jobs (issue 4's targets apply to each).
 DEFAULT_JOBS = ("digits-cnn", "synth-classify", "stdlib-charlm", "ratings-mf", "synth-regress")
 
 #: Alternating replica counts of the rescale measurement (6 rescales).
@@ -62,6 +62,16 @@ TARGET_TIMEOUT_S = 300.0
 #: so a burst of load from other processes does not skew one configuration.
 PROFILE_STEPS = 8
 PROFILE_ROUNDS = 6
+
+#: Independent profiling passes per job; each configuration's times are the
+#: geometric mean over the passes.  On 2 cores a busy spell of another process
+#: (the measuring one included) can stretch every visit of one configuration
+#: in a pass; with two passes that decided a run's MAPE (synth-regress
+#: 16-22 % in two runs of seven, 5-7 % otherwise).  On the same three passes,
+#: six runs (digits-cnn, ratings-mf, synth-regress twice each) gave held-out
+#: MAPE 5.6-9.6 % (mean 8.0) for the geometric mean, 5.0-10.2 % (mean 8.0)
+#: for the fastest pass and 7.2-13.9 % (mean 10.7) for the median pass.
+PROFILE_PASSES = 3
 
 
 def _never_completes(spec: JobSpec) -> JobSpec:
@@ -147,38 +157,41 @@ def _reordered(rows: Measurements, index: np.ndarray) -> Measurements:
     return Measurements(*(getattr(rows, f)[index] for f in _FIELDS))
 
 
-def _pooled(a: Measurements, b: Measurements) -> Measurements:
-    """Rows of two passes over the same configurations (same order): times are
-    geometric means (nan sync stays nan), counts add."""
-    times = {f: np.sqrt(getattr(a, f) * getattr(b, f)) for f in ("step_time", "sync_time", "compute_time")}
-    return Measurements(a.num_nodes, a.num_replicas, a.local_bsz, a.accum_steps, times["step_time"],
-                        times["sync_time"], times["compute_time"], a.count + b.count)
+def _pooled(passes: list[Measurements]) -> Measurements:
+    """Rows of several passes over the same configurations (same order): times
+    are geometric means over the passes (a nan sync stays nan), counts add."""
+    def geo(field: str) -> np.ndarray:
+        return np.exp(np.mean(np.log([getattr(p, field) for p in passes]), axis=0))
+
+    first = passes[0]
+    return Measurements(first.num_nodes, first.num_replicas, first.local_bsz, first.accum_steps, geo("step_time"),
+                        geo("sync_time"), geo("compute_time"), sum(p.count for p in passes))
 
 
 def throughput_mape(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
     """Held-out MAPE of the fitted model, and the measurement noise floor.
 
-    The grid is profiled in two independent passes.  ``mape_pct``: fit on the
-    fitting rows and error on the held-out rows, each configuration's step
-    and sync time being the geometric mean of its two passes (measuring
-    twice as long: millisecond steps of the small jobs vary by 5-10 % between
-    passes even on a quiet machine).  ``repeat_pct``: mean absolute
-    percentage difference between the two passes' held-out step times, i.e.
-    how far a single pass is from repeating itself.
+    The grid is profiled in :data:`PROFILE_PASSES` independent passes.  ``mape_pct``: fit on
+    the fitting rows and error on the held-out rows, each configuration's step
+    and sync time the geometric mean over the passes.  ``repeat_pct``: mean absolute
+    percentage difference between the first two passes' held-out step times,
+    i.e. how far a single pass is from repeating itself.
     """
     configs, train = profile_configs(spec)
     train = np.asarray(train)
-    profiles = [
-        profile_throughput(spec, configs, steps=PROFILE_STEPS, rounds=PROFILE_ROUNDS,
-                           workdir=workdir / f"run{i}", pool=pool)
-        for i in range(2)
+    passes = [
+        _reordered(p, _in_order(p, configs))
+        for p in (
+            profile_throughput(spec, configs, steps=PROFILE_STEPS, rounds=PROFILE_ROUNDS,
+                               workdir=workdir / f"run{i}", pool=pool)
+            for i in range(PROFILE_PASSES)
+        )
     ]
-    first, second = (_reordered(p, _in_order(p, configs)) for p in profiles)
-    pooled = _pooled(first, second)
+    pooled = _pooled(passes)
     params, predicted, mape = heldout_error(pooled, train)
     measured = pooled.step_time[~train]
     errors = np.abs(predicted - measured) / measured * 100
-    a, b = first.step_time[~train], second.step_time[~train]
+    a, b = passes[0].step_time[~train], passes[1].step_time[~train]
     return {"mape_pct": mape, "max_ape_pct": float(errors.max()),
             "repeat_pct": float(np.mean(np.abs(a - b) / b) * 100),
             "fit_rows": int(train.sum()), "heldout_rows": int((~train).sum()), "gamma": params.gamma}

@@ -24,7 +24,8 @@ from pollux_opt._workloadsets import Workload, WorkloadJob  # noqa: E402
 #: Two tiny jobs: easy targets, so that each trains for a few seconds.
 TINY = Workload("tiny", (
     WorkloadJob("digits", "digits-cnn", 0.0, 1, 32, spec={"target": 0.85, "eval_every": 10}),
-    WorkloadJob("regress", "synth-regress", 2.0, 1, 32, spec={"target": 0.3, "eval_every": 20}),
+    WorkloadJob("regress", "synth-regress", 2.0, 1, 32,
+                spec={"target": 0.3, "eval_every": 20, "config": {"samples": 20_000, "width": 64}}),
 ))
 
 

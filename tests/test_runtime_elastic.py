@@ -92,7 +92,7 @@ def _steps(job: ElasticJob):
 
 # --------------------------------------------------------------------------- tests
 def test_tiny_builtin_job_completes_and_is_verified_in_fresh_process(tmp_path, pool):
-    spec = get_job("synth-regress").replace(config={"samples": 3000}, target=0.3, eval_every=25)
+    spec = get_job("synth-regress").replace(config={"samples": 3000, "width": 64}, target=0.3, eval_every=25)
     with ElasticJob(spec, tmp_path / "job", pool=pool) as job:
         job.start(1)
         report = job.wait(timeout=WAIT_S)
@@ -253,7 +253,7 @@ def test_fitted_throughput_model_predicts_heldout_step_times(tmp_path, pool):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["digits-cnn", "synth-classify", "stdlib-charlm", "ratings-mf"])
+@pytest.mark.parametrize("name", ["digits-cnn", "synth-classify", "stdlib-charlm", "ratings-mf", "synth-regress"])
 def test_builtin_job_reaches_its_target_on_one_core(tmp_path, pool, name):
     spec = get_job(name)
     with ElasticJob(spec, tmp_path / name, pool=pool) as job:

@@ -493,3 +493,43 @@ def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, 
     job._after_failed_verification()
     assert launched[-1] == ({"n1": 1}, "restart")
     job.close()
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_profiling_pins_replicas_to_cpus_as_the_executor_does(monkeypatch, pin):
+    """With ``pin_cpus``, profile_throughput pins replica i to the i-th usable
+    CPU, as the executor pins its workers; by default it leaves them to the OS."""
+    import os
+    import types
+
+    from pollux_opt._runtime import _profile
+
+    calls = []
+
+    class FakeJob:
+        def __init__(self, *args, **kwargs):
+            self.rows = {}
+
+        def _run(self, k, local_bsz, accum_steps, cpus):
+            calls.append((k, None if cpus is None else tuple(cpus)))
+            self.rows[f"1,{k},{local_bsz},{accum_steps}"] = {"count": 99, "step": 99.0, "sync": 0.0, "compute": 99.0}
+
+        start = rescale = _run
+
+        def report(self):
+            return types.SimpleNamespace(state=JobState.RUNNING, measurements=Measurements.from_profile(self.rows))
+
+        def wait(self, timeout=None, until=None):
+            return self.report()
+
+        def stop(self):
+            pass
+
+        close = stop
+
+    monkeypatch.setattr(_profile, "ElasticJob", FakeJob)
+    rows = _profile.profile_throughput(get_job("digits-cnn"), [(1, 32, 0), (2, 32, 0)], steps=1, pin_cpus=pin)
+    cpus = sorted(os.sched_getaffinity(0))
+    assert calls == ([(1, tuple(cpus[:1])), (2, tuple(cpus[:2]) if len(cpus) >= 2 else None)] if pin
+                     else [(1, None), (2, None)])
+    assert list(rows.num_replicas) == [1, 2]
