@@ -7,9 +7,8 @@ measured; its target is disabled so that it never completes mid-profile.
 
 from __future__ import annotations
 
-import os
-
 import math
+import os
 import tempfile
 from pathlib import Path
 from typing import Sequence

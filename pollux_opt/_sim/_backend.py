@@ -50,10 +50,12 @@ DEFAULT_RESTART_DELAY_S = 30.0
 DEFAULT_EXPLORE_FACTOR = 2
 #: Absolute cap on replicas per job (the artifact's simulator caps at 64).
 DEFAULT_MAX_REPLICAS = 64
-#: Applications whose jobs run at their submitted (tuned) replicas and batch
-#: size under every policy: the paper's simulator pins NCF to its tuned
-#: configuration, one GPU at batch 32768, under Pollux and Optimus alike
-#: (artifact ``simulator.py``, ``get_pollux_job_info``/``get_optimus_job_info``).
+#: Applications whose jobs are not elastic: the paper's simulator runs NCF at
+#: its tuned configuration, one GPU at batch 32768, under Pollux, and caps it
+#: at one GPU under Optimus (artifact ``simulator.py``, ``get_pollux_job_info``
+#: and ``get_optimus_job_info``).  Our Optimus+Oracle caps replicas by the
+#: tuned batch alone, as the artifact does for other jobs; it gave NCF one CPU
+#: in all eight AdaptDL workloads either way (identical JCTs).
 PAPER_FIXED_APPLICATIONS = ("ncf",)
 #: Refit the throughput model when the number of measured configurations has
 #: grown by this factor since the last fit (a new (nodes, replicas) pair always
@@ -97,9 +99,10 @@ class SimConfig:
             micro-batches of half the size, as the real executor does so that
             every step yields two gradients for the variance estimate
             (``pollux_opt._runtime._adapt.executable``); False: as configured.
-        fixed_applications: applications whose jobs are not elastic: at most
-            their submitted replicas, always their submitted batch size, whatever
-            the policy decides (default: NCF, as in the paper's simulator; ``()``: none).
+        fixed_applications: applications whose jobs are not elastic: their
+            views offer at most their submitted replicas, and they always train
+            at their submitted batch size, whatever batch the policy picks
+            (default: NCF, as in the paper's simulator; ``()``: none).
     """
 
     restart_delay: float = DEFAULT_RESTART_DELAY_S
