@@ -66,11 +66,12 @@ PROFILE_ROUNDS = 6
 #: Independent profiling passes per job; each configuration's times are the
 #: geometric mean over the passes.  On 2 cores a busy spell of another process
 #: (the measuring one included) can stretch every visit of one configuration
-#: in a pass; with two passes that decided a run's MAPE (synth-regress
-#: 16-22 % in two runs of seven, 5-7 % otherwise).  On the same three passes,
-#: six runs (digits-cnn, ratings-mf, synth-regress twice each) gave held-out
-#: MAPE 5.6-9.6 % (mean 8.0) for the geometric mean, 5.0-10.2 % (mean 8.0)
-#: for the fastest pass and 7.2-13.9 % (mean 10.7) for the median pass.
+#: in a pass; with two passes that decided a run's MAPE (the earlier 1 ms
+#: synth-regress, workers pinned: 16-22 % in two runs of seven, 5-7 %
+#: otherwise).  On the same three passes, six runs (digits-cnn, ratings-mf
+#: and a 128-wide synth-regress, twice each) gave held-out MAPE 5.6-9.6 %
+#: (mean 8.0) for the geometric mean, 5.0-10.2 % (mean 8.0) for the fastest
+#: pass and 7.2-13.9 % (mean 10.7) for the median pass.
 PROFILE_PASSES = 3
 
 

@@ -137,9 +137,10 @@ def build_synth_regress(ctx: BuildContext) -> JobParts:
     torch = require_torch()
     cfg = ctx.config
     rng = np.random.default_rng(cfg.get("data_seed", 2))
-    # 200k samples and a 128-wide MLP: about 30 s to the target on one core
-    # with 4-5 ms steps (20k samples and 64 wide took 4-6 s with 1 ms steps,
-    # too short for issue 4's 20-120 s and too fast to time reliably).
+    # 200k samples and a 256-wide MLP: about 33 s to MSE 0.11 on one core
+    # co-adapted, 44 s and 86 s at fixed batches of 64 and 32 (20k samples and
+    # 64 wide took 4-6 s with 1 ms steps, too short for issue 4's 20-120 s and
+    # too fast to time reliably; a target of 0.10 is not reached at batch 64).
     n, d = cfg.get("samples", 200_000), cfg.get("features", 16)
     x = rng.standard_normal((n, d)).astype(np.float32)
     w1 = rng.standard_normal((d, 8)) / math.sqrt(d)
@@ -149,7 +150,7 @@ def build_synth_regress(ctx: BuildContext) -> JobParts:
     train, val = _split(n, cfg.get("val_fraction", 0.2), cfg.get("data_seed", 2))
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     x_tr, y_tr, x_va, y_va = xt[train], yt[train], xt[val], yt[val]
-    width = cfg.get("width", 128)
+    width = cfg.get("width", 256)
     model = torch.nn.Sequential(
         torch.nn.Linear(d, width), torch.nn.Tanh(), torch.nn.Linear(width, width), torch.nn.Tanh(),
         torch.nn.Linear(width, 1),
@@ -321,7 +322,7 @@ BUILTIN_JOBS: tuple[JobSpec, ...] = (
     ),
     JobSpec(
         name="synth-regress", builder=f"{_MOD}:build_synth_regress", init_batch_size=32, max_batch_size=2048,
-        max_local_bsz=1024, target=0.10, metric="mse", higher_is_better=False, lr_scaling="sqrt",
+        max_local_bsz=1024, target=0.11, metric="mse", higher_is_better=False, lr_scaling="sqrt",
         eval_every=50, description="MLP on noisy nonlinear regression; Adam",
     ),
 )
