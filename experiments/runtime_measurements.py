@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -151,22 +152,14 @@ def _in_order(rows, configs) -> np.ndarray:
     return np.array([index[cfg] for cfg in configs])
 
 
-_FIELDS = ("num_nodes", "num_replicas", "local_bsz", "accum_steps", "step_time", "sync_time", "compute_time", "count")
-
-
-def _reordered(rows: Measurements, index: np.ndarray) -> Measurements:
-    return Measurements(*(getattr(rows, f)[index] for f in _FIELDS))
-
-
 def _pooled(passes: list[Measurements]) -> Measurements:
     """Rows of several passes over the same configurations (same order): times
     are geometric means over the passes (a nan sync stays nan), counts add."""
     def geo(field: str) -> np.ndarray:
         return np.exp(np.mean(np.log([getattr(p, field) for p in passes]), axis=0))
 
-    first = passes[0]
-    return Measurements(first.num_nodes, first.num_replicas, first.local_bsz, first.accum_steps, geo("step_time"),
-                        geo("sync_time"), geo("compute_time"), sum(p.count for p in passes))
+    return replace(passes[0], step_time=geo("step_time"), sync_time=geo("sync_time"),
+                   compute_time=geo("compute_time"), count=sum(p.count for p in passes))
 
 
 def throughput_mape(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
@@ -181,7 +174,7 @@ def throughput_mape(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
     configs, train = profile_configs(spec)
     train = np.asarray(train)
     passes = [
-        _reordered(p, _in_order(p, configs))
+        p.take(_in_order(p, configs))
         for p in (
             profile_throughput(spec, configs, steps=PROFILE_STEPS, rounds=PROFILE_ROUNDS,
                                workdir=workdir / f"run{i}", pool=pool)

@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from pathlib import Path
 
 import pandas as pd
 
 from pollux_opt import Cluster
-from pollux_opt._sim import default_trace_dir, load_profiles, read_workload, run_tasks, simulate
+from pollux_opt._sim import (
+    default_trace_dir,
+    load_profiles,
+    quiet_library_logs,
+    read_workload,
+    run_tasks,
+    simulate,
+)
 
 POLICIES = ("pollux", "tiresias", "optimus")
 #: Published Pollux-simulator averages over the eight workloads, hours (issue 6 targets).
@@ -30,8 +36,7 @@ QUICK_JOBS = 12
 
 def run_one(task: dict) -> dict:
     """Top-level (picklable): simulate one (workload, policy) pair; one CSV row."""
-    for name in ("pollux_opt", "solvers"):  # the simulator's warnings would drown the table
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_library_logs()
     profiles = load_profiles(task["traces"])
     jobs = read_workload(task["workload"])
     if task["quick"]:

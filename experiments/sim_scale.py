@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from pollux_opt import Cluster
-from pollux_opt._sim import ParametricProfile, WorkloadJob, run_tasks, simulate
+from pollux_opt._sim import ParametricProfile, WorkloadJob, quiet_library_logs, run_tasks, simulate
 
 log = logging.getLogger("sim_scale")
 #: Row fields logged as each run finishes.
@@ -54,9 +54,7 @@ def workload(cpus: int, seed: int, window_s: float) -> list[WorkloadJob]:
 
 def run_one(task: dict) -> dict:
     """Top-level (picklable): simulate one (cluster size, policy) pair; one CSV row."""
-    # The simulator's own warnings (e.g. an over-committed node) would drown the progress lines.
-    for name in ("pollux_opt", "solvers"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_library_logs()
     cpus, pol = task["cpus"], task["policy"]
     jobs = workload(cpus, seed=cpus, window_s=task["window_s"])
     per_round: list[float] = []

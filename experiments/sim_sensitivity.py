@@ -24,6 +24,7 @@ from pollux_opt._sim import (
     default_trace_dir,
     load_profiles,
     philly_workload,
+    quiet_library_logs,
     read_workload,
     run_tasks,
     simulate,
@@ -56,9 +57,7 @@ def _policy(name: str, p: float, restart: float):
 
 def run_one(task: dict) -> dict:
     """Top-level (picklable): one (axis, value, policy) point; one CSV row."""
-    # The simulator's own warnings (e.g. an over-committed node) would drown the progress lines.
-    for name in ("pollux_opt", "solvers"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_library_logs()
     quick, axis, value, pol = task["quick"], task["axis"], task["value"], task["policy"]
     traces = Path(task["traces"])
     profiles = load_profiles(traces)

@@ -17,7 +17,7 @@ import numpy as np
 
 from solvers import InvalidProblem
 
-from .._goodput import ThroughputParams, fit_throughput, step_time
+from .._goodput import ThroughputParams, step_time
 from ._job import ElasticJob
 from ._pool import WorkerPool
 from ._report import JobState, Measurements, RuntimeOptions
@@ -107,9 +107,7 @@ def profile_throughput(
     wanted = {(k, m, s) for k, m, s in configs}
     keep = np.array([(int(k), int(m), int(s)) in wanted for k, m, s in
                      zip(rows.num_replicas, rows.local_bsz, rows.accum_steps)], dtype=bool)
-    return Measurements(*(getattr(rows, f)[keep] for f in (
-        "num_nodes", "num_replicas", "local_bsz", "accum_steps", "step_time", "sync_time", "compute_time", "count"
-    )))
+    return rows.take(keep)
 
 
 def _count(rows: Measurements, key: str) -> int:
@@ -134,14 +132,9 @@ def heldout_error(rows: Measurements, train: np.ndarray) -> tuple[ThroughputPara
     train = np.asarray(train, dtype=bool)
     if train.shape != (len(rows),) or train.all() or not train.any():
         raise InvalidProblem(f"train must be a bool mask of length {len(rows)} with both kinds, got {train!r}")
-    sync = np.nan_to_num(rows.sync_time, nan=0.0)
-    params = fit_throughput(
-        rows.num_nodes[train], rows.num_replicas[train], rows.local_bsz[train], rows.step_time[train],
-        sync[train], accum_steps=rows.accum_steps[train],
-    )
-    test = ~train
-    predicted = step_time(params, rows.num_nodes[test], rows.num_replicas[test], rows.local_bsz[test],
-                          rows.accum_steps[test])
-    measured = rows.step_time[test]
+    params = rows.take(train).fit()
+    test = rows.take(~train)
+    predicted = step_time(params, test.num_nodes, test.num_replicas, test.local_bsz, test.accum_steps)
+    measured = test.step_time
     mape = float(np.mean(np.abs(predicted - measured) / measured) * 100.0)
     return params, predicted, mape if math.isfinite(mape) else math.inf

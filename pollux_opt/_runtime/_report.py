@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import numpy as np
@@ -217,6 +217,10 @@ class Measurements:
 
     def __len__(self) -> int:
         return int(self.num_nodes.shape[0])
+
+    def take(self, index) -> "Measurements":
+        """The rows at ``index`` (an integer array, in its order, or a bool mask)."""
+        return Measurements(*(getattr(self, f.name)[index] for f in fields(self)))
 
     @property
     def batch_size(self) -> np.ndarray:

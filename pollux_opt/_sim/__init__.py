@@ -20,12 +20,12 @@ from ._profile import (
     load_profiles,
     load_trace_profile,
 )
-from ._run import SIM_POLICIES, SimResult, make_policy, run_tasks, simulate
+from ._run import SIM_POLICIES, SimResult, make_policy, quiet_library_logs, run_tasks, simulate
 from ._workload import WorkloadJob, philly_workload, read_workload, tuned_config, write_workload
 
 __all__ = [
     "APP_SETTINGS", "AppSettings", "Oracle", "ParametricProfile", "Profile", "SIM_POLICIES",
     "SimBackend", "SimConfig", "SimResult", "TraceProfile", "WorkloadJob", "default_trace_dir",
-    "load_profiles", "load_trace_profile", "make_policy", "philly_workload", "read_workload", "run_tasks",
-    "simulate", "split_batch", "tuned_config", "write_workload",
+    "load_profiles", "load_trace_profile", "make_policy", "philly_workload", "quiet_library_logs",
+    "read_workload", "run_tasks", "simulate", "split_batch", "tuned_config", "write_workload",
 ]

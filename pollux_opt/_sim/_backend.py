@@ -178,6 +178,7 @@ class SimJob:
 
     spec: WorkloadJob
     profile: Profile
+    fixed: bool = False  # not elastic (``SimConfig.fixed_applications``)
     placement: dict[str, int] = field(default_factory=dict)
     local_bsz: int = 0
     accum_steps: int = 0
@@ -207,12 +208,12 @@ class SimJob:
     def batch_size(self) -> int:
         return self.replicas * self.local_bsz * (self.accum_steps + 1)
 
-    def hard_max_replicas(self, cap: int, fixed: bool = False) -> int:
+    def hard_max_replicas(self, cap: int) -> int:
         """Most replicas the job may take: bounded by ``cap`` and by its largest
         batch in smallest micro-batches; a ``fixed`` job by its submitted replicas."""
         p = self.profile
         most = max(1, min(cap, p.max_batch_size // p.min_local_bsz))
-        return min(most, max(1, self.spec.num_replicas)) if fixed else most
+        return min(most, max(1, self.spec.num_replicas)) if self.fixed else most
 
 
 class Oracle:
@@ -282,7 +283,9 @@ class SimBackend:
                 )
             if spec.name in self._jobs:
                 raise InvalidProblem(f"duplicate job name {spec.name!r}")
-            self._jobs[spec.name] = SimJob(spec, profiles[spec.application])
+            self._jobs[spec.name] = SimJob(
+                spec, profiles[spec.application], fixed=spec.application in self.config.fixed_applications
+            )
         self._order = {nid: i for i, nid in enumerate(cluster.node_ids)}
         self._fits: dict[tuple, object] = {}  # measurement set -> fitted ThroughputParams
         self.oracle = Oracle(self)
@@ -301,7 +304,7 @@ class SimBackend:
         for job in self._jobs.values():
             if not job.submitted or job.completion_time is not None:
                 continue
-            hard = job.hard_max_replicas(cfg.max_replicas, self._fixed(job))
+            hard = job.hard_max_replicas(cfg.max_replicas)
             if cfg.explore_factor is None:
                 max_rep = hard
             else:
@@ -402,12 +405,9 @@ class SimBackend:
                     "submit", job.spec.time, job.spec.name,
                     submitted_replicas=job.spec.num_replicas,
                     submitted_batch_size=job.spec.batch_size, application=job.spec.application,
-                    max_replicas=job.hard_max_replicas(self.config.max_replicas, self._fixed(job)),
+                    max_replicas=job.hard_max_replicas(self.config.max_replicas),
                 )
         return arrived
-
-    def _fixed(self, job: SimJob) -> bool:
-        return job.spec.application in self.config.fixed_applications
 
     def _sorted(self, placement: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(placement[n] for n in sorted(placement, key=self._order.__getitem__))
@@ -432,7 +432,7 @@ class SimBackend:
     def _set_batch(self, job: SimJob, config: BatchConfig | None) -> None:
         p = job.profile
         k = job.replicas
-        if self._fixed(job):  # not elastic: the submitted batch, whatever the policy chose
+        if job.fixed:  # not elastic: the submitted batch, whatever the policy chose
             batch = min(job.spec.batch_size, p.max_batch_size)
             local, accum = split_batch(batch, k, p.max_local_bsz, p.min_local_bsz)
         elif config is not None and config.batch_size > 0:

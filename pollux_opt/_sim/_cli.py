@@ -50,7 +50,7 @@ def add_simulate_parser(sub) -> None:
 def simulate_one(args: dict) -> dict:
     """Top-level (picklable) entry point: simulate one workload; returns the result as a dict."""
     from .._model import Cluster
-    from ._backend import SimConfig
+    from ._backend import PAPER_FIXED_APPLICATIONS, SimConfig
     from ._profile import load_profiles
     from ._run import simulate
     from ._workload import read_workload
@@ -61,7 +61,8 @@ def simulate_one(args: dict) -> dict:
                        report_noise=args["report_noise"], completion_delay=args["completion_delay"],
                        wake_every=args["wake_every"], start_delay=args["start_delay"],
                        split_single=args["split_single"],
-                       **({} if args["fixed_apps"] is None else {"fixed_applications": tuple(args["fixed_apps"])}))
+                       fixed_applications=tuple(PAPER_FIXED_APPLICATIONS if args["fixed_apps"] is None
+                                                else args["fixed_apps"]))
     result = simulate(
         jobs, profiles, args["policy"], cluster=Cluster.uniform(args["nodes"], args["cpus_per_node"]),
         interval=args["interval"], config=config, out_dir=args["out_dir"],

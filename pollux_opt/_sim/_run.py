@@ -31,7 +31,7 @@ from ._backend import SimBackend, SimConfig
 from ._profile import Profile
 from ._workload import WorkloadJob
 
-__all__ = ["SIM_POLICIES", "make_policy", "run_tasks", "simulate", "SimResult"]
+__all__ = ["SIM_POLICIES", "make_policy", "quiet_library_logs", "run_tasks", "simulate", "SimResult"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,18 @@ class SimResult:
     wall_seconds: float
     solver_seconds: float
     out_dir: str | None
+
+
+#: The library's top-level loggers (the simulator, policies and solvers log under these).
+LIBRARY_LOGGERS = ("pollux_opt", "solvers")
+
+
+def quiet_library_logs(level: int = logging.ERROR) -> None:
+    """Raise the library's loggers to ``level``: in an experiment's worker, the
+    simulator's own warnings (e.g. an over-committed node, a fit that did not
+    converge) would drown the experiment's progress lines."""
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
 
 
 def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], *, jobs: int = 1,
