@@ -226,8 +226,7 @@ def goodput_model_to_json(model) -> dict | None:
         return None
     p, g, lim = model.throughput_params, model.grad_stats, model.limits
     return {
-        "throughput_params": {k: float(v) for k, v in zip(
-            ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma"), p.as_array())},
+        "throughput_params": p.to_dict(),
         "grad_stats": {"grad_sqr": float(g.grad_sqr), "grad_var": float(g.grad_var),
                        "init_batch_size": int(g.init_batch_size)},
         "limits": {"init_batch_size": int(lim.init_batch_size), "max_batch_size": int(lim.max_batch_size),

@@ -9,17 +9,25 @@ each synchronised optimizer step.
 
 Throughput model (Qiao et al., section 3.2; all times in seconds)::
 
-    t_c(m)      = alpha_c + beta_c * m                          compute time of one micro-batch
+    t_c(m)      = alpha_c + beta_c * m                          compute time of a step's last micro-batch
+    t_a(m)      = alpha_a + beta_c * m                          compute time of an accumulation micro-batch
     t_sync(N,K) = 0                                   if K == 1
                 = alpha_n + beta_n * max(K - 2, 0)    if K >= 2 and N == 1  (intra-node)
                 = alpha_r + beta_r * max(K - 2, 0)    if N >= 2             (inter-node)
-    T(N,K,m,s)  = s * t_c + (t_c**gamma + t_sync**gamma) ** (1 / gamma),   gamma in [1, 10]
+    T(N,K,m,s)  = s * t_a + (t_c**gamma + t_sync**gamma) ** (1 / gamma),   gamma in [1, 10]
     M           = K * m * (s + 1)                                 total batch per optimizer step
     throughput  = M / T                                           samples / s
 
 ``gamma`` interpolates between no overlap of computation and synchronisation
 (``gamma = 1``: times add) and perfect overlap (``gamma -> inf``: the max).
-Accumulation micro-batches never synchronise, so they cost ``t_c`` each.
+Accumulation micro-batches never synchronise.  In Pollux's model they cost
+``t_c`` each (``alpha_a = alpha_c``, the default).  Here a step's compute time
+is measured as its step time less its sync time, so ``t_c`` also holds the
+work done once per step (the optimizer update, zeroing gradients, Python
+overhead), which a micro-batch does not repeat: on CPU, for small models,
+that is a large part of a step (issue 4: 35-45 % of a millisecond step of
+ratings-mf and synth-regress), so ``alpha_a`` is fitted separately once a
+configuration with accumulation has been measured.
 
 Statistical efficiency (section 3.1), from the gradient noise scale measured
 at the initial batch size ``M0``::
@@ -28,7 +36,7 @@ at the initial batch size ``M0``::
     E(M) = (phi + M0) / (phi + M)               E(M0) = 1, non-increasing in M
     goodput = throughput * E(M)                  (M0-equivalent) samples / s
 
-The seven throughput parameters are fitted to measured step and sync times by
+The throughput parameters are fitted to measured step and sync times by
 bounded least squares on log times (:func:`fit_throughput`); dimensions never
 observed are fixed to optimistic priors instead of being fitted to noise
 (section 4.1, "prior-driven exploration"), so that a scheduler keeps trying
@@ -120,8 +128,8 @@ REFINE_POINTS = 16
 #: ``(REFINE_POINTS - 1) / 2`` per pass, so a 2**63-wide range needs < 25 passes.
 MAX_REFINE_PASSES = 64
 
-_PARAM_NAMES = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma")
-_AC, _BC, _AN, _BN, _AR, _BR, _GAMMA = range(7)
+_PARAM_NAMES = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma", "alpha_a")
+_AC, _BC, _AN, _BN, _AR, _BR, _GAMMA, _AA = range(len(_PARAM_NAMES))
 
 
 # -------------------------------------------------------------------- validation
@@ -194,16 +202,19 @@ def _broadcast(**arrays: np.ndarray) -> list[np.ndarray]:
 
 @dataclass(frozen=True)
 class ThroughputParams:
-    """The seven parameters of the step-time model (Pollux, section 3.2).
+    """The parameters of the step-time model (Pollux, section 3.2, plus ``alpha_a``).
 
     Attributes:
-        alpha_c: fixed compute time of one micro-batch, seconds (>= 0).
+        alpha_c: fixed compute time of a step's last micro-batch (with the
+            once-per-step work), seconds (>= 0).
         beta_c: compute time per sample of a micro-batch, seconds / sample (>= 0).
         alpha_n: intra-node (one node, K >= 2) synchronisation latency, seconds (>= 0).
         beta_n: intra-node sync time per replica beyond 2, seconds / replica (>= 0).
         alpha_r: inter-node (N >= 2) synchronisation latency, seconds (>= 0).
         beta_r: inter-node sync time per replica beyond 2, seconds / replica (>= 0).
         gamma: overlap exponent of compute and sync, dimensionless, in [1, 10].
+        alpha_a: fixed compute time of an accumulation micro-batch, seconds
+            (>= 0); None (the default) means ``alpha_c``, Pollux's own model.
 
     ``alpha_c + beta_c`` must be > 0 so that every step takes positive time.
     """
@@ -215,10 +226,13 @@ class ThroughputParams:
     alpha_r: float
     beta_r: float
     gamma: float
+    alpha_a: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name == "alpha_a":
+                continue
             try:
                 value = float(value)
             except (TypeError, ValueError):
@@ -235,12 +249,25 @@ class ThroughputParams:
             )
 
     def as_array(self) -> np.ndarray:
-        """float64[7] in the order alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r, gamma."""
-        return np.array([getattr(self, name) for name in _PARAM_NAMES])
+        """float64[8] in the order alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r,
+        gamma, alpha_a (``alpha_c`` where ``alpha_a`` is None)."""
+        return np.array([getattr(self, name) for name in _PARAM_NAMES[:_AA]] + [self.accum_alpha])
+
+    @property
+    def accum_alpha(self) -> float:
+        """``alpha_a``, or ``alpha_c`` when it is None (seconds)."""
+        return self.alpha_c if self.alpha_a is None else self.alpha_a
+
+    def to_dict(self) -> dict[str, float]:
+        """The parameters by name (``alpha_a`` only when set): JSON-ready."""
+        out = {name: float(getattr(self, name)) for name in _PARAM_NAMES[:_AA]}
+        if self.alpha_a is not None:
+            out["alpha_a"] = float(self.alpha_a)
+        return out
 
 
 def _sync_time(theta, nodes, replicas):
-    """Unchecked t_sync (seconds); ``theta`` float[7], counts as float arrays."""
+    """Unchecked t_sync (seconds); ``theta`` float[8], counts as float arrays."""
     multi_node = nodes > 1
     alpha = np.where(multi_node, theta[_AR], theta[_AN])
     beta = np.where(multi_node, theta[_BR], theta[_BN])
@@ -251,13 +278,14 @@ def _sync_time(theta, nodes, replicas):
 def _step_time(theta, nodes, replicas, local_bsz, accum_steps):
     """Unchecked optimizer step time T (seconds); arguments broadcast."""
     t_c = theta[_AC] + theta[_BC] * local_bsz
+    t_a = theta[_AA] + theta[_BC] * local_bsz
     t_s = _sync_time(theta, nodes, replicas)
     # (a**g + b**g)**(1/g) = big * (1 + (small/big)**g)**(1/g): no overflow or
     # underflow for gamma up to 10 and any time scale; big >= t_c > 0.
     big = np.maximum(t_c, t_s)
     ratio = np.minimum(t_c, t_s) / big
     gamma = theta[_GAMMA]
-    return accum_steps * t_c + big * (1.0 + ratio**gamma) ** (1.0 / gamma)
+    return accum_steps * t_a + big * (1.0 + ratio**gamma) ** (1.0 / gamma)
 
 
 def sync_time(params: ThroughputParams, num_nodes, num_replicas) -> np.ndarray:
@@ -310,8 +338,8 @@ def _measurement(name: str, value, n: int | None) -> np.ndarray:
 
 
 def _initial_guess(nodes, replicas, m, s, step, sync, sync_ok) -> np.ndarray:
-    """float[7] starting point (before gamma multi-start), from linear regressions."""
-    theta = np.zeros(7)
+    """float[8] starting point (before gamma multi-start), from linear regressions."""
+    theta = np.zeros(len(_PARAM_NAMES))
     per_micro = step / (s + 1.0)
     single = replicas == 1
     rows = single if single.any() else np.ones_like(single)
@@ -323,6 +351,7 @@ def _initial_guess(nodes, replicas, m, s, step, sync, sync_ok) -> np.ndarray:
         a, b = median_c / 2.0, median_c / (2.0 * x[0])
     theta[_AC] = max(a, COMPUTE_INIT_FRACTION * median_c)
     theta[_BC] = max(b, COMPUTE_INIT_FRACTION * median_c / float(np.median(x)))
+    theta[_AA] = theta[_AC]
     for locality, ia, ib in ((replicas > 1) & (nodes == 1), _AN, _BN), ((nodes > 1), _AR, _BR):
         obs = locality & sync_ok
         if not obs.any():
@@ -365,7 +394,12 @@ def fit_throughput(
       so this errs pessimistic only until one single-node step is measured);
     * no row with K > 2 within a locality that has rows: its beta is 0 (so with
       at most 2 replicas ever, ``beta_n = beta_r = 0``); a tied locality
-      inherits the beta of the other.
+      inherits the beta of the other;
+    * not both rows with accumulation (s >= 1) and rows without:
+      ``alpha_a = alpha_c`` (Pollux's model; the returned ``alpha_a`` is None).
+      With both, ``alpha_a`` is fitted (>= 0), so that micro-batches need not
+      repeat the once-per-step work; with one kind only, the data would fix
+      ``alpha_a + alpha_c`` but not how it splits.
 
     Args:
         num_nodes: int[R] nodes N >= 1 of each measurement row.
@@ -436,11 +470,17 @@ def fit_throughput(
         if not intra.any():
             tie[_AN], tie[_BN] = (_AR, 1.0), (_BR, 1.0)
             priors.append("(alpha_n, beta_n) = (alpha_r, beta_r) (no single-node multi-replica row)")
+    accumulated = bool((s > 0).any() and (s == 0).any())
+    if accumulated:
+        free.append(_AA)
+    else:
+        tie[_AA] = tie.get(_AC, (_AC, 1.0))  # alpha_c itself may be tied to beta_c
+        priors.append("alpha_a = alpha_c (not both rows with and without accumulation)")
     slots = free + list(fixed)
     fixed_values = np.array(list(fixed.values()))
-    src = np.empty(7, dtype=np.int64)
-    scale = np.ones(7)
-    for i in range(7):
+    src = np.empty(len(_PARAM_NAMES), dtype=np.int64)
+    scale = np.ones(len(_PARAM_NAMES))
+    for i in range(len(_PARAM_NAMES)):
         # A tie may point at a fixed parameter (e.g. beta_r -> beta_n = 0).
         j, scale[i] = tie.get(i, (i, 1.0))
         src[i] = slots.index(j)
@@ -475,7 +515,7 @@ def fit_throughput(
         if best is None or result.cost < best.cost:
             best = result
     theta = expand(best.x)
-    params = ThroughputParams(*(float(v) for v in theta))
+    params = ThroughputParams(*(float(v) for v in theta[:_AA]), alpha_a=float(theta[_AA]) if accumulated else None)
     logger.debug(
         "fitted %s from %d rows (%d sync), cost %.3g; priors: %s",
         params, n, int(sync_ok.sum()), best.cost, "; ".join(priors) or "none",

@@ -159,15 +159,13 @@ def finite_or_none(value: float | None) -> float | None:
 def params_to_dict(params: ThroughputParams | None) -> dict | None:
     if params is None:
         return None
-    return {name: float(v) for name, v in zip(
-        ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma"), params.as_array()
-    )}
+    return params.to_dict()
 
 
 def params_from_dict(data: dict | None) -> ThroughputParams | None:
     if not data:
         return None
-    return ThroughputParams(**{k: float(v) for k, v in data.items()})
+    return ThroughputParams(**{k: None if v is None else float(v) for k, v in data.items()})
 
 
 def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
