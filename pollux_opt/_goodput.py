@@ -26,8 +26,8 @@ is measured as its step time less its sync time, so ``t_c`` also holds the
 work done once per step (the optimizer update, zeroing gradients, Python
 overhead), which a micro-batch does not repeat: on CPU, for small models,
 that is a large part of a step (issue 4: 35-45 % of a millisecond step of
-ratings-mf and synth-regress), so ``alpha_a`` is fitted separately once a
-configuration with accumulation has been measured.
+ratings-mf and synth-regress), so ``alpha_a`` is fitted separately once steps
+both with and without accumulation have been measured.
 
 Statistical efficiency (section 3.1), from the gradient noise scale measured
 at the initial batch size ``M0``::
@@ -515,7 +515,9 @@ def fit_throughput(
         if best is None or result.cost < best.cost:
             best = result
     theta = expand(best.x)
-    params = ThroughputParams(*(float(v) for v in theta[:_AA]), alpha_a=float(theta[_AA]) if accumulated else None)
+    params = ThroughputParams(
+        *(float(v) for v in theta[:_AA]), alpha_a=float(theta[_AA]) if accumulated else None
+    )
     logger.debug(
         "fitted %s from %d rows (%d sync), cost %.3g; priors: %s",
         params, n, int(sync_ok.sum()), best.cost, "; ".join(priors) or "none",

@@ -20,10 +20,16 @@ from pollux_opt._goodput import (
     step_time,
     sync_time,
 )
+from pollux_opt._events import goodput_model_from_json, goodput_model_to_json
+from pollux_opt._runtime._adapt import params_from_dict, params_to_dict
 from solvers import InvalidProblem
 
 TRUTH = ThroughputParams(
     alpha_c=0.02, beta_c=0.004, alpha_n=0.01, beta_n=0.002, alpha_r=0.05, beta_r=0.01, gamma=2.5
+)
+#: TRUTH with a cheaper accumulation micro-batch (no once-per-step work).
+ONCE_PER_STEP = ThroughputParams(
+    alpha_c=0.02, beta_c=0.004, alpha_n=0.01, beta_n=0.002, alpha_r=0.05, beta_r=0.01, gamma=2.5, alpha_a=0.005
 )
 NOISE = 0.05  # 5% multiplicative (log-normal) measurement noise
 PROPERTY_SETTINGS = settings(
@@ -140,11 +146,6 @@ def test_fit_accumulation_rows_only_keep_pollux_alpha_a():
 
 # --------------------------------------------- issue 4: accumulation micro-batches
 
-ONCE_PER_STEP = ThroughputParams(
-    alpha_c=0.02, beta_c=0.004, alpha_n=0.01, beta_n=0.002, alpha_r=0.05, beta_r=0.01, gamma=2.5, alpha_a=0.005
-)
-
-
 def test_issue4_accumulation_micro_batch_skips_once_per_step_work():
     t_c, t_a = 0.02 + 0.004 * 32, 0.005 + 0.004 * 32
     sync = sync_time(ONCE_PER_STEP, 1, 2)
@@ -174,6 +175,9 @@ def test_throughput_params_alpha_a_validation_and_dict():
     assert "alpha_a" not in TRUTH.to_dict()
     assert ThroughputParams(**ONCE_PER_STEP.to_dict()) == ONCE_PER_STEP
     assert ThroughputParams(**TRUTH.to_dict()) == TRUTH
+    model = _model(ONCE_PER_STEP)
+    assert goodput_model_from_json(goodput_model_to_json(model)) == model
+    assert params_from_dict(params_to_dict(ONCE_PER_STEP)) == ONCE_PER_STEP
 
 
 def test_fit_prior_one_node_at_most_two_replicas():
