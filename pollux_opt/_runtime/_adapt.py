@@ -165,7 +165,7 @@ def params_to_dict(params: ThroughputParams | None) -> dict | None:
 def params_from_dict(data: dict | None) -> ThroughputParams | None:
     if not data:
         return None
-    return ThroughputParams(**{k: None if v is None else float(v) for k, v in data.items()})
+    return ThroughputParams(**{k: float(v) for k, v in data.items()})
 
 
 def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
