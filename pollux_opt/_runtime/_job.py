@@ -188,7 +188,7 @@ class ElasticJob:
         self._stats_steps = 0
         self._profile: dict = {}
         # (profile, its Measurements): the profile is replaced, never mutated, by
-        # each worker report (5 a second), and report() is polled far more often.
+        # each worker report (5 a second); report() may be called many times between.
         self._profile_rows: tuple[dict, Measurements] | None = None
         self._params: ThroughputParams | None = None
         self._fitted_profile_size = -1
