@@ -132,6 +132,8 @@ def encode(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Problem:
         pairs = tuple(_candidate_pairs(job, caps_desc, options.max_nodes_per_job))
         if isinstance(job.speedup, GoodputModel):
             table = _model_speedups(job.speedup, pairs, job.base, job.fixed_batch_size)
+            # s (1 - spread_penalty (N - 1)): prefer fewer nodes among spreads the model cannot tell apart.
+            table = {(nn, k): s * (1.0 - options.spread_penalty * (nn - 1)) for (nn, k), s in table.items()}
         else:
             allowed = set(pairs)
             table = {p: s for p, s in job.speedup.items() if p in allowed}

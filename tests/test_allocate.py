@@ -118,6 +118,27 @@ def test_goodput_model_job_gets_batch_config():
     assert "t" not in alloc.batch
 
 
+def test_issue6_spread_penalty_prefers_compact_placements_of_model_jobs():
+    """A goodput model tells one node from several, not 2 nodes from 4: the
+    spread penalty discounts each extra node, so the solver packs the job."""
+    cluster = Cluster.uniform(4, 4)
+    job = Job("g", _model(), min_replicas=8, max_replicas=8)
+    flat = encode(cluster, [job], Options(spread_penalty=0.0))
+    assert flat.cfg_nodes.tolist() == [2, 3, 4]
+    assert len(set(flat.cfg_speedup.tolist())) == 1  # the model cannot tell the spreads apart
+    opts = Options()
+    assert opts.spread_penalty > 0
+    compact = encode(cluster, [job], opts)
+    expected = flat.cfg_speedup * (1 - opts.spread_penalty * (flat.cfg_nodes - 1))
+    np.testing.assert_allclose(compact.cfg_speedup, expected, rtol=1e-12)
+    alloc = allocate(cluster, [job])
+    assert sorted(alloc.placement["g"].values()) == [4, 4]
+    # Explicit tables are used as given.
+    table = {(2, 8): 1.0, (3, 8): 1.0}
+    explicit = encode(cluster, [Job("t", table, min_replicas=8, max_replicas=8)], opts)
+    assert explicit.cfg_speedup.tolist() == [1.0, 1.0]
+
+
 def test_encoded_objective_matches_allocation():
     inst = load_instance(EXAMPLES / "cluster-4x4-6jobs.json")
     alloc = allocate(inst.cluster, inst.jobs, inst.options)
@@ -167,6 +188,10 @@ def test_every_solver_reachable_through_allocate(solver):
         ({**ISSUE_EXAMPLE, "options": {"time_limit": 0}}, r"time_limit must be a number of seconds > 0, got 0"),
         ({**ISSUE_EXAMPLE, "options": {"restart_delay": -1}}, r"restart_delay must be a finite number >= 0, got -1"),
         ({**ISSUE_EXAMPLE, "options": {"max_nodes_per_job": 0}}, r"max_nodes_per_job must be an integer >= 1, got 0"),
+        ({**ISSUE_EXAMPLE, "options": {"spread_penalty": -0.1}},
+         r"spread_penalty must be >= 0 and below 1 / \(max_nodes_per_job - 1\) = 0\.0666667, got -0\.1"),
+        ({**ISSUE_EXAMPLE, "options": {"spread_penalty": 0.5, "max_nodes_per_job": 3}},
+         r"spread_penalty must be >= 0 and below 1 / \(max_nodes_per_job - 1\) = 0\.5, got 0\.5"),
         ({**ISSUE_EXAMPLE, "version": 2}, r"version must be 1, got 2"),
         ({"cluster": {"nodes": []}, "jobs": []}, r"cluster\.nodes must not be empty"),
         ({"jobs": []}, r"instance\.cluster is required"),

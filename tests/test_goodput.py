@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from pollux_opt._goodput import (
     GAMMA_PRIOR,
+    INTER_NODE_PRIOR_FACTOR,
+    RETROGRESSION_PRIOR_WEIGHT,
     BatchLimits,
     GoodputModel,
     GradientStats,
@@ -185,7 +187,7 @@ def test_fit_prior_one_node_at_most_two_replicas():
     rows = [(1, k, m, 0) for k in (1, 2) for m in (16, 64)]
     fitted = _fit(rows, rng)
     assert fitted.beta_n == 0.0 and fitted.beta_r == 0.0
-    assert fitted.alpha_r == fitted.alpha_n
+    assert fitted.alpha_r == pytest.approx(INTER_NODE_PRIOR_FACTOR * fitted.alpha_n, rel=1e-12)
     assert fitted.alpha_n == pytest.approx(TRUTH.alpha_n, rel=0.2)
 
 
@@ -193,7 +195,9 @@ def test_fit_prior_one_node_ties_inter_to_intra():
     rng = np.random.default_rng(3)
     rows = [(1, k, m, 0) for k in (1, 2, 4, 8) for m in (16, 64)]
     fitted = _fit(rows, rng)
-    assert (fitted.alpha_r, fitted.beta_r) == (fitted.alpha_n, fitted.beta_n)
+    assert INTER_NODE_PRIOR_FACTOR > 1  # an unmeasured spread never looks as good as one node
+    assert fitted.alpha_r == pytest.approx(INTER_NODE_PRIOR_FACTOR * fitted.alpha_n, rel=1e-12)
+    assert fitted.beta_r == pytest.approx(INTER_NODE_PRIOR_FACTOR * fitted.beta_n, rel=1e-12)
     assert fitted.beta_n > 0
 
 
@@ -203,6 +207,23 @@ def test_fit_prior_no_intra_node_rows_ties_intra_to_inter():
     fitted = _fit(rows, rng)
     assert (fitted.alpha_n, fitted.beta_n) == (fitted.alpha_r, fitted.beta_r)
     assert fitted.alpha_r == pytest.approx(TRUTH.alpha_r, rel=0.2)
+
+
+def test_issue6_retrogression_prior_extrapolates_one_spread_flat():
+    """One multi-node size measured (2 nodes, 3 replicas) beside single-node
+    rows, as a growing job reports in the simulator (rows of a workload-8 job,
+    4 digits): the inter-node sync time fixes ``alpha_r + beta_r`` but not the
+    split.  Least squares alone put it all into beta_r (1.02 s per replica:
+    14 s of sync at 16 replicas), which kept jobs off idle CPUs; the prior puts
+    it into alpha_r, so more replicas look no worse than the one measured spread."""
+    assert RETROGRESSION_PRIOR_WEIGHT > 0
+    fitted = fit_throughput(
+        num_nodes=[1, 1, 2, 1, 1], num_replicas=[1, 2, 3, 3, 4], local_bsz=[12] * 5,
+        step_time=[0.9215, 0.9190, 1.875, 0.9494, 0.9571], sync_time=[0.01370, 0.05467, 1.009, 0.07789, 0.09287],
+    )
+    assert fitted.beta_r < 1e-3 * fitted.alpha_r
+    assert sync_time(fitted, 2, 3) == pytest.approx(1.009, rel=0.02)
+    assert sync_time(fitted, 4, 16) == pytest.approx(1.009, rel=0.02)
 
 
 # ------------------------------------------------------------ statistical efficiency

@@ -170,10 +170,10 @@ def test_issue6_speedups_are_measured_against_the_fair_share():
     cluster, options = Cluster.uniform(2, 4), Options()
     m = model(noise=2000.0)
     job = job_for_allocator(view("a", model=m), cluster, options, fixed_batch=False, share=(2, 6))
-    assert job.base == (2, 6)
+    assert job.base == (1, 6)  # the share's replicas on one node, as Pollux's simulator
     # reduced to what the job can run: a submitted batch of 4 has at most 4 one-sample micro-batches
     job = job_for_allocator(view("a", model=m, batch=4), cluster, options, fixed_batch=True, share=(2, 6))
-    assert job.base == (2, 4)
+    assert job.base == (1, 4)
     prior = job_for_allocator(view("new"), cluster, options, fixed_batch=False, share=(1, 4))
     assert prior.speedup[(1, 1)] == pytest.approx(0.25)  # linear prior over the same base
     # The policy uses the fair share of the jobs it allocates: 8 CPUs / 2 jobs.
