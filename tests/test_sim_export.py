@@ -122,6 +122,25 @@ def test_warmup_steps_are_left_out(tmp_path):
     assert placements.step_time.max() < 1.0
 
 
+def test_issue6_step_time_is_the_mean_of_warm_steps_slow_ones_included(tmp_path):
+    """A job's training time is the sum of its steps: one warm step in ten
+    slowed 4x by contention makes the configuration's exported step 30 %
+    longer (the median would ignore it and the replay would finish early)."""
+    run, _ = _write_run(tmp_path, "r", {"n0": 2})
+    path = run / "jobs" / "a" / "steps.csv"
+    steps = pd.read_csv(path)
+    one = steps.index[(steps.num_replicas == 1) & (steps.index >= 2)]  # warm one-replica steps
+    slow = one[::10]
+    steps.loc[slow, "step_time"] = 4 * steps.loc[slow, "step_time"]
+    steps.loc[slow, "compute_time"] = 4 * steps.loc[slow, "compute_time"]
+    steps.to_csv(path, index=False)
+    export_profiles([run], tmp_path / "p")
+    step, _ = load_profiles(tmp_path / "p")["toy-app"].step_sync((1,), M0 // 2)
+    expected = COMPUTE[1] * (1 + 3 * len(slow) / len(one))
+    assert step == pytest.approx(expected, rel=1e-6)
+    assert step > 1.25 * COMPUTE[1]
+
+
 def test_demo_folder_expands_to_its_runs_and_cli(tmp_path, capsys):
     _write_run(tmp_path / "demo", "fixed", {"n0": 2})
     _write_run(tmp_path / "demo", "pollux", {"n0": 2})
