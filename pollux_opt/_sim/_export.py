@@ -76,7 +76,6 @@ logger = logging.getLogger(__name__)
 #: CPU job of a few hundred steps).
 EXPORT_EPOCHS = 20
 
-
 #: Default steps left out after each (re)start or batch change when job.json
 #: has no ``warmup_steps`` option (the default of ``RuntimeOptions``).
 DEFAULT_WARMUP_STEPS = 2
