@@ -544,9 +544,12 @@ def fit_throughput(
         x0 = np.clip(init[free], lower, upper)
         result = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", method="trf")
         if not result.success:
-            logger.warning("throughput fit from gamma=%g did not converge: %s", gamma0, result.message)
+            logger.debug("throughput fit from gamma=%g did not converge: %s", gamma0, result.message)
         if best is None or result.cost < best.cost:
             best = result
+    if not best.success:  # only the start whose parameters are used matters
+        logger.warning("throughput fit did not converge (best of %d starts, cost %.3g): %s; "
+                       "using its parameters", len(starts), best.cost, best.message)
     theta = expand(best.x)
     params = ThroughputParams(
         *(float(v) for v in theta[:_AA]), alpha_a=float(theta[_AA]) if accumulated else None
