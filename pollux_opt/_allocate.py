@@ -76,14 +76,19 @@ def _batch_config(job: Job, pairs: tuple[tuple[int, int], ...], pair: tuple[int,
     )
 
 
+@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
 def _model_speedups(
     model: GoodputModel,
     pairs: tuple[tuple[int, int], ...],
     base: tuple[int, int],
     fixed_batch_size: int | None,
+    spread_penalty: float,
 ) -> dict[tuple[int, int], float]:
-    """{pair: speedup} of a goodput model at the given pairs, dropping infeasible (0) pairs."""
-    return _model_table(model, pairs, base, fixed_batch_size)[0]
+    """{pair: speedup} of a goodput model at the given pairs, dropping infeasible (0)
+    pairs, each discounted by ``1 - spread_penalty (N - 1)``: among spreads the
+    model cannot tell apart, fewer nodes win (cached with the table it comes from)."""
+    table = _model_table(model, pairs, base, fixed_batch_size)[0]
+    return {(nn, k): s * (1.0 - spread_penalty * (nn - 1)) for (nn, k), s in table.items()}
 
 
 def _candidate_pairs(job: Job, caps_desc: np.ndarray, max_nodes: int) -> list[tuple[int, int]]:
@@ -131,9 +136,7 @@ def encode(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Problem:
             current[j, node_index[nid]] = k
         pairs = tuple(_candidate_pairs(job, caps_desc, options.max_nodes_per_job))
         if isinstance(job.speedup, GoodputModel):
-            table = _model_speedups(job.speedup, pairs, job.base, job.fixed_batch_size)
-            # s (1 - spread_penalty (N - 1)): prefer fewer nodes among spreads the model cannot tell apart.
-            table = {(nn, k): s * (1.0 - options.spread_penalty * (nn - 1)) for (nn, k), s in table.items()}
+            table = _model_speedups(job.speedup, pairs, job.base, job.fixed_batch_size, options.spread_penalty)
         else:
             allowed = set(pairs)
             table = {p: s for p, s in job.speedup.items() if p in allowed}
