@@ -9,8 +9,9 @@ each synchronised optimizer step.
 
 Throughput model (Qiao et al., section 3.2; all times in seconds)::
 
-    t_c(m)      = alpha_c + beta_c * m                          compute time of a step's last micro-batch
-    t_a(m)      = alpha_a + beta_c * m                          compute time of an accumulation micro-batch
+    c(N,K)      = 1 + kappa * [K > N]                           co-location slowdown of compute
+    t_c(m)      = (alpha_c + beta_c * m) * c(N,K)               compute time of a step's last micro-batch
+    t_a(m)      = (alpha_a + beta_c * m) * c(N,K)               compute time of an accumulation micro-batch
     t_sync(N,K) = 0                                   if K == 1
                 = alpha_n + beta_n * max(K - 2, 0)    if K >= 2 and N == 1  (intra-node)
                 = alpha_r + beta_r * max(K - 2, 0)    if N >= 2             (inter-node)
@@ -28,6 +29,20 @@ overhead), which a micro-batch does not repeat: on CPU, for small models,
 that is a large part of a step (issue 4: 35-45 % of a millisecond step of
 ratings-mf and synth-regress), so ``alpha_a`` is fitted separately once steps
 both with and without accumulation have been measured.
+
+Pollux's model gives each replica its own device.  CPU replicas that share a
+node (``K > N``) also share its caches, memory bandwidth and cores: the
+collectives' helper threads of one replica run on the cores that the other
+replicas compute on, and a replica that loses its core for a moment keeps
+all others waiting at the all-reduce.  On the 2-core development machine
+(issue 4) the two-replica steps of digits-cnn, synth-regress and ratings-mf
+grew with the local batch 1.2, 1.4 and 1.7 times as fast as one-replica
+steps, which no constant sync time can fit.  ``kappa`` is that slowdown
+of a co-located replica's compute (its effective compute time, the wait for
+the slowest replica included); it is fitted once both co-located and
+one-per-node rows exist (see :func:`fit_throughput`) and is 0, Pollux's
+model, otherwise.  It is a constant: with at most two replicas per node
+measured, nothing says how it grows with more.
 
 Statistical efficiency (section 3.1), from the gradient noise scale measured
 at the initial batch size ``M0``::
@@ -150,8 +165,20 @@ REFINE_POINTS = 16
 #: ``(REFINE_POINTS - 1) / 2`` per pass, so a 2**63-wide range needs < 25 passes.
 MAX_REFINE_PASSES = 64
 
-_PARAM_NAMES = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma", "alpha_a")
-_AC, _BC, _AN, _BN, _AR, _BR, _GAMMA, _AA = range(len(_PARAM_NAMES))
+#: Weight of the optimistic co-location prior: the fit adds the residual
+#: ``weight * kappa``, so that co-located replicas are taken not to slow each
+#: other down unless the rows say so (kappa and the sync latency both lengthen
+#: co-located steps; with few rows the split is weakly determined).  Same
+#: weight and reasoning as :data:`RETROGRESSION_PRIOR_WEIGHT`.  Project choice:
+#: on 16 pooled profiling passes of ratings-mf (issue 4) the prior halves the
+#: fitted kappa (0.85 -> 0.48) and moves held-out MAPE from 4.2 to 3.4 %.
+COLOCATION_PRIOR_WEIGHT = 0.1
+
+#: Starting value of kappa in the fit (strictly inside its bound of 0).
+KAPPA_INIT = 0.1
+
+_PARAM_NAMES = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma", "alpha_a", "kappa")
+_AC, _BC, _AN, _BN, _AR, _BR, _GAMMA, _AA, _KAPPA = range(len(_PARAM_NAMES))
 
 
 # -------------------------------------------------------------------- validation
@@ -237,6 +264,9 @@ class ThroughputParams:
         gamma: overlap exponent of compute and sync, dimensionless, in [1, 10].
         alpha_a: fixed compute time of an accumulation micro-batch, seconds
             (>= 0); None (the default) means ``alpha_c``, Pollux's own model.
+        kappa: co-location slowdown, dimensionless (>= 0): compute takes
+            ``1 + kappa`` times as long when replicas share a node (K > N);
+            0 (the default) is Pollux's model.
 
     ``alpha_c + beta_c`` must be > 0 so that every step takes positive time.
     """
@@ -249,6 +279,7 @@ class ThroughputParams:
     beta_r: float
     gamma: float
     alpha_a: float | None = None
+    kappa: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -271,9 +302,9 @@ class ThroughputParams:
             )
 
     def as_array(self) -> np.ndarray:
-        """float64[8] in the order alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r,
-        gamma, alpha_a (``alpha_c`` where ``alpha_a`` is None)."""
-        return np.array([getattr(self, name) for name in _PARAM_NAMES[:_AA]] + [self.accum_alpha])
+        """float64[9] in the order alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r,
+        gamma, alpha_a (``alpha_c`` where ``alpha_a`` is None), kappa."""
+        return np.array([getattr(self, name) for name in _PARAM_NAMES[:_AA]] + [self.accum_alpha, self.kappa])
 
     @property
     def accum_alpha(self) -> float:
@@ -281,10 +312,13 @@ class ThroughputParams:
         return self.alpha_c if self.alpha_a is None else self.alpha_a
 
     def to_dict(self) -> dict[str, float]:
-        """The parameters by name (``alpha_a`` only when set): JSON-ready."""
+        """The parameters by name (``alpha_a`` only when set, ``kappa`` only when
+        > 0): JSON-ready."""
         out = {name: float(getattr(self, name)) for name in _PARAM_NAMES[:_AA]}
         if self.alpha_a is not None:
             out["alpha_a"] = float(self.alpha_a)
+        if self.kappa > 0:
+            out["kappa"] = float(self.kappa)
         return out
 
 
@@ -299,8 +333,9 @@ def _sync_time(theta, nodes, replicas):
 
 def _step_time(theta, nodes, replicas, local_bsz, accum_steps):
     """Unchecked optimizer step time T (seconds); arguments broadcast."""
-    t_c = theta[_AC] + theta[_BC] * local_bsz
-    t_a = theta[_AA] + theta[_BC] * local_bsz
+    slowdown = 1.0 + theta[_KAPPA] * (replicas > nodes)
+    t_c = (theta[_AC] + theta[_BC] * local_bsz) * slowdown
+    t_a = (theta[_AA] + theta[_BC] * local_bsz) * slowdown
     t_s = _sync_time(theta, nodes, replicas)
     # (a**g + b**g)**(1/g) = big * (1 + (small/big)**g)**(1/g): no overflow or
     # underflow for gamma up to 10 and any time scale; big >= t_c > 0.
@@ -360,7 +395,7 @@ def _measurement(name: str, value, n: int | None) -> np.ndarray:
 
 
 def _initial_guess(nodes, replicas, m, s, step, sync, sync_ok) -> np.ndarray:
-    """float[8] starting point (before gamma multi-start), from linear regressions."""
+    """float[9] starting point (before gamma multi-start), from linear regressions."""
     theta = np.zeros(len(_PARAM_NAMES))
     per_micro = step / (s + 1.0)
     single = replicas == 1
@@ -374,6 +409,7 @@ def _initial_guess(nodes, replicas, m, s, step, sync, sync_ok) -> np.ndarray:
     theta[_AC] = max(a, COMPUTE_INIT_FRACTION * median_c)
     theta[_BC] = max(b, COMPUTE_INIT_FRACTION * median_c / float(np.median(x)))
     theta[_AA] = theta[_AC]
+    theta[_KAPPA] = KAPPA_INIT
     for locality, ia, ib in ((replicas > 1) & (nodes == 1), _AN, _BN), ((nodes > 1), _AR, _BR):
         obs = locality & sync_ok
         if not obs.any():
@@ -428,7 +464,12 @@ def fit_throughput(
     * every fitted beta adds the residual ``w beta / (alpha + beta)`` of its
       locality, ``w =`` :data:`RETROGRESSION_PRIOR_WEIGHT`: sync grows slowly with
       the replica count unless the rows say otherwise (Pollux's own fit penalises
-      ``beta / alpha`` the same way).
+      ``beta / alpha`` the same way);
+    * ``kappa`` is fitted only with rows of both kinds, co-located (K > N) and
+      one replica per node (K == N), and co-located rows of at least two
+      distinct (m, s) (else it cannot be told from the sync latency); otherwise
+      ``kappa = 0``.  A fitted kappa adds the residual
+      ``COLOCATION_PRIOR_WEIGHT * kappa`` (:data:`COLOCATION_PRIOR_WEIGHT`).
 
     Args:
         num_nodes: int[R] nodes N >= 1 of each measurement row.
@@ -499,6 +540,14 @@ def fit_throughput(
         if not intra.any():
             tie[_AN], tie[_BN] = (_AR, 1.0), (_BR, 1.0)
             priors.append("(alpha_n, beta_n) = (alpha_r, beta_r) (no single-node multi-replica row)")
+    shared = replicas > nodes
+    shared_configs = np.unique(np.column_stack([m[shared], s[shared]]), axis=0).shape[0]
+    colocated = bool(shared_configs >= 2 and (~shared).any())
+    if colocated:
+        free.append(_KAPPA)
+    else:
+        fixed[_KAPPA] = 0.0
+        priors.append("kappa = 0 (not both co-located rows of two (m, s) and one-per-node rows)")
     accumulated = bool((s > 0).any() and (s == 0).any())
     if accumulated:
         free.append(_AA)
@@ -529,6 +578,8 @@ def fit_throughput(
         r_sync = np.log(_sync_time(theta, *sync_rows)) - log_sync
         # Optimistic retrogression prior: beta / (alpha + beta) -> 0 where the data allow.
         r_prior = [RETROGRESSION_PRIOR_WEIGHT * theta[ib] / (theta[ia] + theta[ib]) for ia, ib in retro]
+        if colocated:  # Optimistic co-location prior: kappa -> 0 where the data allow.
+            r_prior.append(COLOCATION_PRIOR_WEIGHT * theta[_KAPPA])
         return np.concatenate([r_step, r_sync, r_prior])
 
     floor_params = {_AC, _BC, _AN, _AR}
@@ -552,7 +603,8 @@ def fit_throughput(
                        "using its parameters", len(starts), best.cost, best.message)
     theta = expand(best.x)
     params = ThroughputParams(
-        *(float(v) for v in theta[:_AA]), alpha_a=float(theta[_AA]) if accumulated else None
+        *(float(v) for v in theta[:_AA]), alpha_a=float(theta[_AA]) if accumulated else None,
+        kappa=float(theta[_KAPPA]),
     )
     logger.debug(
         "fitted %s from %d rows (%d sync), cost %.3g; priors: %s",
