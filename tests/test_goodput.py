@@ -194,9 +194,9 @@ COLOCATED = ThroughputParams(
 def test_issue4_colocation_slowdown_scales_compute_of_shared_nodes_only():
     nodes, replicas = np.array([1, 1, 2, 2]), np.array([1, 2, 2, 4])
     slowdown = np.array([1.0, 1.4, 1.0, 1.4])  # K > N: replicas share a node
-    t_c, t_a = (0.02 + 0.004 * 32) * slowdown, (0.02 + 0.004 * 32) * slowdown
+    t_c = (0.02 + 0.004 * 32) * slowdown  # alpha_a is alpha_c: t_a == t_c
     sync = sync_time(COLOCATED, nodes, replicas)
-    expected = 2 * t_a + (t_c**2.5 + sync**2.5) ** (1 / 2.5)
+    expected = 2 * t_c + (t_c**2.5 + sync**2.5) ** (1 / 2.5)
     np.testing.assert_allclose(step_time(COLOCATED, nodes, replicas, 32, 2), expected, rtol=1e-12)
     assert TRUTH.kappa == 0.0  # Pollux's model by default
     assert "kappa" not in TRUTH.to_dict()
