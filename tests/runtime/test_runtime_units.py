@@ -31,7 +31,7 @@ from pollux_opt._runtime._report import JobReport, JobState, Measurements, Runti
 from pollux_opt._runtime._stats import GradStatsEMA, adascale_gain, lr_factor, micro_batch_estimates
 from pollux_opt.jobs import JobSpec, get_job, heldout_error, job_names, register_job
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------- gradient statistics

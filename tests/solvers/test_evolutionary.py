@@ -353,7 +353,7 @@ def test_issue3_solver_comparison_quick_writes_csv_and_plot(tmp_path) -> None:
 
     import pandas as pd
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "solver_comparison.py"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "solver_comparison.py"
     spec = importlib.util.spec_from_file_location("solver_comparison", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it executes

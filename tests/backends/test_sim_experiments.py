@@ -10,7 +10,7 @@ import pytest
 
 from pollux_opt._sim import default_trace_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACES = default_trace_dir()
 needs_traces = pytest.mark.skipif(
     not (TRACES / "profiles").is_dir(), reason=f"AdaptDL traces not found at {TRACES}"

@@ -17,7 +17,7 @@ from solvers import _milp
 from solvers.testing import brute_force, edge_problems, random_placement, random_problem
 
 #: Where the measured Pollux rounds live (read from there, never copied here).
-ANCHORS = Path(__file__).resolve().parents[1].parent / "shared" / "anchors" / "pollux-ga-rounds"
+ANCHORS = Path(__file__).resolve().parents[2].parent / "shared" / "anchors" / "pollux-ga-rounds"
 #: Relative slack when comparing objectives computed two ways.
 RTOL = 1e-9
 #: Relative MIP gap the solver stops at by default; a better placement may beat it by this much.

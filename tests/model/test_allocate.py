@@ -29,7 +29,7 @@ from pollux_opt import (
 from pollux_opt.cli import main
 from solvers import evaluate, violations
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 ISSUE_EXAMPLE = {
     "version": 1,
