@@ -15,7 +15,7 @@ import logging
 import pytest
 
 from pollux_opt import Cluster
-from pollux_opt._sim import default_trace_dir, load_profiles, read_workload, simulate
+from pollux_opt.backends.sim import default_trace_dir, load_profiles, read_workload, simulate
 
 TRACES = default_trace_dir()
 #: The workload the issue quotes per-workload figures for (published Pollux JCT 2446 s).

@@ -33,7 +33,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from pollux_opt.jobs import (  # noqa: E402
+from pollux_opt.runtime import (  # noqa: E402
     ElasticJob,
     JobSpec,
     JobState,

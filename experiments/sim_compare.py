@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from pollux_opt import Cluster
-from pollux_opt._sim import (
+from pollux_opt.backends.sim import (
     default_trace_dir,
     load_profiles,
     quiet_library_logs,

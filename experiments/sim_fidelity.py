@@ -39,10 +39,10 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from pollux_opt import Cluster  # noqa: E402
-from pollux_opt._model import Node  # noqa: E402
-from pollux_opt._realbackend import POLL_S  # noqa: E402
-from pollux_opt._sim import SimConfig, load_profiles, read_workload, simulate  # noqa: E402
-from pollux_opt._sim._export import export_profiles, find_run_dirs  # noqa: E402
+from pollux_opt.model.core import Node  # noqa: E402
+from pollux_opt.backends.local.backend import POLL_S  # noqa: E402
+from pollux_opt.backends.sim import SimConfig, load_profiles, read_workload, simulate  # noqa: E402
+from pollux_opt.backends.sim.export import export_profiles, find_run_dirs  # noqa: E402
 
 log = logging.getLogger("sim_fidelity")
 

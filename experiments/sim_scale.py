@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from pollux_opt import Cluster
-from pollux_opt._sim import ParametricProfile, WorkloadJob, quiet_library_logs, run_tasks, simulate
+from pollux_opt.backends.sim import ParametricProfile, WorkloadJob, quiet_library_logs, run_tasks, simulate
 
 log = logging.getLogger("sim_scale")
 #: Row fields logged as each run finishes.

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from pollux_opt import Cluster, Options
-from pollux_opt._sim import (
+from pollux_opt.backends.sim import (
     SimConfig,
     default_trace_dir,
     load_profiles,
@@ -49,7 +49,7 @@ PROGRESS_FIELDS = ("axis", "value", "policy", "avg_jct_s", "wall_s")
 
 def _policy(name: str, p: float, restart: float):
     if name == "pollux":
-        from pollux_opt._policies import PolluxPolicy
+        from pollux_opt.scheduling.policies.adaptive import PolluxPolicy
 
         return PolluxPolicy(options=Options(p=p, restart_delay=max(restart, 1e-9)))
     return name

@@ -14,8 +14,8 @@ live in the sibling package :mod:`solvers`.
 
 from solvers import InvalidProblem, Status
 
-from ._allocate import allocate, encode
-from ._goodput import (
+from pollux_opt.model.allocate import allocate, encode
+from pollux_opt.model.goodput import (
     BatchChoice,
     BatchLimits,
     GoodputModel,
@@ -25,15 +25,15 @@ from ._goodput import (
     fit_throughput,
     step_time,
 )
-from ._instance import Instance, instance_to_json, load_instance, parse_instance
-from ._model import Allocation, BatchConfig, Cluster, Job, Node, Options, restart_factor
-from ._events import EventLog, read_events
-from ._metrics import summarize
-from ._policies import POLICIES
-from ._realbackend import run_real
-from ._scheduler import Backend, Decision, JobView, Policy
-from ._scheduler import run as run_scheduler
-from ._workloadsets import WORKLOAD_SETS, Workload, WorkloadJob, load_workload
+from pollux_opt.model.instance import Instance, instance_to_json, load_instance, parse_instance
+from pollux_opt.model.core import Allocation, BatchConfig, Cluster, Job, Node, Options, restart_factor
+from pollux_opt.records.events import EventLog, read_events
+from pollux_opt.records.metrics import summarize
+from pollux_opt.scheduling.policies.adaptive import POLICIES
+from pollux_opt.backends.local.backend import run_real
+from pollux_opt.scheduling.loop import Backend, Decision, JobView, Policy
+from pollux_opt.scheduling.loop import run as run_scheduler
+from pollux_opt.workloads.sets import WORKLOAD_SETS, Workload, WorkloadJob, load_workload
 
 __all__ = [
     "Allocation",

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem
-from pollux_opt._model import BatchConfig
-from pollux_opt._scheduler import Decision
-from pollux_opt._sim import (
+from pollux_opt.model.core import BatchConfig
+from pollux_opt.scheduling.loop import Decision
+from pollux_opt.backends.sim import (
     ParametricProfile,
     SimBackend,
     SimConfig,
@@ -23,7 +23,7 @@ from pollux_opt._sim import (
     split_batch,
     tuned_config,
 )
-from pollux_opt._sim_policies import TiresiasPolicy, pack
+from pollux_opt.scheduling.policies.baselines import TiresiasPolicy, pack
 
 TRACES = default_trace_dir()
 needs_traces = pytest.mark.skipif(
@@ -124,7 +124,7 @@ def test_baselines_complete_synthetic_workload(tmp_path, policy):
 
 
 def test_tiresias_demotes_by_attained_service():
-    from pollux_opt._scheduler import JobView
+    from pollux_opt.scheduling.loop import JobView
 
     def view(jid, submit, attained):
         return JobView(jid, submit, "pending", {}, 0, 0.0, 0, 4, 4, 128, None, 30.0, 0.0, attained)
@@ -166,8 +166,8 @@ def test_philly_generator_scales_with_load():
 
 
 def test_cli_simulate(tmp_path, monkeypatch):
-    from pollux_opt._sim import write_workload
-    from pollux_opt.cli import main
+    from pollux_opt.backends.sim import write_workload
+    from pollux_opt.cli.main import main
 
     prof = tmp_path / "missing"
     wl = tmp_path / "w.csv"
@@ -248,7 +248,7 @@ def test_wake_every_starts_a_round_when_a_job_arrives(tmp_path):
 
 
 def test_cli_completion_delay(tmp_path):
-    from pollux_opt._sim._cli import completion_delays
+    from pollux_opt.cli.simulate import completion_delays
 
     assert completion_delays("2.5", None) == 2.5
     (tmp_path / "export.json").write_text(json.dumps({"a": {"verify_seconds": 3.0}, "b": {"verify_seconds": None}}))
@@ -265,10 +265,10 @@ def test_cli_completion_delay(tmp_path):
 
 @pytest.mark.parametrize("flag, expected", [(None, ("ncf",)), ([], ()), (["bert", "ncf"], ("bert", "ncf"))])
 def test_cli_fixed_apps_reaches_the_simulation(tmp_path, monkeypatch, flag, expected):
-    from pollux_opt._sim import _profile, _run
-    from pollux_opt._sim._cli import simulate_one
+    from pollux_opt.backends.sim import run as _run, traces as _profile
+    from pollux_opt.cli.simulate import simulate_one
 
-    from pollux_opt._sim import write_workload
+    from pollux_opt.backends.sim import write_workload
 
     wl = tmp_path / "w.csv"
     write_workload(_jobs(1), wl)
@@ -289,7 +289,7 @@ def test_cli_fixed_apps_reaches_the_simulation(tmp_path, monkeypatch, flag, expe
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_run_tasks_keeps_task_order_and_reports_each_result(jobs):
-    from pollux_opt._sim import run_tasks
+    from pollux_opt.backends.sim import run_tasks
 
     seen = []
     out = run_tasks(math.sqrt, [16.0, 1.0, 9.0], jobs=jobs, on_result=lambda t, r: seen.append((t, r)))

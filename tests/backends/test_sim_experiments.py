@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pollux_opt._sim import default_trace_dir
+from pollux_opt.backends.sim import default_trace_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = default_trace_dir()

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pollux_opt._sim._export import EXPORT_EPOCHS, export_profiles
-from pollux_opt._sim._profile import load_profiles
-from pollux_opt._sim._workload import read_workload
-from pollux_opt.cli import main
+from pollux_opt.backends.sim.export import EXPORT_EPOCHS, export_profiles
+from pollux_opt.backends.sim.traces import load_profiles
+from pollux_opt.workloads.adaptdl import read_workload
+from pollux_opt.cli.main import main
 from solvers import InvalidProblem
 
 STEP_COLUMNS = [

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from pollux_opt import Cluster, Job
-from pollux_opt._allocate import _batch_config, _model_table
-from pollux_opt._goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
-from pollux_opt._scheduler import Decision
-from pollux_opt._sim import ParametricProfile, SimBackend, WorkloadJob, simulate
-import pollux_opt._sim._backend as sim_backend
+from pollux_opt.model.allocate import _batch_config, _model_table
+from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.scheduling.loop import Decision
+from pollux_opt.backends.sim import ParametricProfile, SimBackend, WorkloadJob, simulate
+import pollux_opt.backends.sim.backend as sim_backend
 
 
 def _model(phi_var=2.0):

@@ -17,9 +17,9 @@ import pytest
 pytest.importorskip("torch", reason="real jobs need the CPU build of torch (pip install 'pollux-opt[jobs]')")
 pytest.importorskip("sklearn", reason="the digits job needs scikit-learn (pip install 'pollux-opt[jobs]')")
 
-from pollux_opt._events import read_events  # noqa: E402
-from pollux_opt._realbackend import default_cluster, run_real  # noqa: E402
-from pollux_opt._workloadsets import Workload, WorkloadJob  # noqa: E402
+from pollux_opt.records.events import read_events  # noqa: E402
+from pollux_opt.backends.local.backend import default_cluster, run_real  # noqa: E402
+from pollux_opt.workloads.sets import Workload, WorkloadJob  # noqa: E402
 
 #: Two tiny jobs: easy targets, so that each trains for a few seconds.
 TINY = Workload("tiny", (
@@ -67,7 +67,7 @@ def test_scheduler_killed_with_sigkill_resumes(tmp_path):
     wl_file = tmp_path / "wl.json"
     wl_file.write_text(json.dumps(workload))
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "pollux_opt.cli", "run", "--out", str(out), "--quiet", "--interval", "5"]
+    cmd = [sys.executable, "-m", "pollux_opt.cli.main", "run", "--out", str(out), "--quiet", "--interval", "5"]
     proc = subprocess.Popen(cmd + ["--workload", str(wl_file), "--policy", "pollux"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -26,7 +26,7 @@ from pollux_opt import (
     parse_instance,
     restart_factor,
 )
-from pollux_opt.cli import main
+from pollux_opt.cli.main import main
 from solvers import evaluate, violations
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

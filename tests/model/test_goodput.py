@@ -1,4 +1,4 @@
-"""Tests of the Pollux goodput model (pollux_opt._goodput)."""
+"""Tests of the Pollux goodput model (pollux_opt.model.goodput)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pollux_opt._goodput import (
+from pollux_opt.model.goodput import (
     COLOCATION_PRIOR_WEIGHT,
     GAMMA_PRIOR,
     INTER_NODE_PRIOR_FACTOR,
@@ -23,8 +23,8 @@ from pollux_opt._goodput import (
     step_time,
     sync_time,
 )
-from pollux_opt._events import goodput_model_from_json, goodput_model_to_json
-from pollux_opt._runtime._adapt import params_from_dict, params_to_dict
+from pollux_opt.records.events import goodput_model_from_json, goodput_model_to_json
+from pollux_opt.runtime.adapt import params_from_dict, params_to_dict
 from solvers import InvalidProblem
 
 TRUTH = ThroughputParams(

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from pollux_opt import InvalidProblem
-from pollux_opt._events import (
+from pollux_opt.records.events import (
     EVENT_FIELDS,
     EVENT_TYPES,
     EventLog,
@@ -16,7 +16,7 @@ from pollux_opt._events import (
     goodput_model_to_json,
     read_events,
 )
-from pollux_opt._goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 
 
 def test_emit_appends_one_json_line_per_event(tmp_path):

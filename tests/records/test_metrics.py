@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from pollux_opt import InvalidProblem
-from pollux_opt._events import goodput_model_to_json
-from pollux_opt._goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
-from pollux_opt._metrics import (
+from pollux_opt.records.events import goodput_model_to_json
+from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.records.metrics import (
     allocation_timeline,
     compare_table,
     goodput_timeline,

@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pollux_opt import InvalidProblem  # noqa: E402
-from pollux_opt.jobs import (  # noqa: E402
+from pollux_opt.runtime import (  # noqa: E402
     BuildContext,
     ElasticJob,
     JobParts,

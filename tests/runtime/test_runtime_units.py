@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pollux_opt import InvalidProblem
-from pollux_opt._goodput import BatchLimits, GradientStats, ThroughputParams
-from pollux_opt._runtime._adapt import MIN_STATS_STEPS, BatchConfig, check_allocation, choose_batch, executable
-from pollux_opt._runtime._checkpoint import (
+from pollux_opt.model.goodput import BatchLimits, GradientStats, ThroughputParams
+from pollux_opt.runtime.adapt import MIN_STATS_STEPS, BatchConfig, check_allocation, choose_batch, executable
+from pollux_opt.runtime.checkpoint import (
     atomic_write_json,
     latest_good,
     list_checkpoints,
@@ -27,9 +27,9 @@ from pollux_opt._runtime._checkpoint import (
     prune,
     save_checkpoint,
 )
-from pollux_opt._runtime._report import JobReport, JobState, Measurements, RuntimeOptions, normalize_placement
-from pollux_opt._runtime._stats import GradStatsEMA, adascale_gain, lr_factor, micro_batch_estimates
-from pollux_opt.jobs import JobSpec, get_job, heldout_error, job_names, register_job
+from pollux_opt.runtime.report import JobReport, JobState, Measurements, RuntimeOptions, normalize_placement
+from pollux_opt.runtime.stats import GradStatsEMA, adascale_gain, lr_factor, micro_batch_estimates
+from pollux_opt.runtime import JobSpec, get_job, heldout_error, job_names, register_job
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -282,7 +282,7 @@ def _profile(rows):
 def test_measurements_fit_and_heldout_error_on_exact_model_data():
     truth = ThroughputParams(alpha_c=0.002, beta_c=3e-5, alpha_n=0.004, beta_n=0.0, alpha_r=0.004, beta_r=0.0,
                              gamma=1.0)
-    from pollux_opt._goodput import step_time, sync_time
+    from pollux_opt.model.goodput import step_time, sync_time
 
     configs = [(1, 16, 0), (1, 64, 0), (1, 256, 0), (2, 32, 0), (2, 128, 0), (1, 64, 1), (2, 64, 0)]
     rows = [(k, m, s, float(step_time(truth, 1, k, m, s)), float(sync_time(truth, 1, k))) for k, m, s in configs]
@@ -307,7 +307,7 @@ def test_report_goodput_model_needs_measurements_and_statistics():
     assert JobReport(**base).goodput_model() is None
     assert JobReport(**dict(base, throughput_params=PARAMS)).goodput_model() is None
     fixed = JobReport(**dict(base, throughput_params=PARAMS, fixed_batch_size=64)).goodput_model()
-    from pollux_opt._goodput import step_time
+    from pollux_opt.model.goodput import step_time
 
     # Fixed batch: the speedup is the step-time ratio of the same 64 samples on 1 and 2 replicas.
     expected = step_time(PARAMS, 1, 1, 64) / step_time(PARAMS, 1, 2, 32)
@@ -323,8 +323,8 @@ def test_package_imports_without_torch_and_says_how_to_install_it(tmp_path):
         """
         import sys
         sys.modules["torch"] = None  # as if torch were not installed
-        import pollux_opt, pollux_opt.jobs
-        from pollux_opt.jobs import ElasticJob, get_job
+        import pollux_opt, pollux_opt.runtime
+        from pollux_opt.runtime import ElasticJob, get_job
         job = ElasticJob(get_job("digits-cnn"), sys.argv[1])
         try:
             job.start(1)
@@ -344,7 +344,7 @@ def test_package_imports_without_torch_and_says_how_to_install_it(tmp_path):
 
 # ------------------------------------------------------------ handle and pool errors
 def test_elastic_job_rejects_bad_arguments_before_starting_anything(tmp_path):
-    from pollux_opt.jobs import ElasticJob, RuntimeOptions, WorkerPool
+    from pollux_opt.runtime import ElasticJob, RuntimeOptions, WorkerPool
 
     with pytest.raises(InvalidProblem, match="spec must be a JobSpec or a registered job name, got 3"):
         ElasticJob(3, tmp_path / "a")
@@ -387,7 +387,7 @@ def test_elastic_job_rejects_bad_arguments_before_starting_anything(tmp_path):
 
 
 def test_job_parts_are_checked_with_the_builder_named(torch):
-    from pollux_opt.jobs import JobParts
+    from pollux_opt.runtime import JobParts
 
     model = torch.nn.Linear(2, 1)
     good = dict(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), train_size=4,
@@ -438,8 +438,8 @@ def test_issue5_target_pause_racing_a_scheduler_request_still_completes(tmp_path
     then a scheduler request (rescale or stop) arrived before rank 0's report.
     The request used to forget rank 1's report; the ranks never report again,
     so the job stayed 'running' forever.  Now the target pause completes."""
-    from pollux_opt._runtime._job import _Allocation
-    from pollux_opt.jobs import ElasticJob
+    from pollux_opt.runtime.job import _Allocation
+    from pollux_opt.runtime import ElasticJob
 
     job = ElasticJob("digits-cnn", tmp_path / "job")
     verifications = []
@@ -473,8 +473,8 @@ def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, 
     ``resume_after_failed_verification=False``) stops holding nothing, since its
     CPUs were handed back at the target, and a scheduler request made while it
     was verifying is served instead."""
-    from pollux_opt._runtime._job import _Allocation
-    from pollux_opt.jobs import ElasticJob
+    from pollux_opt.runtime.job import _Allocation
+    from pollux_opt.runtime import ElasticJob
 
     with pytest.raises(InvalidProblem, match="resume_after_failed_verification must be True or False, got 1"):
         RuntimeOptions(resume_after_failed_verification=1)
@@ -502,7 +502,7 @@ def test_profiling_pins_replicas_to_cpus_as_the_executor_does(monkeypatch, pin):
     import os
     import types
 
-    from pollux_opt._runtime import _profile
+    from pollux_opt.runtime import profiling as _profiling
 
     calls = []
 
@@ -527,8 +527,8 @@ def test_profiling_pins_replicas_to_cpus_as_the_executor_does(monkeypatch, pin):
 
         close = stop
 
-    monkeypatch.setattr(_profile, "ElasticJob", FakeJob)
-    rows = _profile.profile_throughput(get_job("digits-cnn"), [(1, 32, 0), (2, 32, 0)], steps=1, pin_cpus=pin)
+    monkeypatch.setattr(_profiling, "ElasticJob", FakeJob)
+    rows = _profiling.profile_throughput(get_job("digits-cnn"), [(1, 32, 0), (2, 32, 0)], steps=1, pin_cpus=pin)
     cpus = sorted(os.sched_getaffinity(0))
     assert calls == ([(1, tuple(cpus[:1])), (2, tuple(cpus[:2]) if len(cpus) >= 2 else None)] if pin
                      else [(1, None), (2, None)])

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem, Options, restart_factor
-from pollux_opt._goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
-from pollux_opt._policies import (
+from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.scheduling.policies.adaptive import (
     POLICIES,
     DynamicPolicy,
     FixedPolicy,
@@ -18,7 +18,7 @@ from pollux_opt._policies import (
     job_for_allocator,
     make_policy,
 )
-from pollux_opt._scheduler import Decision, JobView, Policy
+from pollux_opt.scheduling.loop import Decision, JobView, Policy
 
 
 def view(job_id, *, t=0.0, state="pending", placement=None, model=None, replicas=1, batch=32,

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem
-from pollux_opt._events import EventLog, read_events
-from pollux_opt._goodput import GradientStats, ThroughputParams
-from pollux_opt._policies import FixedPolicy, PolluxPolicy
-from pollux_opt._realbackend import RealBackend, run_real
-from pollux_opt._runtime._report import Event, JobReport, JobState, Measurements
-from pollux_opt._scheduler import Decision, JobView, run
-from pollux_opt._workloadsets import Workload, WorkloadJob
+from pollux_opt.records.events import EventLog, read_events
+from pollux_opt.model.goodput import GradientStats, ThroughputParams
+from pollux_opt.scheduling.policies.adaptive import FixedPolicy, PolluxPolicy
+from pollux_opt.backends.local.backend import RealBackend, run_real
+from pollux_opt.runtime.report import Event, JobReport, JobState, Measurements
+from pollux_opt.scheduling.loop import Decision, JobView, run
+from pollux_opt.workloads.sets import Workload, WorkloadJob
 
 
 # ----------------------------------------------------------- a scripted backend
@@ -264,7 +264,7 @@ WORKLOAD = Workload("fake", (
 
 
 def _run(tmp_path, policy, clock, workload=WORKLOAD, **kw):
-    import pollux_opt._realbackend as rb
+    import pollux_opt.backends.local.backend as rb
 
     old = rb.time.time
     rb.time.time = clock.time  # run_real's own timestamps
@@ -319,7 +319,7 @@ def test_resume_after_a_kill(tmp_path, monkeypatch):
 
     monkeypatch.setattr(RealBackend, "close", lambda self, **kw: None)  # a kill runs no cleanup
     kwargs = fake_kwargs(clock) | {"sleep": sleep}
-    import pollux_opt._realbackend as rb
+    import pollux_opt.backends.local.backend as rb
 
     monkeypatch.setattr(rb.time, "time", clock.time)
     with pytest.raises(Killed):
@@ -374,7 +374,7 @@ def test_run_real_rejects_mismatched_resume_and_new_runs_without_a_workload(tmp_
 
 # ------------------------------------------------------------- workloads and CLI
 def test_workload_sets_and_files(tmp_path):
-    from pollux_opt._workloadsets import QUICK_TIME_SCALE, WORKLOAD_SETS, load_workload
+    from pollux_opt.workloads.sets import QUICK_TIME_SCALE, WORKLOAD_SETS, load_workload
 
     assert len(WORKLOAD_SETS) >= 3
     for name, wl in WORKLOAD_SETS.items():
@@ -399,7 +399,7 @@ def test_workload_sets_and_files(tmp_path):
 
 
 def test_cli_compare_prints_the_summaries(tmp_path, capsys):
-    from pollux_opt.cli import main
+    from pollux_opt.cli.main import main
 
     _run(tmp_path / "f", "fixed", FakeClock())
     _run(tmp_path / "p", "pollux", FakeClock())

@@ -1,0 +1,588 @@
+"""Write ``docs/results.md`` and the README's headline table from the experiments' CSVs.
+
+Every number in ``docs/results.md`` and between the README's
+``<!-- results:headline -->`` markers comes from ``experiments/results/*.csv``
+(written by the scripts in ``experiments/``); nothing is typed in by hand::
+
+    python experiments/results_doc.py            # rewrite docs/results.md and README.md's headline block
+    python experiments/results_doc.py --check    # exit 1 if either is out of date
+
+Required (each script's ``OUT/NAME.csv``, kept as ``experiments/results/sim_NAME.csv``):
+``sim_compare.csv`` (``sim_compare.py``'s ``compare.csv``; the means over
+workloads are computed from it) and ``sim_compare_means.csv`` (its
+``compare_means.csv``, for the published averages), ``sim_sensitivity.csv``
+(``sim_sensitivity.py``), ``sim_scale.csv`` (``sim_scale.py``).  Optional,
+each adding a section when present: ``solver_comparison.csv``
+(``solver_comparison.py``), ``runtime_measurements.csv``
+(``runtime_measurements.py --csv``), ``fidelity.csv`` (``sim_fidelity.py``)
+and ``real_cluster.csv`` (the rows of ``real_cluster.py``'s ``headline.json``).
+The ``*_quick.csv`` files are smoke runs and are not reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+log = logging.getLogger("results_doc")
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "experiments" / "results"
+DOC_PATH = ROOT / "docs" / "results.md"
+README_PATH = ROOT / "README.md"
+#: Where the CSVs and plots are, as a link from docs/results.md.
+RESULTS_LINK = "../experiments/results"
+
+#: The machine every committed CSV was measured on (no CSV records it).
+MACHINE = "the project's 2-core development machine (AMD EPYC, 2 vCPUs, 23 GiB memory, no GPU)"
+
+HEADLINE_BEGIN = "<!-- results:headline -->"
+HEADLINE_END = "<!-- /results:headline -->"
+
+#: Display names of the simulator's policies, in table order.
+POLICY_NAMES = {"pollux": "Pollux", "tiresias": "Tiresias+tuned", "optimus": "Optimus+Oracle+tuned"}
+#: Display names of the real executor's policies, in table order.
+REAL_POLICY_NAMES = {"fixed": "fixed", "dynamic": "dynamic", "pollux": "pollux"}
+
+#: Sensitivity axes: column value -> (label, value formatter), in table order.
+SENSITIVITY_AXES: dict[str, tuple[str, Callable[[float], str]]] = {
+    "load": ("job load (x)", lambda v: f"{v:g}"),
+    "interval_s": ("interval (s)", lambda v: f"{v:g}"),
+    "restart_delay_s": ("restart delay (s)", lambda v: f"{v:g}"),
+    "report_noise": ("report noise (log-normal sigma)", lambda v: f"{v:g}"),
+    "p": ("fairness exponent p", lambda v: f"{v:g}"),
+}
+
+REQUIRED_COLUMNS = {
+    "sim_compare.csv": ["workload", "policy", "jobs", "completed", "avg_jct_s", "p99_jct_s", "makespan_s",
+                        "worst_rho", "frac_rho_gt_1", "wall_s"],
+    "sim_compare_means.csv": ["policy", "published_avg_jct_s"],
+    "sim_sensitivity.csv": ["axis", "value", "policy", "avg_jct_s", "completed", "jobs"],
+    "sim_scale.csv": ["cpus", "policy", "jobs", "completed", "avg_jct_s", "mean_solver_s", "p95_solver_s",
+                      "max_solver_s", "wall_s"],
+}
+#: Columns of sim_compare.csv averaged over the workloads (the means table).
+MEAN_COLUMNS = ["avg_jct_s", "p99_jct_s", "makespan_s", "worst_rho", "frac_rho_gt_1", "wall_s"]
+OPTIONAL_COLUMNS = {
+    "solver_comparison.csv": ["size", "solver", "status", "objective", "gap", "total_s", "solve_cpu_s"],
+    "runtime_measurements.csv": ["job"],
+    "fidelity.csv": ["run", "policy", "variant", "real_avg_jct_s", "sim_avg_jct_s", "rel_error"],
+    "real_cluster.csv": ["workload", "policy", "avg_jct_s", "worst_rho", "avg_goodput", "overhead_pct_of_interval"],
+}
+#: runtime_measurements.py columns shown when present (its --parts choose which exist).
+RUNTIME_COLUMNS = [
+    ("to_target_s", "to target on 1 CPU (s)", lambda v: f"{v:.1f}"),
+    ("to_verified_s", "to verified (s)", lambda v: f"{v:.1f}"),
+    ("rescale_median_s", "rescale median (s)", lambda v: f"{v:.3f}"),
+    ("rescale_max_s", "rescale max (s)", lambda v: f"{v:.2f}"),
+    ("mape_pct", "held-out step-time MAPE", lambda v: f"{v:.1f} %"),
+    ("max_ape_pct", "worst held-out row", lambda v: f"{v:.1f} %"),
+    ("passes", "profiling passes", lambda v: f"{v:.0f}"),
+    ("repeat_pct", "pass-to-pass difference", lambda v: f"{v:.1f} %"),
+    ("kappa", "fitted kappa", lambda v: f"{v:.2f}"),
+]
+
+
+class ResultsError(Exception):
+    """A results CSV is missing, or lacks a column, or the README lacks the markers."""
+
+
+@dataclass(frozen=True)
+class Results:
+    """The experiments' tables (optional ones None when their CSV is absent)."""
+
+    compare: pd.DataFrame
+    means: pd.DataFrame
+    sensitivity: pd.DataFrame
+    scale: pd.DataFrame
+    solvers: pd.DataFrame | None
+    runtime: pd.DataFrame | None
+    fidelity: pd.DataFrame | None
+    real: pd.DataFrame | None
+    plots: tuple[str, ...]  # PNG file names present in the results folder
+
+
+def _read(path: Path, columns: Sequence[str]) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ResultsError(f"{path} lacks column(s) {missing}; it has {list(df.columns)}")
+    if df.empty:
+        raise ResultsError(f"{path} has no rows")
+    return df
+
+
+def _check_keys(df: pd.DataFrame, name: str, keys: list[str], policies: set[str]) -> None:
+    """ResultsError unless ``keys`` identify ``df``'s rows and every one of ``policies`` has rows."""
+    dup = df[df.duplicated(keys, keep=False)]
+    if not dup.empty:
+        raise ResultsError(f"{name} has several rows for {keys} = {dup[keys].iloc[0].tolist()}")
+    missing = sorted(policies - set(df.policy))
+    if missing:
+        raise ResultsError(f"{name} has no rows for policy {missing}")
+
+
+def load_results(results_dir: Path) -> Results:
+    """Read the CSVs in ``results_dir``; ResultsError naming the file if a required one is missing."""
+    tables: dict[str, pd.DataFrame | None] = {}
+    for name, columns in REQUIRED_COLUMNS.items():
+        path = results_dir / name
+        if not path.is_file():
+            raise ResultsError(f"required results file {path} is missing (written by experiments/"
+                               f"{name.removesuffix('_means.csv').removesuffix('.csv')}.py)")
+        tables[name] = _read(path, columns)
+        log.info("read %s (%d rows)", path, len(tables[name]))
+    for name, columns in OPTIONAL_COLUMNS.items():
+        path = results_dir / name
+        if path.is_file():
+            tables[name] = _read(path, columns)
+            log.info("read %s (%d rows)", path, len(tables[name]))
+        else:
+            tables[name] = None
+            log.info("no %s: its section is left out", path)
+    _check_keys(tables["sim_compare.csv"], "sim_compare.csv", ["workload", "policy"], {"pollux", "tiresias"})
+    _check_keys(tables["sim_sensitivity.csv"], "sim_sensitivity.csv", ["axis", "value", "policy"], {"pollux"})
+    _check_keys(tables["sim_scale.csv"], "sim_scale.csv", ["cpus", "policy"], {"pollux"})
+    plots = tuple(sorted(p.name for p in results_dir.glob("*.png") if "_quick" not in p.name))
+    return Results(
+        compare=tables["sim_compare.csv"],
+        means=compare_means(tables["sim_compare.csv"], tables["sim_compare_means.csv"]),
+        sensitivity=tables["sim_sensitivity.csv"],
+        scale=tables["sim_scale.csv"],
+        solvers=tables["solver_comparison.csv"],
+        runtime=tables["runtime_measurements.csv"],
+        fidelity=tables["fidelity.csv"],
+        real=tables["real_cluster.csv"],
+        plots=plots,
+    )
+
+
+def compare_means(compare: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
+    """Per policy, the means over workloads of ``compare``'s columns, the largest wall time, and
+    the published average JCT (``published``'s column; NaN where it has none) with our ratio to it."""
+    means = compare.groupby("policy")[MEAN_COLUMNS].mean()
+    means["max_wall_s"] = compare.groupby("policy").wall_s.max()
+    means["workloads"] = compare.groupby("policy").workload.nunique()
+    means = means.join(published.set_index("policy")[["published_avg_jct_s"]], how="left")
+    means["ratio_to_published"] = means.avg_jct_s / means.published_avg_jct_s
+    return means.reset_index()
+
+
+# ----------------------------------------------------------------------------- formatting
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> list[str]:
+    """A GitHub markdown table (``right[i]``: right-align column i); cells are escaped for ``|``."""
+    right = list(right) if right is not None else [False] * len(header)
+    if len(right) != len(header) or any(len(r) != len(header) for r in rows):
+        raise ValueError(f"table rows must have {len(header)} cells")
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return [line(header), line(["---:" if r else "---" for r in right]), *(line(r) for r in rows)]
+
+
+def seconds(v: float) -> str:
+    return "-" if _missing(v) else f"{v:.0f}"
+
+
+def pct(v: float, digits: int = 0) -> str:
+    """A fraction as a percentage."""
+    return "-" if _missing(v) else f"{100 * v:.{digits}f} %"
+
+
+def ms(v: float) -> str:
+    return "-" if _missing(v) else f"{1000 * v:.0f}"
+
+
+def short(v: float) -> str:
+    """Two significant figures below 10, whole numbers above (wall seconds, rho)."""
+    return "-" if _missing(v) else (f"{v:.0f}" if abs(v) >= 10 else f"{v:.1f}")
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _ordered(values, order: dict[str, str]) -> list[str]:
+    present = list(dict.fromkeys(values))
+    return [p for p in order if p in present] + sorted(p for p in present if p not in order)
+
+
+def _name(policy: str, names: dict[str, str] = POLICY_NAMES) -> str:
+    return names.get(policy, policy)
+
+
+def _reduction(ours: float, baseline: float) -> float:
+    """How far ``ours`` is below ``baseline``, as a fraction of ``baseline``."""
+    return 1.0 - ours / baseline
+
+
+def _workload_key(name: str) -> tuple:
+    stem, _, num = str(name).rpartition("-")
+    return (stem, int(num)) if num.isdigit() else (str(name), -1)
+
+
+def _plot(results: Results, name: str, alt: str) -> list[str]:
+    return [f"![{alt}]({RESULTS_LINK}/{name})", ""] if name in results.plots else []
+
+
+# ----------------------------------------------------------------------------- derived numbers
+
+
+def mean_jct(results: Results, policy: str) -> float:
+    row = results.means[results.means.policy == policy]
+    if row.empty:
+        raise ResultsError(f"sim_compare.csv has no row for policy {policy!r}")
+    return float(row.avg_jct_s.iloc[0])
+
+
+def per_workload_reduction(results: Results, ours: str = "pollux", baseline: str = "tiresias") -> pd.Series:
+    """Per workload, how far ``ours``'s average JCT is below ``baseline``'s (fraction)."""
+    pivot = results.compare.pivot(index="workload", columns="policy", values="avg_jct_s")
+    return (1.0 - pivot[ours] / pivot[baseline]).dropna()
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+def headline(results: Results) -> list[str]:
+    """The README's summary table (also the top of docs/results.md)."""
+    m = results.means
+    policies = _ordered(m.policy, POLICY_NAMES)
+    n_workloads = results.compare.workload.nunique()
+    names = " / ".join(_name(p) for p in policies)
+    ours = " / ".join(seconds(mean_jct(results, p)) for p in policies)
+    published = " / ".join(seconds(float(m[m.policy == p].published_avg_jct_s.iloc[0])) for p in policies)
+    red = per_workload_reduction(results)
+    scale = results.scale[results.scale.policy == "pollux"].sort_values("cpus")
+    small, large = scale.iloc[0], scale.iloc[-1]
+    pm = m[m.policy == "pollux"].iloc[0]
+    rows = [
+        [f"Average JCT, {n_workloads} AdaptDL workloads, 16 x 4 simulated: {names}", f"{ours} s"],
+        [f"Published Pollux-simulator averages: {names}", f"{published} s"],
+        [f"Pollux's average JCT below Tiresias ({n_workloads}-workload mean; per-workload range)",
+         f"{pct(_reduction(mean_jct(results, 'pollux'), mean_jct(results, 'tiresias')), 1)}"
+         f" ({pct(red.min())} to {pct(red.max())})"],
+        [f"Pollux scheduling round (speedup tables + MILP), mean / p95, {small.cpus:.0f} CPUs and "
+         f"{large.cpus:.0f} CPUs", f"{ms(small.mean_solver_s)} / {ms(small.p95_solver_s)} ms and "
+                                   f"{ms(large.mean_solver_s)} / {ms(large.p95_solver_s)} ms"],
+        [f"Simulating one {int(results.compare.jobs.max())}-job workload under Pollux, wall (mean, max)",
+         f"{pm.wall_s:.0f} s, {pm.max_wall_s:.0f} s"],
+    ]
+    if results.real is not None:
+        real = results.real
+        workload = "mixed" if "mixed" in set(real.workload) else str(real.workload.iloc[0])
+        sub = real[real.workload == workload]
+        pols = _ordered(sub.policy, REAL_POLICY_NAMES)
+        rows.append([f"Real CPU jobs on this machine, set `{workload}`, average JCT: {' / '.join(pols)}",
+                     " / ".join(f"{float(sub[sub.policy == p].avg_jct_s.iloc[0]):.1f}" for p in pols) + " s"])
+    return md_table(["result", "value"], rows, [False, True])
+
+
+def compare_section(results: Results) -> list[str]:
+    df = results.compare
+    policies = _ordered(df.policy, POLICY_NAMES)
+    pivot = df.pivot(index="workload", columns="policy", values="avg_jct_s")
+    incomplete = sorted(set(df.workload[df.completed < df.jobs]), key=_workload_key)
+    workloads = sorted(pivot.index, key=_workload_key)
+    red = per_workload_reduction(results)
+    rows = [[w, *(seconds(pivot.loc[w, p]) for p in policies), pct(red.get(w, float("nan")))] for w in workloads]
+    lines = [
+        "## Policy comparison on the AdaptDL workloads",
+        "",
+        f"`experiments/sim_compare.py`: the {len(workloads)} AdaptDL {df.jobs.max():.0f}-job workloads on a "
+        "simulated 16 x 4 "
+        "cluster, interval 60 s, restart delay 30 s; each job follows its measured trace profile, which "
+        "the policies never see. NCF jobs keep their tuned configuration under every policy, as in "
+        "Pollux's simulator. Average JCT per workload in seconds"
+        + (f" (not every job completed in: {', '.join(incomplete)})" if incomplete else "")
+        + ":",
+        "",
+        *md_table(["workload", *(_name(p) for p in policies), "Pollux below Tiresias"],
+                  rows, [False] + [True] * (len(policies) + 1)),
+        "",
+        f"Means over the {len(workloads)} workloads, against the published Pollux-simulator averages. "
+        "rho is finish-time fairness (a job's JCT over its JCT alone on its fair share); worst rho is the "
+        "mean over workloads of each workload's worst; wall is the simulation's own run time per workload.",
+        "",
+    ]
+    m = results.means.set_index("policy")
+    mrows = [[
+        _name(p), f"{seconds(m.avg_jct_s[p])} ({m.avg_jct_s[p] / 3600:.3f} h)",
+        "-" if _missing(m.published_avg_jct_s[p])
+        else f"{seconds(m.published_avg_jct_s[p])} ({m.published_avg_jct_s[p] / 3600:.2f} h)",
+        "-" if _missing(m.ratio_to_published[p]) else f"{m.ratio_to_published[p]:.3f}", seconds(m.p99_jct_s[p]), seconds(m.makespan_s[p]),
+        short(m.worst_rho[p]), f"{m.frac_rho_gt_1[p]:.2f}", f"{short(m.wall_s[p])}, {short(m.max_wall_s[p])}",
+    ] for p in _ordered(m.index, POLICY_NAMES)]
+    lines += md_table(["policy", "avg JCT (s)", "published (s)", "ours / published", "p99 JCT (s)",
+                       "makespan (s)", "worst rho", "frac rho > 1", "wall s / workload (mean, max)"],
+                      mrows, [False] + [True] * 8)
+    lines += ["", *_plot(results, "sim_compare.png", "average JCT per workload and policy")]
+    return lines
+
+
+def sensitivity_section(results: Results) -> list[str]:
+    df = results.sensitivity
+    axes = _ordered(df.axis, {a: a for a in SENSITIVITY_AXES})
+    rows = []
+    for axis in axes:
+        label, fmt = SENSITIVITY_AXES.get(axis, (axis, lambda v: f"{v:g}"))
+        sub = df[df.axis == axis]
+        for value in sorted(sub.value.unique(), key=lambda v: (axis == "p", -v if axis == "p" else v)):
+            at = sub[sub.value == value].set_index("policy").avg_jct_s
+            pol, tir = at.get("pollux", float("nan")), at.get("tiresias", float("nan"))
+            rows.append([label, fmt(value), seconds(pol), seconds(tir),
+                         "-" if _missing(pol) or _missing(tir) else pct(_reduction(pol, tir))])
+    lines = [
+        "## Sensitivity",
+        "",
+        "`experiments/sim_sensitivity.py`: workload-6 on 16 x 4, one setting varied at a time from interval "
+        "60 s, restart delay 30 s, exact reports, p = -1; the load axis resamples the workload from the "
+        "Philly trace with that load multiplier. Report noise perturbs what jobs report (Tiresias does not "
+        "use reports); p is the power mean's exponent (Pollux only). Average JCT in seconds:",
+        "",
+        *md_table(["axis", "value", "Pollux", "Tiresias", "Pollux below Tiresias"], rows,
+                  [False, True, True, True, True]),
+        "",
+    ]
+    for axis in axes:
+        label = SENSITIVITY_AXES.get(axis, (axis,))[0]
+        lines += _plot(results, f"sim_sensitivity-{axis}.png", f"average JCT against {label}")
+    return lines
+
+
+def scale_section(results: Results) -> list[str]:
+    df = results.scale
+    rows = []
+    for cpus in sorted(df.cpus.unique()):
+        at = df[df.cpus == cpus].set_index("policy")
+        p = at.loc["pollux"] if "pollux" in at.index else None
+        t = at.loc["tiresias"] if "tiresias" in at.index else None
+        rows.append([
+            f"{cpus:.0f}", f"{at.jobs.max():.0f}",
+            seconds(p.avg_jct_s) if p is not None else "-", seconds(t.avg_jct_s) if t is not None else "-",
+            f"{ms(p.mean_solver_s)} / {ms(p.p95_solver_s)} / {ms(p.max_solver_s)}" if p is not None else "-",
+            f"{p.wall_s:.1f}" if p is not None else "-",
+        ])
+    return [
+        "## Scale",
+        "",
+        "`experiments/sim_scale.py`: synthetic parametric profiles (three applications), 2.5 jobs per CPU "
+        "arriving over 8 h, 4 CPUs per node, interval 60 s. The policy time per round is building the "
+        "speedup tables, the MILP and decoding (the jobs' models are fitted outside it), against the 60 s "
+        "interval.",
+        "",
+        *md_table(["CPUs", "jobs", "Pollux avg JCT (s)", "Tiresias avg JCT (s)",
+                   "Pollux policy time per round, mean / p95 / max (ms)", "Pollux run, wall (s)"],
+                  rows, [True] * 6),
+        "",
+        *_plot(results, "sim_scale.png", "policy time per round against cluster size"),
+    ]
+
+
+def solvers_section(results: Results) -> list[str]:
+    if results.solvers is None:
+        return []
+    df = results.solvers
+    rows = [[r.size, r.solver, r.status, f"{r.objective:.4g}", pct(max(r.gap, 0.0), 2),
+             f"{r.total_s:.3g}", f"{r.solve_cpu_s:.3g}"] for r in df.itertuples()]
+    return [
+        "## Solvers side by side",
+        "",
+        "`experiments/solver_comparison.py`: seeded `solvers.testing.random_problem` instances; gap = "
+        "(MILP bound - objective) / MILP bound; the evolutionary solver's times are after JIT compilation.",
+        "",
+        *md_table(["size", "solver", "status", "objective", "gap", "wall per solve (s)", "CPU (s)"], rows,
+                  [False, False, False, True, True, True, True]),
+        "",
+        *_plot(results, "solver_comparison.png", "gap to the MILP bound against time"),
+    ]
+
+
+def runtime_section(results: Results) -> list[str]:
+    if results.runtime is None:
+        return []
+    df = results.runtime
+    cols = [(c, label, fmt) for c, label, fmt in RUNTIME_COLUMNS if c in df.columns]
+    rows = [[str(r["job"]), *("-" if _missing(r[c]) else fmt(float(r[c])) for c, _, fmt in cols)]
+            for _, r in df.iterrows()]
+    return [
+        "## Elastic CPU training jobs",
+        "",
+        "`experiments/runtime_measurements.py`: each built-in job trained on one CPU to its target and "
+        "verified, rescaled between 1 and 2 replicas, and its throughput model fitted on 7 profiled "
+        "configurations and checked on 5 held-out ones.",
+        "",
+        *md_table(["job", *(label for _, label, _ in cols)], rows, [False] + [True] * len(cols)),
+        "",
+    ]
+
+
+def fidelity_section(results: Results) -> list[str]:
+    if results.fidelity is None:
+        return []
+    df = results.fidelity
+    rows = [[str(r.run), str(r.policy), str(r.variant), f"{r.real_avg_jct_s:.1f}", f"{r.sim_avg_jct_s:.1f}",
+             f"{100 * r.rel_error:+.1f} %"] for r in df.itertuples()]
+    return [
+        "## Simulator fidelity",
+        "",
+        "`experiments/sim_fidelity.py`: real runs exported as profiles (`pollux-opt profile`) and replayed "
+        "under the same policy, cluster and interval; **paper** is Pollux's simulator (fixed rounds), "
+        "**matched** also models what the executor does around the jobs (early rounds, measured start and "
+        "verification times, the one-replica split).",
+        "",
+        *md_table(["run", "policy", "variant", "real avg JCT (s)", "simulated (s)", "error"], rows,
+                  [False, False, False, True, True, True]),
+        "",
+    ]
+
+
+def real_section(results: Results) -> list[str]:
+    if results.real is None:
+        return []
+    df = results.real
+    rows = []
+    for w in list(dict.fromkeys(df.workload)):
+        sub = df[df.workload == w].set_index("policy")
+        for p in _ordered(sub.index, REAL_POLICY_NAMES):
+            r = sub.loc[p]
+            rows.append([str(w), _name(p, REAL_POLICY_NAMES), f"{r.avg_jct_s:.1f}", f"{r.worst_rho:.2f}",
+                         f"{r.avg_goodput:.2f}", f"{r.overhead_pct_of_interval:.2f} %"])
+    return [
+        "## Real CPU jobs: fixed, dynamic and pollux",
+        "",
+        "`experiments/real_cluster.py` (`pollux-opt demo` per workload set): real CPU training jobs on this "
+        "machine, the three policies one after another. Average goodput is in single-CPU equivalents; "
+        "overhead is the scheduler's time per round in % of the interval. Wall-clock figures on a shared "
+        "machine: compare policies within one sweep.",
+        "",
+        *md_table(["set", "policy", "avg JCT (s)", "worst rho", "avg goodput", "overhead"], rows,
+                  [False, False, True, True, True, True]),
+        "",
+    ]
+
+
+def render_doc(results: Results) -> str:
+    lines = [
+        "# Results",
+        "",
+        "<!-- Generated by `python experiments/results_doc.py` from experiments/results/*.csv; "
+        "do not edit by hand. -->",
+        "",
+        f"All figures were measured on {MACHINE}. The CSVs and plots are in "
+        f"[`experiments/results/`]({RESULTS_LINK}/); each section names the script that writes its CSV. "
+        "Wall times are of a shared machine: read them as orders of magnitude, and compare policies "
+        "within one table.",
+        "",
+        "## Summary",
+        "",
+        *headline(results),
+        "",
+        *compare_section(results),
+        *sensitivity_section(results),
+        *scale_section(results),
+        *solvers_section(results),
+        *runtime_section(results),
+        *fidelity_section(results),
+        *real_section(results),
+        "## Solver benchmarks",
+        "",
+        "The allocator's own timings (build + solve per instance, the Pollux reference scheduler's recorded "
+        "rounds, and `milp` against `evolutionary` and `greedy`) are kept by the benchmark suite, "
+        "`python -m pytest benchmarks/ --benchmark`, with the machine and date of each run: "
+        "[`benchmarks/results.md`](../benchmarks/results.md) and "
+        "[`benchmarks/results-solvers.md`](../benchmarks/results-solvers.md).",
+        "",
+    ]
+    while lines and lines[-1] == "":
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+def render_headline_block(results: Results) -> str:
+    """The README's block, markers included."""
+    return "\n".join([HEADLINE_BEGIN, *headline(results), "", f"Measured on {MACHINE}.", HEADLINE_END])
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with its headline block (markers included) replaced by ``block``."""
+    start, end = text.find(HEADLINE_BEGIN), text.find(HEADLINE_END)
+    if start < 0 or end < start:
+        raise ResultsError(f"README lacks the markers {HEADLINE_BEGIN} ... {HEADLINE_END}")
+    return text[:start] + block + text[end + len(HEADLINE_END):]
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same folder and os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_text(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the experiments' CSVs")
+    ap.add_argument("--out", type=Path, default=DOC_PATH, help="results document to write (docs/results.md)")
+    ap.add_argument("--readme", type=Path, default=README_PATH,
+                    help="README whose headline block to update (README.md)")
+    ap.add_argument("--no-readme", action="store_true", help="leave the README alone")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
+    ap.add_argument("--log-level", default="INFO", help="progress logging level (INFO)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+    log.setLevel(args.log_level.upper())
+    try:
+        results = load_results(args.results)
+        wanted = {args.out: render_doc(results)}
+        if not args.no_readme:
+            current = _read_text(args.readme)
+            if current is None:
+                raise ResultsError(f"README {args.readme} does not exist")
+            wanted[args.readme] = replace_block(current, render_headline_block(results))
+    except ResultsError as exc:
+        log.error("%s", exc)
+        return 2
+    stale = [path for path, text in wanted.items() if _read_text(path) != text]
+    if args.check:
+        for path in stale:
+            log.error("%s is out of date: run python experiments/results_doc.py", path)
+        if not stale:
+            log.info("up to date: %s", ", ".join(str(p) for p in wanted))
+        return 1 if stale else 0
+    for path in stale:
+        write_atomic(path, wanted[path])
+        log.info("wrote %s", path)
+    for path in set(wanted) - set(stale):
+        log.info("unchanged: %s", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

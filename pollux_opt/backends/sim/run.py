@@ -1,0 +1,208 @@
+"""Run one simulated workload through the shared scheduler loop into a run directory.
+
+The run directory matches a real run's: ``events.jsonl`` (the unified event
+log) and ``summary.json`` (from the shared metrics module when present), plus
+``jobs.csv`` with one row per simulated job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from solvers import InvalidProblem
+
+from pollux_opt.records import metrics as _metrics
+from pollux_opt.scheduling.policies import adaptive as _policies
+from pollux_opt.records.events import EventLog, jsonable, read_events
+from pollux_opt.model.core import Cluster
+from pollux_opt.scheduling.loop import run as run_loop
+from pollux_opt.backends.sim.backend import SimBackend, SimConfig
+from pollux_opt.backends.sim.traces import Profile
+from pollux_opt.workloads.adaptdl import WorkloadJob
+
+__all__ = ["SIM_POLICIES", "make_policy", "quiet_library_logs", "run_tasks", "simulate", "SimResult"]
+
+log = logging.getLogger(__name__)
+
+#: Policies the simulator builds itself (they need the simulator's oracle or are
+#: baselines defined in :mod:`pollux_opt.scheduling.policies.baselines`); other names go to the
+#: shared policy registry of :mod:`pollux_opt.scheduling.policies.adaptive`.
+SIM_POLICIES = ("tiresias", "optimus")
+
+
+def make_policy(name: str, backend: SimBackend, **options: Any):
+    """Build policy ``name`` for ``backend`` (Optimus gets the simulator's oracle)."""
+    from pollux_opt.scheduling.policies.baselines import OptimusPolicy, TiresiasPolicy
+
+    if name == "tiresias":
+        return TiresiasPolicy(**options)
+    if name == "optimus":
+        return OptimusPolicy(oracle=backend.oracle, **options)
+    return _policies.make_policy(name, **options)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Outcome of :func:`simulate` (times in seconds)."""
+
+    policy: str
+    num_jobs: int
+    completed: int
+    avg_jct: float
+    p99_jct: float
+    makespan: float
+    rounds: int
+    wall_seconds: float
+    solver_seconds: float
+    out_dir: str | None
+
+
+#: The library's top-level loggers (the simulator, policies and solvers log under these).
+LIBRARY_LOGGERS = ("pollux_opt", "solvers")
+
+
+def quiet_library_logs(level: int = logging.ERROR) -> None:
+    """Raise the library's loggers to ``level``: in an experiment's worker, the
+    simulator's own warnings (e.g. an over-committed node, a fit that did not
+    converge) would drown the experiment's progress lines."""
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
+def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], *, jobs: int = 1,
+              on_result: Callable[[Any, Any], None] | None = None) -> list:
+    """``[fn(t) for t in tasks]``, in ``jobs`` worker processes (in this process
+    when 1); ``on_result(task, result)`` is called as each one finishes (e.g.
+    to advance a progress bar or write partial results).
+
+    ``fn`` must be a top-level function and the tasks picklable when ``jobs > 1``
+    (workers start from a fork server, or are spawned, never forked).
+    Results come back in the order of ``tasks``.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise InvalidProblem(f"jobs must be an integer >= 1, got {jobs!r}")
+    results: list = [None] * len(tasks)
+    if jobs == 1:
+        for i, task in enumerate(tasks):
+            results[i] = fn(task)
+            if on_result is not None:
+                on_result(task, results[i])
+        return results
+    # Not fork: the caller may hold threads (JAX, torch, a progress bar), and a
+    # forked child of a multithreaded process can deadlock.
+    methods = mp.get_all_start_methods()
+    context = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+        for future in as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            if on_result is not None:
+                on_result(tasks[i], results[i])
+    return results
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def simulate(
+    jobs: Sequence[WorkloadJob],
+    profiles: Mapping[str, Profile],
+    policy: str | Any,
+    *,
+    cluster: Cluster | None = None,
+    interval: float = 60.0,
+    config: SimConfig | None = None,
+    out_dir=None,
+    policy_options: Mapping[str, Any] | None = None,
+    max_rounds: int | None = None,
+    progress: Callable | None = None,
+) -> SimResult:
+    """Simulate ``jobs`` under ``policy`` (a name or a policy object).
+
+    Args:
+        jobs: the workload.
+        profiles: application -> true profile.
+        policy: policy name (see :func:`make_policy`) or a Policy.
+        cluster: default 16 nodes x 4 (the paper's cluster).
+        interval: scheduling interval, seconds.
+        config: simulation settings.
+        out_dir: run directory (events.jsonl, summary.json, jobs.csv); None: no files.
+        policy_options: keyword options of the named policy.
+        max_rounds: stop after this many rounds.
+        progress: per-round callback of the scheduler loop.
+    """
+    cluster = cluster or Cluster.uniform(16, 4)
+    t0 = time.perf_counter()
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        events_path = out / "events.jsonl"
+        if events_path.exists():
+            events_path.unlink()  # a simulation is deterministic: rerun from scratch
+    events = EventLog(out / "events.jsonl") if out is not None else None
+    try:
+        backend = SimBackend(jobs, profiles, cluster, events, config)
+        pol = make_policy(policy, backend, **dict(policy_options or {})) if isinstance(policy, str) else policy
+        if events is not None:
+            events.emit("run_start", 0.0, None, policy=pol.name, resumed=False, simulated=True,
+                        cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes))
+        solver_s = [0.0]
+
+        def on_round(now, views, decision):
+            solver_s[0] += decision.solver_seconds
+            if progress is not None:
+                progress(now, views, decision)
+
+        rounds = run_loop(backend, pol, cluster, _NullLog() if events is None else events,
+                          interval=interval, progress=on_round, max_rounds=max_rounds)
+    finally:
+        if events is not None:
+            events.close()
+    jct = np.array(sorted(backend.jcts().values()))
+    records = backend.job_records()
+    done = [r["completion_time"] for r in records if r["completion_time"] is not None]
+    wall = time.perf_counter() - t0
+    result = SimResult(
+        policy=pol.name, num_jobs=len(records), completed=int(jct.size),
+        avg_jct=float(jct.mean()) if jct.size else math.nan,
+        p99_jct=float(np.percentile(jct, 99)) if jct.size else math.nan,
+        makespan=float(max(done) - min(r["submit_time"] for r in records)) if done else math.nan,
+        rounds=rounds, wall_seconds=wall, solver_seconds=solver_s[0],
+        out_dir=None if out is None else str(out),
+    )
+    if out is not None:
+        pd.DataFrame(records).to_csv(out / "jobs.csv", index=False)
+        summary = _summary(out, result, config or SimConfig(), interval, cluster)
+        _atomic_write(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
+    return result
+
+
+def _summary(out: Path, result: SimResult, config: SimConfig, interval: float, cluster: Cluster) -> dict:
+    """The shared metrics' summary of the event log, plus the simulation's own fields."""
+    summary = _metrics.summarize(read_events(out / "events.jsonl"))
+    summary["simulation"] = {
+        **asdict(result), "config": asdict(config), "interval_s": interval,
+        "nodes": len(cluster.nodes), "cpus": cluster.total_cpus,
+    }
+    return jsonable(summary)
+
+
+class _NullLog:
+    def emit(self, *args, **kwargs):
+        return {}

@@ -1,0 +1,408 @@
+"""The hidden "true" behaviour of a simulated job: measured or synthetic profiles.
+
+A :class:`Profile` answers what a real job would do at a configuration:
+
+- ``step_sync(placement, local_bsz)``: seconds per optimizer step (one
+  micro-batch, no accumulation) and the part spent synchronising gradients,
+  for ``placement`` = replicas per node (a tuple of positive ints);
+- ``grad_stats(batch_size, epoch)``: (grad_sqr, grad_var) measured during an
+  epoch when training at total batch ``batch_size`` (grad_var at M0);
+- ``progress_at(epoch)``: cumulative scale-invariant progress (optimizer steps
+  at M0, AdaScale units) at the end of ``epoch`` epochs; the job completes after
+  ``max_epochs`` epochs;
+- ``iterations(batch_size, epoch)``: optimizer steps at a fixed batch size to
+  finish ``epoch`` epochs (Optimus' oracle of remaining work).
+
+Sources: :func:`load_trace_profile` (the AdaptDL/Pollux OSDI'21 artifact
+format, see ``shared/traces/adaptdl-osdi21/README.md``), :func:`load_profiles`
+on a folder written by ``pollux-opt profile`` (the same file layout, see
+:mod:`._export`) and
+:class:`ParametricProfile` (synthetic, for scaling studies).
+
+The policy never sees a profile: the simulation backend reports only the
+measurements at placements a job actually ran (see :mod:`._backend`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import pandas as pd
+
+from solvers import InvalidProblem
+
+__all__ = [
+    "APP_SETTINGS",
+    "AppSettings",
+    "ParametricProfile",
+    "Profile",
+    "TraceProfile",
+    "default_trace_dir",
+    "load_profiles",
+    "load_trace_profile",
+]
+
+#: Environment variable that overrides the default trace folder.
+TRACE_DIR_ENV = "POLLUX_OPT_TRACES"
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """Per-application settings of the paper's simulator (artifact README).
+
+    Attributes:
+        max_epochs: epochs of progress to complete the job.
+        max_local_bsz: largest per-replica micro-batch (None: largest measured).
+    """
+
+    max_epochs: int | None = None
+    max_local_bsz: int | None = None
+
+
+#: Settings used in Pollux's simulator (shared/traces/adaptdl-osdi21/README.md).
+APP_SETTINGS: Mapping[str, AppSettings] = {
+    "bert": AppSettings(max_epochs=2),
+    "cifar10": AppSettings(max_epochs=100),
+    "ncf": AppSettings(max_epochs=10),
+    "imagenet": AppSettings(max_epochs=90),
+    "deepspeech2": AppSettings(max_epochs=80),
+    "yolov3": AppSettings(max_epochs=50, max_local_bsz=8),
+}
+
+
+def default_trace_dir() -> Path:
+    """``$POLLUX_OPT_TRACES`` if set, else ``<repo>/../shared/traces/adaptdl-osdi21``."""
+    env = os.environ.get(TRACE_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[4] / "shared" / "traces" / "adaptdl-osdi21"
+
+
+@runtime_checkable
+class Profile(Protocol):
+    """True behaviour of one application (see the module docstring)."""
+
+    name: str
+    init_batch_size: int
+    max_batch_size: int
+    min_local_bsz: int
+    max_local_bsz: int
+    max_epochs: int
+
+    def step_sync(self, placement: tuple[int, ...], local_bsz: int) -> tuple[float, float]: ...
+
+    def grad_stats(self, batch_size: float, epoch: int) -> tuple[float, float]: ...
+
+    def progress_at(self, epoch: int) -> float: ...
+
+    def iterations(self, batch_size: float, epoch: int) -> float: ...
+
+
+def _canonical(placement: Sequence[int]) -> tuple[int, ...]:
+    """Non-zero counts rotated to the lexicographically smallest rotation (artifact key)."""
+    p = tuple(int(x) for x in placement if x)
+    if not p:
+        raise InvalidProblem(f"placement must have at least one replica, got {placement!r}")
+    return min(p[i:] + p[:i] for i in range(len(p)))
+
+
+def _interp_extrap(x: float, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Piecewise-linear in x over sorted ``xs`` (rows of ``ys``), linear beyond the ends."""
+    if xs.size == 1:
+        return ys[0] * (x / xs[0])
+    i = int(np.clip(np.searchsorted(xs, x) - 1, 0, xs.size - 2))
+    w = (x - xs[i]) / (xs[i + 1] - xs[i])
+    return ys[i] + w * (ys[i + 1] - ys[i])
+
+
+@dataclass(eq=False)
+class TraceProfile:
+    """A profile read from one AdaptDL-format application folder.
+
+    Step times come from ``placements.csv`` where the placement (up to rotation,
+    then up to order) was measured, interpolated linearly in the local batch
+    size; otherwise from a linear interpolation over (num_nodes, num_replicas,
+    local_bsz) of all rows of ``placements.csv`` (averaged per key) and
+    ``scalability.csv``, with the nearest row outside their convex hull.
+    Gradient statistics and iteration counts interpolate linearly between the
+    validated batch sizes (clamped to the smallest and largest), as in the
+    artifact's ``applications.py``.
+    """
+
+    name: str
+    placements: pd.DataFrame
+    scalability: pd.DataFrame
+    validation: dict[int, pd.DataFrame]
+    max_epochs: int
+    max_local_bsz: int
+    init_batch_size: int = 0
+    max_batch_size: int = 0
+    min_local_bsz: int = 0
+    _by_placement: dict = field(default_factory=dict, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
+    _nd: object = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.validation = dict(sorted(self.validation.items()))
+        self.init_batch_size = int(min(self.validation))
+        self.max_batch_size = int(max(self.validation))
+        self.min_local_bsz = int(self.placements.local_bsz.min())
+        for key, df in self.placements.groupby("placement"):
+            df = df.groupby("local_bsz", as_index=False)[["step_time", "sync_time"]].mean()
+            self._by_placement[tuple(int(c) for c in str(key))] = (
+                df.local_bsz.to_numpy(float), df[["step_time", "sync_time"]].to_numpy(float),
+            )
+        bsz = np.array(sorted(self.validation), dtype=float)
+        self._bsz = bsz
+        n_epochs = min(len(df) for df in self.validation.values())
+        if self.max_epochs > n_epochs:
+            raise InvalidProblem(
+                f"profile {self.name!r}: max_epochs={self.max_epochs} exceeds the {n_epochs} "
+                "validated epochs"
+            )
+        cols = lambda c: np.stack([df[c].to_numpy(float)[:n_epochs] for df in self.validation.values()])  # noqa: E731
+        self._iter, self._sqr, self._var = cols("iteration"), cols("grad_sqr"), cols("grad_var")
+        self._progress = cols("progress").min(axis=0)
+
+    # --------------------------------------------------------------- throughput
+    def _nd_interp(self):
+        if self._nd is None:
+            from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+            from scipy.spatial import QhullError
+
+            p = self.placements.copy()
+            p["num_nodes"] = p.placement.astype(str).str.len()
+            p["num_replicas"] = p.placement.astype(str).map(lambda s: sum(map(int, s)))
+            xs = ["num_nodes", "num_replicas", "local_bsz"]
+            ys = ["step_time", "sync_time"]
+            df = pd.concat(
+                [p.groupby(xs, as_index=False)[ys].mean(), self.scalability[xs + ys]],
+                ignore_index=True,
+            )
+            pts, vals = df[xs].to_numpy(float), df[ys].to_numpy(float)
+            # Only the coordinates that vary span a hull (e.g. one node only, as
+            # profiles exported from a single machine): interpolate over those;
+            # with fewer than two, nearest rows only.
+            varying = np.ptp(pts, axis=0) > 0
+            linear = None
+            if varying.sum() >= 2:
+                try:
+                    linear = LinearNDInterpolator(pts[:, varying], vals)
+                except QhullError:  # degenerate (e.g. collinear) points: nearest rows only
+                    linear = None
+            self._nd = (linear, NearestNDInterpolator(pts, vals), float(df.num_nodes.max()), varying)
+        return self._nd
+
+    def _nk_table(self, nodes: int, replicas: int):
+        """(local_bsz grid, [step, sync] rows) of an unmeasured placement shape.
+
+        One linear interpolation over (nodes, replicas, local_bsz) at every
+        measured local batch size (nearest row outside the convex hull), then
+        1-D in the local batch: far cheaper than a 3-D lookup per query.
+        """
+        key = ("nk", nodes, replicas)
+        hit = self._cache.get(key)
+        if hit is None:
+            linear, nearest, max_nodes, varying = self._nd_interp()
+            grid = np.unique(self.placements.local_bsz.to_numpy(float))
+            x = np.column_stack([np.full(grid.size, min(nodes, max_nodes)), np.full(grid.size, replicas), grid])
+            vals = linear(x[:, varying]) if linear is not None else np.full((grid.size, 2), np.nan)
+            bad = ~np.isfinite(vals).all(axis=1)
+            if bad.any():
+                vals[bad] = nearest(x[bad])
+            hit = self._cache[key] = (grid, vals)
+        return hit
+
+    def step_sync(self, placement, local_bsz):
+        key = (_canonical(placement), int(local_bsz))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        p = key[0]
+        table = None
+        for cand in (p, tuple(sorted(p, reverse=True)), tuple(sorted(p))):
+            table = self._by_placement.get(cand)
+            if table is not None:
+                break
+        if table is None:
+            table = self._nk_table(len(p), sum(p))
+        step, sync = _interp_extrap(float(local_bsz), *table)
+        step = max(float(step), 1e-9)
+        sync = float(np.clip(sync, 0.0, step))
+        self._cache[key] = (step, sync)
+        return step, sync
+
+    # ------------------------------------------------------------- statistics
+    def _between(self, table: np.ndarray, batch_size: float, epoch: int) -> float:
+        e = min(max(int(epoch), 0), table.shape[1] - 1)
+        return float(np.interp(batch_size, self._bsz, table[:, e]))
+
+    def grad_stats(self, batch_size, epoch):
+        return self._between(self._sqr, batch_size, epoch), self._between(self._var, batch_size, epoch)
+
+    def progress_at(self, epoch):
+        return 0.0 if epoch <= 0 else float(self._progress[min(epoch, self._progress.size) - 1])
+
+    def iterations(self, batch_size, epoch):
+        return 0.0 if epoch <= 0 else self._between(self._iter, batch_size, epoch - 1)
+
+
+_VALIDATION = re.compile(r"validation-(\d+)\.csv$")
+
+
+@lru_cache(maxsize=64)
+def _load_cached(folder: str, max_epochs: int | None, max_local_bsz: int | None) -> TraceProfile:
+    path = Path(folder)
+    if not path.is_dir():
+        raise InvalidProblem(f"profile folder {folder!r} does not exist")
+    needed = [path / "placements.csv"]
+    for f in needed:
+        if not f.is_file():
+            raise InvalidProblem(f"profile folder {folder!r} has no {f.name}")
+    placements = pd.read_csv(path / "placements.csv", dtype={"placement": str})
+    scal_path = path / "scalability.csv"
+    scalability = (
+        pd.read_csv(scal_path) if scal_path.is_file()
+        else pd.DataFrame(columns=["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"])
+    )
+    validation = {}
+    for f in path.iterdir():
+        m = _VALIDATION.search(f.name)
+        if m:
+            validation[int(m.group(1))] = pd.read_csv(f)
+    if not validation:
+        raise InvalidProblem(f"profile folder {folder!r} has no validation-B.csv file")
+    name = path.name
+    settings = APP_SETTINGS.get(name, AppSettings())
+    max_epochs = max_epochs or settings.max_epochs or min(len(v) for v in validation.values())
+    max_local = max_local_bsz or settings.max_local_bsz or int(placements.local_bsz.max())
+    return TraceProfile(name, placements, scalability, validation, int(max_epochs), int(max_local))
+
+
+def load_trace_profile(folder, *, max_epochs: int | None = None, max_local_bsz: int | None = None) -> TraceProfile:
+    """Read one AdaptDL-format application folder (cached per process).
+
+    Args:
+        folder: path to ``APP/`` holding placements.csv, scalability.csv, validation-B.csv.
+        max_epochs: epochs to completion (default: :data:`APP_SETTINGS`, else all validated).
+        max_local_bsz: per-replica batch cap (default: settings, else largest measured).
+
+    Raises:
+        InvalidProblem: missing folder or files.
+    """
+    return _load_cached(str(Path(folder).resolve()), max_epochs, max_local_bsz)
+
+
+def load_profiles(root=None, names: Sequence[str] | None = None) -> dict[str, Profile]:
+    """All application folders under ``root/profiles`` (or ``root`` itself), by name.
+
+    Raises:
+        InvalidProblem: ``root`` is missing or holds no application folder.
+    """
+    root = Path(root) if root is not None else default_trace_dir()
+    base = root / "profiles" if (root / "profiles").is_dir() else root
+    if not base.is_dir():
+        raise InvalidProblem(f"profiles folder {str(root)!r} does not exist")
+    found = sorted(p for p in base.iterdir() if (p / "placements.csv").is_file())
+    if names is not None:
+        missing = set(names) - {p.name for p in found}
+        if missing:
+            raise InvalidProblem(f"profiles {sorted(missing)} not found under {str(base)!r}")
+        found = [p for p in found if p.name in set(names)]
+    if not found:
+        raise InvalidProblem(f"no application folder (with placements.csv) under {str(base)!r}")
+    return {p.name: load_trace_profile(p) for p in found}
+
+
+@dataclass(frozen=True)
+class ParametricProfile:
+    """A synthetic application whose truth is the Pollux step-time model itself.
+
+    Step time of one micro-batch: ``t_c = alpha_c + beta_c * m``; sync time
+    ``alpha + beta * max(K - 2, 0)`` (intra-node ``alpha_n, beta_n`` on one node,
+    inter-node ``alpha_r, beta_r`` on several, 0 for K = 1); the step combines
+    them with overlap exponent ``gamma`` (Pollux, section 3.2).  The gradient
+    noise scale grows geometrically from ``noise_start`` to ``noise_end``
+    (units of M0) over training, as measured noise scales do; ``grad_sqr`` is 1.
+    Every epoch is ``epoch_progress`` units of progress (steps at M0).
+    """
+
+    name: str
+    alpha_c: float = 0.05
+    beta_c: float = 0.002
+    alpha_n: float = 0.005
+    beta_n: float = 0.001
+    alpha_r: float = 0.05
+    beta_r: float = 0.005
+    gamma: float = 2.0
+    init_batch_size: int = 128
+    max_batch_size: int = 4096
+    min_local_bsz: int = 16
+    max_local_bsz: int = 256
+    max_epochs: int = 20
+    epoch_progress: float = 400.0
+    noise_start: float = 1.0
+    noise_end: float = 20.0
+
+    def step_sync(self, placement, local_bsz):
+        p = _canonical(placement)
+        nodes, k = len(p), sum(p)
+        t_c = self.alpha_c + self.beta_c * float(local_bsz)
+        if k == 1:
+            return t_c, 0.0
+        a, b = (self.alpha_r, self.beta_r) if nodes > 1 else (self.alpha_n, self.beta_n)
+        t_s = a + b * max(k - 2, 0)
+        return (t_c**self.gamma + t_s**self.gamma) ** (1.0 / self.gamma), t_s
+
+    def _noise(self, epoch: int) -> float:
+        frac = min(max(epoch, 0), self.max_epochs) / max(self.max_epochs, 1)
+        return self.noise_start * (self.noise_end / self.noise_start) ** frac
+
+    def grad_stats(self, batch_size, epoch):
+        return 1.0, self._noise(epoch)
+
+    def progress_at(self, epoch):
+        return self.epoch_progress * max(epoch, 0)
+
+    def iterations(self, batch_size, epoch):
+        """Steps at a fixed batch to reach ``epoch``: progress / AdaScale gain, per epoch."""
+        scale = batch_size / self.init_batch_size
+        total = 0.0
+        for e in range(max(epoch, 0)):
+            var = self._noise(e)
+            gain = (var + 1.0) / (var / scale + 1.0)
+            total += self.epoch_progress / gain
+        return total
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidProblem(f"name must be non-empty, got {self.name!r}")
+        for attr in ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r",
+                     "epoch_progress", "noise_start", "noise_end"):
+            v = getattr(self, attr)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise InvalidProblem(f"{attr} must be a finite number >= 0, got {v!r}")
+        if self.alpha_c + self.beta_c <= 0:
+            raise InvalidProblem(f"alpha_c + beta_c must be > 0, got {self.alpha_c + self.beta_c!r}")
+        if not 1.0 <= self.gamma <= 10.0:
+            raise InvalidProblem(f"gamma must be in [1, 10], got {self.gamma!r}")
+        if not 1 <= self.init_batch_size <= self.max_batch_size:
+            raise InvalidProblem(
+                f"init_batch_size must be in [1, max_batch_size={self.max_batch_size}], "
+                f"got {self.init_batch_size!r}"
+            )
+        if not 1 <= self.min_local_bsz <= self.max_local_bsz:
+            raise InvalidProblem(
+                f"min_local_bsz must be in [1, max_local_bsz={self.max_local_bsz}], got {self.min_local_bsz!r}"
+            )
+        if self.max_epochs < 1:
+            raise InvalidProblem(f"max_epochs must be >= 1, got {self.max_epochs!r}")
+        if self.noise_start <= 0:
+            raise InvalidProblem(f"noise_start must be > 0, got {self.noise_start!r}")

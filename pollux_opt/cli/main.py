@@ -1,0 +1,178 @@
+"""The ``pollux-opt`` command line.
+
+Subcommands register themselves in :func:`build_parser`; each handler takes the
+parsed arguments and returns an exit status.  Bad input (``InvalidProblem``)
+prints its message to stderr and exits 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Sequence
+
+from solvers import InvalidProblem
+
+__all__ = ["main", "build_parser"]
+
+#: Exit status for bad input (as argparse uses for usage errors).
+EXIT_INVALID = 2
+
+
+def _cmd_allocate(args: argparse.Namespace) -> int:
+    from pollux_opt.model.allocate import allocate
+    from pollux_opt.model.instance import load_instance
+
+    inst = load_instance(args.instance)
+    overrides = {}
+    if args.solver is not None:
+        overrides["solver"] = args.solver
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    if args.time_limit is not None:
+        overrides["time_limit"] = args.time_limit
+    result = allocate(inst.cluster, inst.jobs, inst.options, **overrides)
+    json.dump(result.to_json(), sys.stdout, indent=2 if args.pretty else None)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pollux_opt.backends.local.backend import default_cluster, run_real
+    from pollux_opt.workloads.sets import load_workload
+
+    workload = load_workload(args.workload, quick=args.quick) if args.workload else None
+    cluster = default_cluster(args.nodes, args.cpus) if (args.nodes or args.cpus) else None
+    interval = args.interval if args.interval is not None else _default_interval(args.quick)
+    summary = run_real(args.out, workload, args.policy, cluster=cluster, interval=interval,
+                       progress=not args.quiet)
+    _print_table({args.out: summary})
+    return 0
+
+
+def _default_interval(quick: bool) -> float:
+    from pollux_opt.backends.local.backend import DEFAULT_INTERVAL_S, QUICK_INTERVAL_S
+
+    return QUICK_INTERVAL_S if quick else DEFAULT_INTERVAL_S
+
+
+def _load_summary(run_dir: str) -> dict:
+    from pathlib import Path
+
+    from pollux_opt.records.events import read_events
+    from pollux_opt.records.metrics import summarize
+
+    path = Path(run_dir)
+    if (path / "summary.json").exists():
+        return json.loads((path / "summary.json").read_text())
+    if (path / "events.jsonl").exists():
+        return summarize(read_events(path / "events.jsonl"))
+    raise InvalidProblem(f"{run_dir!r} holds neither summary.json nor events.jsonl")
+
+
+def _print_table(summaries: dict) -> None:
+    """Metrics as rows, runs as columns (fits a narrow terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pollux_opt.records.metrics import compare_table
+
+    df = compare_table(summaries).T
+    table = Table()
+    table.add_column("metric")
+    for label in df.columns:
+        table.add_column(str(label), justify="right")
+    for metric, row in df.iterrows():
+        cells = []
+        for v in row:
+            if isinstance(v, float):
+                cells.append(f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}")
+            else:
+                cells.append("-" if v is None else str(v))
+        table.add_row(str(metric), *cells)
+    Console().print(table)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    _print_table({d: _load_summary(d) for d in args.dirs})
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from pollux_opt.backends.local.backend import default_cluster, run_demo
+
+    cluster = default_cluster(args.nodes, args.cpus) if (args.nodes or args.cpus) else None
+    summaries = run_demo(args.out, args.workload, quick=args.quick, interval=args.interval,
+                         cluster=cluster, progress=not args.quiet)
+    _print_table(summaries)
+    print(f"plots and comparison.json in {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pollux-opt",
+        description="Goodput-optimized scheduling of deep-learning training jobs (Pollux) with an exact allocator.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("allocate", help="solve one allocation instance (JSON) and print the answer as JSON")
+    p.add_argument("instance", help="instance JSON file (see docs/instance-format.md)")
+    p.add_argument("--solver", help="solver name (default: the instance's, else milp)")
+    p.add_argument("--seed", type=int, help="seed for randomised solvers")
+    p.add_argument("--time-limit", type=float, help="solver time limit in seconds")
+    p.add_argument("--pretty", action="store_true", help="indent the JSON output")
+    p.set_defaults(handler=_cmd_allocate)
+
+    p = sub.add_parser("run", help="run one policy on a workload of real CPU jobs (resumes an existing --out)")
+    p.add_argument("--workload", help="named workload set or workload JSON file (omit to resume --out)")
+    p.add_argument("--policy", choices=["fixed", "dynamic", "pollux"], help="scheduling policy (new runs)")
+    p.add_argument("--out", required=True, help="run directory (config.json, events.jsonl, summary.json)")
+    p.add_argument("--interval", type=float, help="seconds between scheduling rounds (default 30; 10 with --quick)")
+    p.add_argument("--quick", action="store_true", help="use the workload's quick variant")
+    p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
+    p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
+    p.add_argument("--quiet", action="store_true", help="no live progress table")
+    p.set_defaults(handler=_cmd_run)
+
+    p = sub.add_parser("compare", help="print a side-by-side table of run summaries")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="run directories")
+    p.set_defaults(handler=_cmd_compare)
+
+    p = sub.add_parser("demo", help="run a workload under fixed, dynamic and pollux; compare and plot")
+    p.add_argument("--workload", default="mixed", help="named workload set or file (default: mixed)")
+    p.add_argument("--quick", action="store_true", help="quick variant, 10 s rounds (about 2-3 minutes on 2 cores)")
+    p.add_argument("--out", default="demo-out", help="output directory (default: demo-out)")
+    p.add_argument("--interval", type=float, help="seconds between rounds (default 30; 10 with --quick)")
+    p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
+    p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
+    p.add_argument("--quiet", action="store_true", help="no live progress table")
+    p.set_defaults(handler=_cmd_demo)
+
+    from pollux_opt.cli.simulate import add_profile_parser, add_simulate_parser
+
+    add_simulate_parser(sub)
+    add_profile_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.handler(args) or 0)
+    except InvalidProblem as exc:
+        print(f"pollux-opt: error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        print("pollux-opt: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

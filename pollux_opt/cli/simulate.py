@@ -1,0 +1,144 @@
+"""``pollux-opt simulate`` (run workloads through the simulator) and ``pollux-opt profile``
+(export real runs as simulator profiles): handlers + parser lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from solvers import InvalidProblem
+
+__all__ = [
+    "add_profile_parser", "add_simulate_parser", "cmd_profile", "cmd_simulate", "completion_delays", "simulate_one",
+]
+
+
+def add_simulate_parser(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate workloads on a simulated cluster (issue 6)")
+    p.add_argument("--workload", nargs="+", required=True, help="workload CSV file(s) (AdaptDL format)")
+    p.add_argument("--profiles", default=None,
+                   help="trace folder holding profiles/APP/ (default ../shared/traces/adaptdl-osdi21 or $POLLUX_OPT_TRACES)")
+    p.add_argument("--policy", default="pollux", help="policy name (pollux, tiresias, optimus, or a registered one)")
+    p.add_argument("--nodes", type=int, default=16, help="number of nodes")
+    p.add_argument("--cpus-per-node", type=int, default=4, help="replica slots per node")
+    p.add_argument("--interval", type=float, default=60.0, help="scheduling interval, seconds")
+    p.add_argument("--restart-delay", type=float, default=30.0, help="seconds a (re)start costs")
+    p.add_argument("--interference", type=float, default=0.0, help="slowdown of multi-node jobs sharing a node")
+    p.add_argument("--report-noise", type=float, default=0.0, help="log-normal sigma of measurement error")
+    p.add_argument("--completion-delay", default="0",
+                   help="seconds from reaching the target to completion (a real job's verification), or "
+                        "'measured': per application from PROFILES/export.json (written by `pollux-opt profile`)")
+    p.add_argument("--start-delay", default=None,
+                   help="seconds a job's first start costs, or 'measured' (per application, from "
+                        "PROFILES/export.json); default: the restart delay")
+    p.add_argument("--split-single", action="store_true",
+                   help="run a one-replica job's batch as two micro-batches, as the real executor does")
+    p.add_argument("--wake-every", type=float, default=None,
+                   help="start the next round early once a job arrives or finishes, checking this often "
+                        "(seconds), as a real run does; default: fixed rounds, as Pollux's simulator")
+    p.add_argument("--fixed-apps", nargs="*", default=None, metavar="APP",
+                   help="applications whose jobs keep their submitted replicas and batch size under every "
+                        "policy (default: ncf, as Pollux's simulator; give none to make every job elastic)")
+    p.add_argument("--out", required=True, help="output folder (one run dir per workload)")
+    p.add_argument("--jobs", type=int, default=1, help="workloads simulated in parallel processes")
+    p.set_defaults(handler=cmd_simulate)
+
+
+def simulate_one(args: dict) -> dict:
+    """Top-level (picklable) entry point: simulate one workload; returns the result as a dict."""
+    from pollux_opt.model.core import Cluster
+    from pollux_opt.backends.sim.backend import PAPER_FIXED_APPLICATIONS, SimConfig
+    from pollux_opt.backends.sim.traces import load_profiles
+    from pollux_opt.backends.sim.run import simulate
+    from pollux_opt.workloads.adaptdl import read_workload
+
+    profiles = load_profiles(args["profiles"])
+    jobs = read_workload(args["workload"])
+    config = SimConfig(restart_delay=args["restart_delay"], interference=args["interference"],
+                       report_noise=args["report_noise"], completion_delay=args["completion_delay"],
+                       wake_every=args["wake_every"], start_delay=args["start_delay"],
+                       split_single=args["split_single"],
+                       fixed_applications=tuple(PAPER_FIXED_APPLICATIONS if args["fixed_apps"] is None
+                                                else args["fixed_apps"]))
+    result = simulate(
+        jobs, profiles, args["policy"], cluster=Cluster.uniform(args["nodes"], args["cpus_per_node"]),
+        interval=args["interval"], config=config, out_dir=args["out_dir"],
+    )
+    return asdict(result)
+
+
+def completion_delays(value: str, profiles: str | None, *, option: str = "--completion-delay",
+                      field: str = "verify_seconds") -> float | dict[str, float]:
+    """``--completion-delay`` (or ``--start-delay`` with ``field="start_seconds"``):
+    a number of seconds, or ``"measured"``: each application's ``field`` from
+    ``profiles/export.json`` (0 where none)."""
+    if value == "measured":
+        path = Path(profiles or ".") / "export.json"
+        if profiles is None or not path.is_file():
+            raise InvalidProblem(
+                f"{option} measured needs --profiles with an export.json "
+                f"(written by `pollux-opt profile`); {str(path)!r} does not exist"
+            )
+        apps = json.loads(path.read_text())
+        return {name: float(a.get(field) or 0.0) for name, a in apps.items()}
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidProblem(f"{option} must be a number of seconds or 'measured', got {value!r}") from None
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from pollux_opt.backends.sim.run import run_tasks
+
+    if args.jobs < 1:
+        raise InvalidProblem(f"--jobs must be >= 1, got {args.jobs}")
+    for w in args.workload:
+        if not Path(w).is_file():
+            raise InvalidProblem(f"--workload file {w!r} does not exist")
+    delay = completion_delays(args.completion_delay, args.profiles)
+    start = None if args.start_delay is None else completion_delays(
+        args.start_delay, args.profiles, option="--start-delay", field="start_seconds")
+    out = Path(args.out)
+    single = len(args.workload) == 1
+    tasks = []
+    for w in args.workload:
+        run_dir = out if single else out / Path(w).stem
+        tasks.append({
+            "workload": w, "profiles": args.profiles, "policy": args.policy, "nodes": args.nodes,
+            "cpus_per_node": args.cpus_per_node, "interval": args.interval,
+            "restart_delay": args.restart_delay, "interference": args.interference,
+            "report_noise": args.report_noise, "completion_delay": delay, "wake_every": args.wake_every,
+            "start_delay": start, "split_single": args.split_single, "fixed_apps": args.fixed_apps,
+            "out_dir": str(run_dir),
+        })
+    with Progress(transient=False) as bar:
+        task = bar.add_task(f"simulate {args.policy}", total=len(tasks))
+        done = run_tasks(simulate_one, tasks, jobs=args.jobs, on_result=lambda t, r: bar.advance(task))
+    results = {t["workload"]: r for t, r in zip(tasks, done)}
+    json.dump({w: {k: r[k] for k in ("policy", "completed", "avg_jct", "p99_jct", "makespan", "wall_seconds", "out_dir")}
+               for w, r in results.items()}, sys.stdout, indent=2, default=lambda x: None)
+    sys.stdout.write("\n")
+    return 0
+
+
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="export real runs' measurements as simulator profiles (AdaptDL format)")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="run directories of `pollux-opt run` (or a demo output folder holding them)")
+    p.add_argument("--out", required=True, help="profiles folder to write (one APP/ folder per application)")
+    p.add_argument("--app", nargs="+", default=None, help="only these applications (default: all found)")
+    p.set_defaults(handler=cmd_profile)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from pollux_opt.backends.sim.export import export_profiles
+
+    result = export_profiles(args.run_dirs, args.out, apps=args.app)
+    json.dump({name: {**asdict(a), "jobs": list(a.jobs)} for name, a in result.items()}, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0

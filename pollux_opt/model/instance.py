@@ -1,0 +1,191 @@
+"""Versioned JSON instance format (``version: 1``).
+
+An instance file holds a cluster, jobs with explicit speedup tables and
+allocation options::
+
+    {"version": 1,
+     "cluster": {"nodes": [{"id": "n0", "cpus": 4}, {"id": "n1", "cpus": 4}]},
+     "jobs": [{"id": "a", "speedup_table": [[1, 1, 1.0], [1, 2, 1.8], [2, 2, 1.6]],
+               "min_replicas": 0, "max_replicas": 2, "placement": {"n0": 1},
+               "restarts": 0, "age": 120.0, "weight": 1.0}],
+     "options": {"p": -1, "restart_delay": 30, "interference_avoidance": true,
+                 "max_nodes_per_job": 16, "time_limit": 10, "mip_gap": 0.0001}}
+
+Only ``id``, ``speedup_table`` (rows ``[num_nodes, num_replicas, speedup]``)
+and ``max_replicas`` are required per job; everything else defaults as in
+:class:`pollux_opt.Options` and :class:`pollux_opt.Job`.  ``options`` may also
+name ``solver`` and ``seed``.  See ``docs/instance-format.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from solvers import InvalidProblem
+
+from pollux_opt.model.core import Cluster, Job, Node, Options
+
+__all__ = ["Instance", "load_instance", "parse_instance", "instance_to_json", "FORMAT_VERSION"]
+
+#: The instance format version this code reads and writes.
+FORMAT_VERSION = 1
+
+_JOB_FIELDS = {"id", "speedup_table", "min_replicas", "max_replicas", "placement", "restarts", "age", "weight"}
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A parsed instance: cluster, jobs and options."""
+
+    cluster: Cluster
+    jobs: tuple[Job, ...]
+    options: Options
+
+
+def _require(obj: Mapping, key: str, where: str) -> Any:
+    if key not in obj:
+        raise InvalidProblem(f"{where}.{key} is required")
+    return obj[key]
+
+
+def _parse_table(rows: Any, where: str) -> dict[tuple[int, int], float]:
+    if not isinstance(rows, list):
+        raise InvalidProblem(f"{where}.speedup_table must be a list of [num_nodes, num_replicas, speedup], got {rows!r}")
+    table: dict[tuple[int, int], float] = {}
+    for i, row in enumerate(rows):
+        if (
+            not isinstance(row, list)
+            or len(row) != 3
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in row[:2])
+            or isinstance(row[2], bool)
+            or not isinstance(row[2], (int, float))
+        ):
+            raise InvalidProblem(
+                f"{where}.speedup_table[{i}] must be [num_nodes, num_replicas, speedup], got {row!r}"
+            )
+        key = (row[0], row[1])
+        if key in table:
+            raise InvalidProblem(f"{where}.speedup_table[{i}] repeats (num_nodes, num_replicas) = {key}")
+        table[key] = float(row[2])
+    return table
+
+
+def parse_instance(data: Any) -> Instance:
+    """Parse an already-decoded JSON object into an :class:`Instance`.
+
+    Raises:
+        InvalidProblem: naming the offending field and its value.
+    """
+    if not isinstance(data, dict):
+        raise InvalidProblem(f"instance must be a JSON object, got {type(data).__name__}")
+    version = data.get("version", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise InvalidProblem(f"version must be {FORMAT_VERSION}, got {version!r}")
+    unknown = set(data) - {"version", "cluster", "jobs", "options"}
+    if unknown:
+        raise InvalidProblem(f"unknown top-level field {sorted(unknown)[0]!r}")
+    cluster_data = _require(data, "cluster", "instance")
+    if not isinstance(cluster_data, dict):
+        raise InvalidProblem(f"cluster must be an object, got {cluster_data!r}")
+    nodes_data = _require(cluster_data, "nodes", "cluster")
+    if not isinstance(nodes_data, list):
+        raise InvalidProblem(f"cluster.nodes must be a list, got {nodes_data!r}")
+    nodes = []
+    for i, nd in enumerate(nodes_data):
+        if not isinstance(nd, dict):
+            raise InvalidProblem(f"cluster.nodes[{i}] must be an object, got {nd!r}")
+        nid = _require(nd, "id", f"cluster.nodes[{i}]")
+        cpus = _require(nd, "cpus", f"cluster.nodes[{i}]")
+        if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus <= 0:
+            raise InvalidProblem(f"cluster.nodes[{i}].cpus must be an integer > 0, got {cpus!r}")
+        nodes.append(Node(str(nid), cpus))
+    cluster = Cluster(tuple(nodes))
+
+    jobs_data = _require(data, "jobs", "instance")
+    if not isinstance(jobs_data, list):
+        raise InvalidProblem(f"jobs must be a list, got {jobs_data!r}")
+    jobs = []
+    for i, jd in enumerate(jobs_data):
+        where = f"jobs[{i}]"
+        if not isinstance(jd, dict):
+            raise InvalidProblem(f"{where} must be an object, got {jd!r}")
+        unknown = set(jd) - _JOB_FIELDS
+        if unknown:
+            raise InvalidProblem(f"{where}: unknown field {sorted(unknown)[0]!r}")
+        placement = jd.get("placement", {})
+        if not isinstance(placement, dict):
+            raise InvalidProblem(f"{where}.placement must be an object {{node: replicas}}, got {placement!r}")
+        kwargs = {k: jd[k] for k in ("min_replicas", "restarts", "age", "weight") if k in jd}
+        jobs.append(
+            Job(
+                id=str(_require(jd, "id", where)),
+                speedup=_parse_table(_require(jd, "speedup_table", where), where),
+                max_replicas=_require(jd, "max_replicas", where),
+                placement={str(n): k for n, k in placement.items()},
+                **kwargs,
+            )
+        )
+    options_data = data.get("options", {})
+    if not isinstance(options_data, dict):
+        raise InvalidProblem(f"options must be an object, got {options_data!r}")
+    return Instance(cluster, tuple(jobs), Options.from_mapping(options_data))
+
+
+def load_instance(path: str | os.PathLike) -> Instance:
+    """Read an instance JSON file.
+
+    Raises:
+        InvalidProblem: unreadable file, malformed JSON, or invalid content.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidProblem(f"cannot read instance file {str(p)!r}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidProblem(
+            f"malformed JSON in {str(p)!r}: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    return parse_instance(data)
+
+
+def instance_to_json(instance: Instance) -> dict:
+    """The JSON object of an instance with explicit speedup tables (inverse of :func:`parse_instance`)."""
+    jobs = []
+    for job in instance.jobs:
+        if not isinstance(job.speedup, dict):
+            raise InvalidProblem(f"job {job.id!r}: only explicit speedup tables can be written to an instance file")
+        jobs.append(
+            {
+                "id": job.id,
+                "speedup_table": [[n, k, s] for (n, k), s in sorted(job.speedup.items())],
+                "min_replicas": job.min_replicas,
+                "max_replicas": job.max_replicas,
+                "placement": dict(job.placement),
+                "restarts": job.restarts,
+                "age": job.age,
+                "weight": job.weight,
+            }
+        )
+    o = instance.options
+    return {
+        "version": FORMAT_VERSION,
+        "cluster": {"nodes": [{"id": n.id, "cpus": n.cpus} for n in instance.cluster.nodes]},
+        "jobs": jobs,
+        "options": {
+            "p": o.p,
+            "restart_delay": o.restart_delay,
+            "interference_avoidance": o.interference_avoidance,
+            "max_nodes_per_job": o.max_nodes_per_job,
+            "solver": o.solver,
+            "time_limit": o.time_limit,
+            "mip_gap": o.mip_gap,
+            "seed": o.seed,
+        },
+    }

@@ -1,0 +1,251 @@
+"""The unified event log: append-only JSONL, one fsynced line per event.
+
+One schema serves real runs and the simulator, and :mod:`pollux_opt.records.metrics`
+reads nothing else.  Every event is a JSON object with at least
+
+    t        float, seconds since run start (wall clock or simulated)
+    job_id   str, or null for cluster events (``run_start``, ``allocation``)
+    type     one of :data:`EVENT_TYPES`
+
+plus type-specific fields: the required ones are in :data:`EVENT_FIELDS`,
+optional ones are listed below.  Placements are ``{node id: replicas}``.
+
+Semantics the metrics rely on (a backend must follow them):
+
+* CPUs held: each event in :data:`PLACEMENT_EVENTS` sets the job's held
+  placement to its ``placement`` field (a ``start`` when the job is first
+  started; ``rescale_begin`` when a move is ordered, including a stop, which
+  moves to ``{}``, and a resume from ``{}``; ``rescale_end`` when it is done;
+  ``restart_after_fault`` when the job re-forms after a fault).  A
+  ``validation`` with ``target_reached: true``, ``complete`` and ``failed``
+  release everything.
+* Restarts: each ``rescale_begin`` and ``restart_after_fault`` with a
+  non-empty placement is one restart (a stop is not; the resume after it is).
+* Goodput: any job event may carry ``progress`` (M0-equivalent iterations
+  done so far); the metrics take a job's goodput from the progress of its
+  consecutive events (``report`` must carry it; ``checkpoint``, ``validation``
+  and ``complete`` should).  ``report`` events also carry ``goodput``
+  (measured, M0-equivalent samples per second) and ``goodput_base`` (the
+  job's modelled goodput on one replica at M0) for reading the log.
+* Completion: ``complete`` carries ``verified`` (the final metric was
+  reproduced in a fresh process), ``value`` (that metric), ``progress``
+  (M0-equivalent iterations done), ``model`` (see
+  :func:`goodput_model_to_json`) and optionally ``startup_s`` and ``verify_s``
+  (seconds the job spent starting and verifying), which the isolated-JCT
+  estimate adds to its training time.
+* ``submit`` carries the user's ``submitted_replicas``,
+  ``submitted_batch_size`` and optionally ``max_replicas``.
+* ``allocation`` carries ``objective``, ``solver_s`` (policy's wall time),
+  ``overhead_s`` (the round's scheduler wall time outside the jobs' work) and
+  ``interval_s``; ``run_start`` carries ``policy`` and ``cluster_cpus``.
+
+A scheduler killed in the middle of a write leaves at most one torn last
+line; :func:`read_events` skips it (with a warning), and :class:`EventLog`
+truncates it before appending again, so a resumed run keeps one consistent
+history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from solvers import InvalidProblem
+
+__all__ = [
+    "EVENT_TYPES",
+    "EVENT_FIELDS",
+    "PLACEMENT_EVENTS",
+    "EventLog",
+    "read_events",
+    "iter_events",
+    "goodput_model_to_json",
+    "goodput_model_from_json",
+    "jsonable",
+]
+
+log = logging.getLogger(__name__)
+
+#: Event types, in the order of a job's life (issue 5, section 3).
+EVENT_TYPES = (
+    "run_start",        # cluster: the scheduler (re)started; fields: policy, resumed
+    "submit",           # job arrived; fields: submitted_replicas, submitted_batch_size, workload
+    "start",            # job's first start; fields: placement, batch_size
+    "allocation",       # cluster: a decision; fields: placement, objective, solver_s, overhead_s, status
+    "rescale_begin",    # fields: old_placement, placement, batch_size
+    "rescale_end",      # fields: placement, duration_s
+    "checkpoint",       # fields: step, progress
+    "restart_after_fault",  # fields: placement, reason
+    "report",           # fields: throughput, goodput, batch_size, noise_scale, progress, replicas
+    "validation",       # fields: metric, value, step
+    "complete",         # fields: metric, value, verified
+    "failed",           # fields: reason
+)
+
+#: Fields each event type must carry besides t, job_id and type.
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "run_start": ("policy",),
+    "submit": ("submitted_replicas", "submitted_batch_size"),
+    "start": ("placement",),
+    "allocation": ("placement", "objective", "solver_s"),
+    "rescale_begin": ("placement",),
+    "rescale_end": ("placement", "duration_s"),
+    "checkpoint": (),
+    "restart_after_fault": ("placement",),
+    "report": ("throughput", "goodput", "progress", "replicas"),
+    "validation": ("value",),
+    "complete": ("verified",),
+    "failed": ("reason",),
+}
+
+#: Events that set the job's held placement to their ``placement`` field.
+PLACEMENT_EVENTS = frozenset({"start", "rescale_begin", "rescale_end", "restart_after_fault"})
+
+#: Event types that are about the whole cluster (job_id null).
+CLUSTER_EVENTS = frozenset({"run_start", "allocation"})
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` made strict-JSON-safe: nan/inf floats become null (JSON has no
+    nan), tuples become lists, dict keys strings, numpy scalars Python numbers.
+    The one converter for the event log, job state files and summaries."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return jsonable(value.item())
+    return value
+
+
+def _check(event: dict) -> None:
+    etype = event.get("type")
+    if etype not in EVENT_TYPES:
+        raise InvalidProblem(f"event type must be one of {EVENT_TYPES}, got {etype!r}")
+    t = event.get("t")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        raise InvalidProblem(f"event t must be a finite number of seconds, got {t!r}")
+    job_id = event.get("job_id")
+    if etype in CLUSTER_EVENTS:
+        if job_id is not None:
+            raise InvalidProblem(f"{etype} is a cluster event: job_id must be null, got {job_id!r}")
+    elif not isinstance(job_id, str) or not job_id:
+        raise InvalidProblem(f"{etype} event needs a job_id string, got {job_id!r}")
+    missing = [f for f in EVENT_FIELDS[etype] if f not in event]
+    if missing:
+        raise InvalidProblem(f"{etype} event misses field(s) {missing}")
+
+
+class EventLog:
+    """Append-only JSONL event log; each :meth:`emit` is one line, flushed and fsynced.
+
+    Opening an existing file appends to it (a resumed run); a torn last line
+    left by a kill is truncated first.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair()
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def _repair(self) -> None:
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return
+        keep = data.rfind(b"\n") + 1
+        log.warning("event log %s: dropping a torn last line (%d bytes)", self.path, len(data) - keep)
+        with open(self.path, "r+b") as fh:
+            fh.truncate(keep)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def emit(self, type: str, t: float, job_id: str | None = None, **fields: Any) -> dict:
+        """Append one event and return it (as written)."""
+        event = {"t": float(t), "job_id": job_id, "type": type, **jsonable(fields)}
+        _check(event)
+        self._fh.write(json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        return event
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+    def __enter__(self) -> "EventLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def iter_events(path: str | os.PathLike) -> Iterator[dict]:
+    """Events of a log file in order; a torn (non-JSON) last line is skipped."""
+    path = Path(path)
+    if not path.exists():
+        raise InvalidProblem(f"event log {str(path)!r} does not exist")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1:
+                log.warning("event log %s: skipping torn last line", path)
+                return
+            raise InvalidProblem(f"event log {str(path)!r} line {i + 1} is not JSON: {exc}") from exc
+        if not isinstance(event, dict):
+            raise InvalidProblem(f"event log {str(path)!r} line {i + 1} is not an object")
+        yield event
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """All events of a log file, in order (see :func:`iter_events`)."""
+    return list(iter_events(path))
+
+
+# ------------------------------------------------------------- goodput models in events
+def goodput_model_to_json(model) -> dict | None:
+    """A :class:`~pollux_opt.model.goodput.GoodputModel` as plain JSON (None stays None).
+
+    Backends write a job's fitted model into its ``complete`` event (field
+    ``model``) so that :mod:`pollux_opt.records.metrics` can estimate isolated JCTs
+    from the event log alone.
+    """
+    if model is None:
+        return None
+    p, g, lim = model.throughput_params, model.grad_stats, model.limits
+    return {
+        "throughput_params": p.to_dict(),
+        "grad_stats": {"grad_sqr": float(g.grad_sqr), "grad_var": float(g.grad_var),
+                       "init_batch_size": int(g.init_batch_size)},
+        "limits": {"init_batch_size": int(lim.init_batch_size), "max_batch_size": int(lim.max_batch_size),
+                   "min_local_bsz": int(lim.min_local_bsz), "max_local_bsz": int(lim.max_local_bsz),
+                   "max_accum_steps": int(lim.max_accum_steps)},
+    }
+
+
+def goodput_model_from_json(data: dict | None):
+    """Inverse of :func:`goodput_model_to_json`."""
+    from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+
+    if not data:
+        return None
+    try:
+        return GoodputModel(
+            ThroughputParams(**data["throughput_params"]),
+            GradientStats(**data["grad_stats"]),
+            BatchLimits(**data["limits"]),
+        )
+    except (KeyError, TypeError) as exc:
+        raise InvalidProblem(f"bad goodput model in event log: {exc}") from exc

@@ -1,0 +1,462 @@
+"""Run metrics computed from the event log alone (real and simulated runs alike).
+
+:func:`summarize` turns a list of events (see :mod:`pollux_opt.records.events` for the
+schema and its semantics) into the ``summary.json`` dictionary; the timeline
+helpers give the step functions the plots draw.
+
+Per job: JCT (submit to complete), completed and verified flags, final
+metric, restarts, CPU-seconds held (the CPU analogue of GPU-seconds) and the
+finish-time fairness ``rho = JCT / JCT_isolated``.
+
+**Isolated JCT.**  ``JCT_isolated`` is the job's JCT on an exclusive ``1/N``
+share of the cluster, ``N`` being the time-average number of active
+(submitted, unfinished) jobs over the job's life, including itself.  It is
+estimated from the job's own fitted goodput model written in its ``complete``
+event, as
+
+    JCT_isolated = startup_s + W / R(C / N) + verify_s
+
+* ``W``: the progress the job needed (M0-equivalent iterations, from the
+  ``complete`` event);
+* ``R(K)``: its progress rate (iterations per second) on ``K`` CPUs, training
+  as its user submitted it: ``goodput(N_K, K, m, s) / M0`` with the submitted
+  batch size split over K replicas (``GoodputModel.optimize(...,
+  fixed_batch_size=B)``) and statistical efficiency at that batch included,
+  on the fewest nodes that hold K; K is capped by the job's ``max_replicas``.
+  A fractional share interpolates linearly between the neighbouring integer
+  counts, and a share below one CPU time-slices one CPU (``R(1) * K``);
+* ``startup_s``, ``verify_s``: the job's measured start and final
+  verification times (0 if the log has none).
+
+The reference is the same for every policy (the user's own configuration on
+a private share), so rho values are comparable across policies; a policy that
+adapts the batch can beat it (rho < 1).
+
+**Goodput.**  Cluster goodput at time t is the sum over jobs of each job's
+measured progress rate (M0-equivalent iterations per second, from the
+``progress`` of consecutive events) divided by its modelled rate on one CPU at
+M0 (from the model in its ``complete`` event): progress in units of "single
+CPUs running the job at its initial batch size", comparable across jobs of
+different sizes.  ``avg_goodput`` is its time-average over the makespan
+window.  The normaliser is a fitted model, so on a machine whose load drifts
+it carries that noise too.
+
+**Fairness.**  ``worst_rho`` = max rho, ``frac_rho_gt_1`` = fraction of
+completed jobs with rho > 1, ``jain_index`` = Jain's index
+``(sum x)^2 / (n sum x^2)`` of ``x_j = 1 / rho_j`` (each job's attained share of
+its isolated performance; 1 = perfectly even).
+
+**Scheduler overhead.**  From the ``allocation`` events: per-round wall time
+outside the jobs' work (``overhead_s``, which includes the policy's solver
+time, plus ``poll_s``, the backend's bookkeeping since the previous round), as
+a percentage of the round interval (mean and max over rounds), and in total as
+a percentage of the makespan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from solvers import InvalidProblem
+
+from pollux_opt.records.events import PLACEMENT_EVENTS, goodput_model_from_json, jsonable
+
+__all__ = [
+    "summarize",
+    "allocation_timeline",
+    "goodput_timeline",
+    "isolated_rate",
+    "jain_index",
+    "compare_table",
+    "COMPARE_COLUMNS",
+]
+
+#: Events after which a job holds nothing.
+_RELEASE_EVENTS = frozenset({"complete", "failed"})
+
+
+@dataclass
+class _JobTrack:
+    id: str
+    submit: float = math.nan
+    end: float = math.nan
+    completed: bool = False
+    failed: bool = False
+    verified: bool = False
+    final_metric: float | None = None
+    restarts: int = 0
+    submitted_replicas: int | None = None
+    submitted_batch_size: int | None = None
+    max_replicas: int | None = None
+    progress: float = math.nan
+    model: dict | None = None
+    startup_s: float = 0.0
+    verify_s: float = 0.0
+    held: int = 0
+    held_since: float = 0.0
+    cpu_seconds: float = 0.0
+    replicas: list[tuple[float, int]] = field(default_factory=list)
+
+
+def _num(x) -> float:
+    return math.nan if x is None else float(x)
+
+
+def _held(placement) -> int:
+    return int(sum(int(v) for v in (placement or {}).values()))
+
+
+def _sorted(events: Iterable[dict]) -> list[dict]:
+    # Stable: events with equal times keep their log order.
+    return sorted(events, key=lambda e: float(e["t"]))
+
+
+def _tracks(events: Sequence[dict]) -> dict[str, _JobTrack]:
+    jobs: dict[str, _JobTrack] = {}
+
+    def hold(job: _JobTrack, t: float, k: int) -> None:
+        job.cpu_seconds += job.held * max(t - job.held_since, 0.0)
+        job.held, job.held_since = k, t
+        job.replicas.append((t, k))
+
+    for e in events:
+        jid = e.get("job_id")
+        if jid is None:
+            continue
+        t, etype = float(e["t"]), e["type"]
+        job = jobs.setdefault(jid, _JobTrack(jid))
+        if etype == "submit":
+            if math.isnan(job.submit):
+                job.submit = t
+                job.submitted_replicas = e.get("submitted_replicas")
+                job.submitted_batch_size = e.get("submitted_batch_size")
+                job.max_replicas = e.get("max_replicas")
+                job.held_since = t
+                job.replicas.append((t, 0))
+        elif etype in PLACEMENT_EVENTS:
+            hold(job, t, _held(e.get("placement")))
+            if etype in ("rescale_begin", "restart_after_fault") and job.held:
+                job.restarts += 1
+        elif etype == "validation" and e.get("target_reached"):
+            hold(job, t, 0)
+        elif etype in _RELEASE_EVENTS:
+            hold(job, t, 0)
+            job.end = t
+            if etype == "complete":
+                job.completed = True
+                job.verified = bool(e.get("verified"))
+                job.final_metric = e.get("value")
+                job.progress = _num(e.get("progress"))
+                job.model = e.get("model")
+                job.startup_s = _num(e.get("startup_s")) if e.get("startup_s") is not None else 0.0
+                job.verify_s = _num(e.get("verify_s")) if e.get("verify_s") is not None else 0.0
+            else:
+                job.failed = True
+    return jobs
+
+
+def _active_count(jobs: dict[str, _JobTrack], t_end: float) -> tuple[np.ndarray, np.ndarray]:
+    """Step function (times, count) of active jobs; count[i] holds on [times[i], times[i+1])."""
+    deltas: list[tuple[float, int]] = []
+    for job in jobs.values():
+        if math.isnan(job.submit):
+            continue
+        deltas.append((job.submit, 1))
+        deltas.append((job.end if not math.isnan(job.end) else t_end, -1))
+    if not deltas:
+        return np.zeros(0), np.zeros(0)
+    deltas.sort()
+    times = np.array([d[0] for d in deltas])
+    counts = np.cumsum([d[1] for d in deltas])
+    return times, counts
+
+
+def _average_step(times: np.ndarray, values: np.ndarray, a: float, b: float) -> float:
+    """Time-average over [a, b] of the right-continuous step function (times, values), 0 before times[0]."""
+    if b <= a:
+        return math.nan
+    edges = np.concatenate([[a], np.clip(times, a, b), [b]])
+    vals = np.concatenate([[0.0], values])
+    # value on [edges[i], edges[i+1]) is vals[i] where times are sorted
+    total = float(np.sum(np.diff(edges) * vals))
+    return total / (b - a)
+
+
+def isolated_rate(model_json: dict, cpus: float, batch_size: int, max_replicas: int | None,
+                  node_cpus: int | None = None) -> float:
+    """Progress rate (M0-equivalent iterations / s) of a job on ``cpus`` exclusive CPUs.
+
+    See the module docstring: the submitted ``batch_size`` split over the
+    replicas, efficiency included; linear interpolation between integer CPU
+    counts, time-slicing below one CPU.  ``node_cpus`` (largest node) decides
+    how many nodes K replicas span (one if None).
+    """
+    model = goodput_model_from_json(model_json)
+    if model is None or not cpus > 0:
+        return math.nan
+    m0 = model.limits.init_batch_size
+    cap = int(max_replicas) if max_replicas else None
+
+    def rate(k: int) -> float:
+        k = max(1, k if cap is None else min(k, cap))
+        nodes = 1 if not node_cpus else -(-k // node_cpus)
+        choice = model.optimize(nodes, k, fixed_batch_size=int(batch_size))
+        if not bool(choice.feasible):
+            return math.nan
+        g = model.goodput(nodes, k, int(choice.local_bsz), int(choice.accum_steps))
+        return float(g) / m0
+
+    if cpus < 1:
+        return rate(1) * cpus
+    lo, hi = math.floor(cpus), math.ceil(cpus)
+    if lo == hi:
+        return rate(lo)
+    w = cpus - lo
+    return (1 - w) * rate(lo) + w * rate(hi)
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index ``(sum x)^2 / (n sum x^2)`` (nan for no values)."""
+    x = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
+    if x.size == 0 or not np.any(x):
+        return math.nan
+    return float(x.sum() ** 2 / (x.size * np.square(x).sum()))
+
+
+def _cluster_info(events: Sequence[dict]) -> tuple[str | None, float | None]:
+    policy, interval = None, None
+    for e in events:
+        if e["type"] == "run_start" and policy is None:
+            policy = e.get("policy")
+        if e["type"] == "allocation" and interval is None and e.get("interval_s") is not None:
+            interval = float(e["interval_s"])
+    return policy, interval
+
+
+def _base_rate(model_json: dict | None) -> float:
+    """Progress rate (M0-iterations / s) of the model on one CPU at M0 (nan if unknown)."""
+    model = goodput_model_from_json(model_json)
+    if model is None:
+        return math.nan
+    m0 = model.limits.init_batch_size
+    choice = model.optimize(1, 1, fixed_batch_size=m0)
+    return float(choice.goodput) / m0 if bool(choice.feasible) else math.nan
+
+
+def goodput_timeline(events: Sequence[dict]):
+    """Cluster goodput (single-CPU equivalents, see module docstring) over time.
+
+    Each job's goodput between two consecutive events that carry its
+    ``progress`` (its first ``start`` counts as progress 0) is the progress
+    made over the time between them (never negative: work lost to a restart
+    is not goodput), divided by its single-CPU rate at M0 from the model in
+    its ``complete`` event; jobs without one are left out.
+
+    Returns a pandas DataFrame with columns ``t`` and ``goodput`` (a step
+    function: the value holds from its ``t`` to the next row's).
+    """
+    import pandas as pd
+
+    samples: dict[str, list[tuple[float, float]]] = {}
+    base: dict[str, float] = {}
+    started: set[str] = set()
+    for e in _sorted(events):
+        jid = e.get("job_id")
+        if jid is None:
+            continue
+        t = float(e["t"])
+        if e["type"] == "start" and jid not in started:
+            started.add(jid)
+            samples.setdefault(jid, []).append((t, 0.0))
+        if e["type"] == "complete":
+            base[jid] = _base_rate(e.get("model"))
+        p = e.get("progress")
+        if isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p):
+            samples.setdefault(jid, []).append((t, float(p)))
+    deltas: dict[float, float] = {}
+    for jid, pts in samples.items():
+        b = base.get(jid, math.nan)
+        if not (math.isfinite(b) and b > 0):
+            continue
+        best = -math.inf
+        for (t_a, p_a), (t_b, p_b) in zip(pts, pts[1:]):
+            best = max(best, p_a)
+            if t_b <= t_a:
+                continue
+            rate = max(p_b - max(best, p_a), 0.0) / (t_b - t_a) / b
+            if rate == 0.0:
+                continue
+            deltas[t_a] = deltas.get(t_a, 0.0) + rate
+            deltas[t_b] = deltas.get(t_b, 0.0) - rate
+    rows, level = [], 0.0
+    for t in sorted(deltas):
+        level += deltas[t]
+        rows.append((t, max(level, 0.0) if abs(level) > 1e-12 else 0.0))
+    return pd.DataFrame(rows, columns=["t", "goodput"])
+
+
+def allocation_timeline(events: Sequence[dict]):
+    """CPUs held per job over time: a DataFrame with columns ``t``, ``job_id``, ``cpus``
+    (a step function per job: the value holds from its ``t`` to the job's next row)."""
+    import pandas as pd
+
+    rows = []
+    for jid, job in _tracks(_sorted(events)).items():
+        rows.extend((t, jid, k) for t, k in job.replicas)
+    return pd.DataFrame(rows, columns=["t", "job_id", "cpus"]).sort_values("t", kind="stable")
+
+
+def summarize(events: Sequence[dict], cluster_cpus: int | None = None, *, node_cpus: int | None = None) -> dict:
+    """The ``summary.json`` dictionary of a run, from its events alone.
+
+    Args:
+        events: the run's events (as :func:`pollux_opt.records.events.read_events` returns them).
+        cluster_cpus: CPUs in the cluster (default: ``cluster_cpus`` of the
+            first ``run_start`` event).
+        node_cpus: CPUs of the largest node, for the isolated-JCT estimate
+            (default: ``node_cpus`` of the first ``run_start`` event, else one node).
+
+    Returns:
+        A JSON-ready dict (nan written as None) with ``policy``, ``jobs`` (each
+        with ``id``, ``jct_s``, ``completed``, ``final_metric``, ``restarts``,
+        ``rho`` and more) and the cluster metrics named in the module docstring.
+    """
+    events = _sorted(events)
+    for e in events:
+        if "t" not in e or "type" not in e:
+            raise InvalidProblem(f"event needs 't' and 'type', got {e!r}")
+    starts = [e for e in events if e["type"] == "run_start"]
+    if cluster_cpus is None:
+        cluster_cpus = next((e.get("cluster_cpus") for e in starts if e.get("cluster_cpus")), None)
+    if cluster_cpus is None:
+        raise InvalidProblem("cluster_cpus must be given when the log has no run_start event with it")
+    if isinstance(cluster_cpus, bool) or not isinstance(cluster_cpus, (int, np.integer)) or cluster_cpus < 1:
+        raise InvalidProblem(f"cluster_cpus must be an integer >= 1, got {cluster_cpus!r}")
+    if node_cpus is None:
+        node_cpus = next((e.get("node_cpus") for e in starts if e.get("node_cpus")), None)
+    policy, interval = _cluster_info(events)
+    jobs = _tracks(events)
+    t_last = float(events[-1]["t"]) if events else 0.0
+    submits = [j.submit for j in jobs.values() if not math.isnan(j.submit)]
+    t0 = min(submits) if submits else 0.0
+    ends = [j.end if not math.isnan(j.end) else t_last for j in jobs.values()]
+    t1 = max(ends) if ends else t_last
+    for job in jobs.values():  # close open holdings at the end of the log
+        if job.held:
+            job.cpu_seconds += job.held * max(t1 - job.held_since, 0.0)
+    times, counts = _active_count(jobs, t1)
+
+    out_jobs = []
+    for job in sorted(jobs.values(), key=lambda j: (j.submit, j.id)):
+        jct = job.end - job.submit if job.completed else math.nan
+        n_avg = rho = jct_iso = share = math.nan
+        if job.completed and jct > 0:
+            n_avg = _average_step(times, counts.astype(float), job.submit, job.end)
+            n_avg = max(n_avg, 1.0)
+            share = cluster_cpus / n_avg
+            batch = job.submitted_batch_size
+            if job.model is not None and batch and math.isfinite(job.progress):
+                r = isolated_rate(job.model, share, int(batch), job.max_replicas, node_cpus)
+                if math.isfinite(r) and r > 0:
+                    jct_iso = job.startup_s + job.progress / r + job.verify_s
+                    rho = jct / jct_iso
+        out_jobs.append({
+            "id": job.id,
+            "submit_s": job.submit,
+            "end_s": job.end,
+            "jct_s": jct,
+            "completed": job.completed,
+            "verified": job.verified,
+            "failed": job.failed,
+            "final_metric": job.final_metric,
+            "restarts": job.restarts,
+            "cpu_seconds": job.cpu_seconds,
+            "avg_active_jobs": n_avg,
+            "share_cpus": share,
+            "jct_isolated_s": jct_iso,
+            "rho": rho,
+        })
+    jcts = np.array([j["jct_s"] for j in out_jobs if j["completed"]], dtype=float)
+    rhos = np.array([j["rho"] for j in out_jobs if math.isfinite(j["rho"])], dtype=float)
+    window = t1 - t0
+    cpu_s = sum(j.cpu_seconds for j in jobs.values())
+    gp = goodput_timeline(events)
+    avg_goodput = (
+        _average_step(gp["t"].to_numpy(), gp["goodput"].to_numpy(), t0, t1) if len(gp) and window > 0 else math.nan
+    )
+    rounds = [e for e in events if e["type"] == "allocation"]
+    overhead = np.array([_num(e.get("overhead_s")) + (_num(e.get("poll_s")) if e.get("poll_s") is not None else 0.0)
+                         for e in rounds], dtype=float)
+    solver = np.array([_num(e.get("solver_s")) for e in rounds], dtype=float)
+    intervals = np.array([_num(e.get("interval_s")) for e in rounds], dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pct = 100.0 * overhead / intervals
+
+    def stat(fn, arr):
+        arr = arr[np.isfinite(arr)]
+        return float(fn(arr)) if arr.size else math.nan
+
+    summary = {
+        "policy": policy,
+        "cluster_cpus": int(cluster_cpus),
+        "num_jobs": len(out_jobs),
+        "num_completed": int(sum(j["completed"] for j in out_jobs)),
+        "num_failed": int(sum(j["failed"] for j in out_jobs)),
+        "jobs": out_jobs,
+        "avg_jct_s": stat(np.mean, jcts),
+        "p50_jct_s": stat(np.median, jcts),
+        "p99_jct_s": stat(lambda a: np.percentile(a, 99), jcts),
+        "makespan_s": window if out_jobs else math.nan,
+        "avg_goodput": avg_goodput,
+        "utilization": cpu_s / (cluster_cpus * window) if window > 0 else math.nan,
+        "cpu_seconds": cpu_s,
+        "worst_rho": stat(np.max, rhos),
+        "frac_rho_gt_1": float(np.mean(rhos > 1.0)) if rhos.size else math.nan,
+        "jain_index": jain_index([1.0 / r for r in rhos if r > 0]),
+        "rounds": len(rounds),
+        "interval_s": interval,
+        "mean_overhead_s": stat(np.mean, overhead),
+        "max_overhead_s": stat(np.max, overhead),
+        "mean_solver_s": stat(np.mean, solver),
+        "overhead_pct_of_interval": stat(np.mean, pct),
+        "max_overhead_pct_of_interval": stat(np.max, pct),
+        "mean_load1": stat(np.mean, np.array([_num(e.get("load1")) for e in rounds], dtype=float)),
+        "overhead_pct_of_wall": 100.0 * float(np.nansum(overhead)) / window if window > 0 else math.nan,
+    }
+    return jsonable(summary)
+
+
+#: Columns of :func:`compare_table`: summary key -> column title.
+COMPARE_COLUMNS = {
+    "policy": "policy",
+    "workload": "workload",
+    "num_completed": "done",
+    "avg_jct_s": "avg JCT (s)",
+    "p50_jct_s": "p50 JCT (s)",
+    "p99_jct_s": "p99 JCT (s)",
+    "makespan_s": "makespan (s)",
+    "avg_goodput": "avg goodput",
+    "utilization": "util",
+    "worst_rho": "worst rho",
+    "frac_rho_gt_1": "rho>1",
+    "jain_index": "Jain",
+    "overhead_pct_of_interval": "overhead %",
+    "mean_load1": "load avg",
+}
+
+
+def compare_table(summaries: Mapping[str, dict]):
+    """A pandas DataFrame, one row per run (label -> summary), columns :data:`COMPARE_COLUMNS`."""
+    import pandas as pd
+
+    rows = []
+    for label, s in summaries.items():
+        row = {"run": label}
+        for key, title in COMPARE_COLUMNS.items():
+            row[title] = s.get(key)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("run")

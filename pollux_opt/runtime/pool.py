@@ -1,0 +1,220 @@
+"""A pool of warm worker processes (torch already imported), shared by jobs.
+
+Spawning a worker costs about two seconds of one core (interpreter start and
+``import torch``), more than the whole rescale budget, so the pool keeps
+``spares`` idle workers ready, and workers released by a job (scale-down,
+stop) stay idle with that job's model and data still built, so the same job
+scaling up again reuses them without rebuilding.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+from solvers import InvalidProblem
+
+from pollux_opt.runtime.worker import worker_main
+
+__all__ = ["WorkerHandle", "WorkerPool"]
+
+logger = logging.getLogger("pollux_opt.runtime")
+
+#: Modules the fork server imports before forking workers (torch is the slow one).
+FORKSERVER_PRELOAD = ("torch", "torch.distributed", "pollux_opt.runtime.worker", "pollux_opt.runtime.verify")
+
+#: Seconds a terminated worker gets to exit before it is killed.
+TERMINATE_GRACE_S = 2.0
+
+
+@dataclass(eq=False)
+class WorkerHandle:
+    """One worker process and the controller's end of its pipe."""
+
+    process: mp.process.BaseProcess
+    conn: Connection
+    created: float = field(default_factory=time.monotonic)
+    #: job_id of the parts the worker has built (warm for that job), if any.
+    job_key: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+
+class WorkerPool:
+    """Warm worker processes for one or more :class:`ElasticJob` handles.
+
+    Args:
+        spares: idle workers kept ready (spawned in the background) beyond
+            those jobs hold.
+        max_idle: most idle workers kept; more are shut down on release.
+        start_method: multiprocessing start method.  The default,
+            "forkserver" where available, forks workers from a server process
+            that has imported torch once, so a cold worker costs tens of
+            milliseconds instead of seconds; "spawn" starts each interpreter
+            afresh (portable, slower).  Both are safe with the supervisor threads.
+
+    Thread-safe.  Call :meth:`close` (or use it as a context manager) to end
+    its idle processes; workers held by jobs are ended by the jobs.
+    """
+
+    def __init__(self, spares: int = 1, *, max_idle: int | None = None, start_method: str | None = None) -> None:
+        if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
+            raise InvalidProblem(f"spares must be an integer >= 0, got {spares!r}")
+        max_idle = max(spares, 2) if max_idle is None else max_idle
+        if isinstance(max_idle, bool) or not isinstance(max_idle, int) or max_idle < spares:
+            raise InvalidProblem(f"max_idle must be an integer >= spares ({spares}), got {max_idle!r}")
+        methods = mp.get_all_start_methods()
+        if start_method is None:
+            start_method = "forkserver" if "forkserver" in methods else "spawn"
+        if start_method not in methods or start_method == "fork":
+            allowed = [m for m in methods if m != "fork"]
+            raise InvalidProblem(f"start_method must be one of {allowed}, got {start_method!r}")
+        self._ctx = mp.get_context(start_method)
+        if start_method == "forkserver":
+            # The server imports these once; every worker is forked with them loaded.
+            self._ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+        self.start_method = start_method
+        self.spares = spares
+        self.max_idle = max_idle
+        self._idle: list[WorkerHandle] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._spawned = 0
+
+    # ------------------------------------------------------------------ spawning
+    def _spawn(self) -> WorkerHandle:
+        parent, child = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(target=worker_main, args=(child,), name="pollux-worker", daemon=True)
+        process.start()
+        child.close()
+        self._spawned += 1
+        logger.debug("spawned worker pid %d", process.pid)
+        return WorkerHandle(process, parent)
+
+    def start_process(self, target, args: tuple, name: str) -> mp.process.BaseProcess:
+        """Start ``target(*args)`` in a new process of the pool's start method
+        (forked from the fork server: torch imported, no job's state); not a
+        pool worker.  ``target`` must be a top-level function, ``args`` picklable."""
+        process = self._ctx.Process(target=target, args=args, name=name, daemon=True)
+        process.start()
+        return process
+
+    def warm(self, count: int | None = None) -> None:
+        """Make sure at least ``count`` (default ``spares``) idle workers exist or are starting."""
+        with self._lock:
+            self._prune_locked()
+            target = self.spares if count is None else count
+            while not self._closed and len(self._idle) < target:
+                self._idle.append(self._spawn())
+
+    def _prune_locked(self) -> None:
+        dead = [w for w in self._idle if not w.alive()]
+        for w in dead:
+            self._idle.remove(w)
+            w.conn.close()
+
+    # ------------------------------------------------------------ acquire/release
+    def acquire(self, count: int, job_key: str | None = None) -> list[WorkerHandle]:
+        """``count`` workers for a job: idle ones warm for ``job_key`` first, then
+        other idle ones, then newly spawned ones (which start in the background;
+        messages sent to them wait in their pipe).  Then spares are replenished."""
+        if self._closed:
+            raise RuntimeError("the worker pool is closed")
+        with self._lock:
+            self._prune_locked()
+            self._idle.sort(key=lambda w: (w.job_key != job_key, w.created))
+            taken = self._idle[:count]
+            del self._idle[:count]
+            while len(taken) < count:
+                taken.append(self._spawn())
+            while len(self._idle) < self.spares:
+                self._idle.append(self._spawn())
+        return taken
+
+    def release(self, workers: list[WorkerHandle]) -> None:
+        """Return healthy idle workers to the pool (extra ones beyond max_idle end)."""
+        surplus = []
+        with self._lock:
+            for w in workers:
+                if self._closed or not w.alive():
+                    surplus.append(w)
+                else:
+                    self._idle.append(w)
+            self._prune_locked()
+            # Keep the workers warm for the most jobs: drop the oldest first.
+            self._idle.sort(key=lambda w: w.created, reverse=True)
+            while len(self._idle) > self.max_idle:
+                surplus.append(self._idle.pop())
+        self.discard(surplus, graceful=True)
+
+    def discard(self, workers: list[WorkerHandle], graceful: bool = False) -> None:
+        """End workers: ask idle ones to exit (graceful), else terminate, then kill."""
+        for w in workers:
+            if graceful and w.alive():
+                try:
+                    w.conn.send(("exit",))
+                except (BrokenPipeError, OSError):
+                    pass
+            elif w.alive():
+                w.process.terminate()
+        deadline = time.monotonic() + TERMINATE_GRACE_S
+        for w in workers:
+            w.process.join(max(deadline - time.monotonic(), 0.0))
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(TERMINATE_GRACE_S)
+            w.conn.close()
+
+    def prepare(self, job_key: str, spec_json: str, workdir: str, count: int = 1) -> int:
+        """Have up to ``count`` idle workers build a job's parts ahead of time, so
+        that the job's next scale-up skips the build.  Only workers warm for no
+        job are used (never one warm for another job), and none if ``count``
+        workers are already warm for this one.  Returns how many were asked."""
+        asked = 0
+        with self._lock:
+            self._prune_locked()
+            warm = sum(1 for w in self._idle if w.job_key == job_key)
+            for w in self._idle:
+                if warm + asked >= count:
+                    break
+                if w.job_key is None:
+                    try:
+                        w.conn.send(("prepare", job_key, spec_json, workdir))
+                    except (BrokenPipeError, OSError):
+                        continue
+                    w.job_key = job_key
+                    asked += 1
+        return asked
+
+    @property
+    def idle_count(self) -> int:
+        with self._lock:
+            self._prune_locked()
+            return len(self._idle)
+
+    @property
+    def spawned(self) -> int:
+        """Worker processes started so far (a measure of cold starts)."""
+        return self._spawned
+
+    def close(self) -> None:
+        """End all idle workers; further acquires fail."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        self.discard(idle, graceful=True)
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,357 @@
+"""What a scheduler reads from a job (:class:`JobReport`) and how it configures one
+(:class:`RuntimeOptions`, placements)."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+import numpy as np
+
+from solvers import InvalidProblem
+
+from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+
+__all__ = [
+    "Event",
+    "JobReport",
+    "JobState",
+    "Measurements",
+    "RuntimeOptions",
+    "normalize_placement",
+]
+
+
+class JobState(str, enum.Enum):
+    """Life cycle of an :class:`~pollux_opt.runtime.ElasticJob`.
+
+    ``pending -> running <-> rescaling -> (verifying -> completed) | stopped | failed``;
+    ``stopped`` jobs resume with ``start``.
+    """
+
+    #: Created, never started (or resumed from a work directory and not started).
+    PENDING = "pending"
+    #: Workers are training.
+    RUNNING = "running"
+    #: Checkpointing and re-forming workers (rescale, stop, or fault recovery).
+    RESCALING = "rescaling"
+    #: Target reached; the final checkpoint is being re-evaluated in a fresh process.
+    VERIFYING = "verifying"
+    #: Checkpointed and holding no workers (after ``stop()`` or a step limit).
+    STOPPED = "stopped"
+    #: The verified final metric reached the target.
+    COMPLETED = "completed"
+    #: Job code raised, or faults exceeded the restart limit; see ``error``.
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED)
+
+    @property
+    def holds_workers(self) -> bool:
+        """True while the job occupies (or is acquiring) cores."""
+        return self in (JobState.RUNNING, JobState.RESCALING)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InvalidProblem(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def normalize_placement(
+    replicas: int | Mapping[Any, int], num_nodes: int | None = None
+) -> dict[str, int]:
+    """``{node: replicas}`` from a replica count (spread over ``num_nodes`` logical
+    nodes, as evenly as possible) or from a mapping (zero entries dropped).
+
+    Node keys become strings (JSON-safe).  Raises InvalidProblem on bad input,
+    naming the argument.
+    """
+    if isinstance(replicas, Mapping):
+        placement = {}
+        for node, count in replicas.items():
+            if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+                raise InvalidProblem(f"placement[{node!r}] must be an integer >= 0, got {count!r}")
+            if count:
+                placement[str(node)] = int(count)
+        if not placement:
+            raise InvalidProblem(f"placement must give at least one replica, got {dict(replicas)!r}")
+        if num_nodes is not None and num_nodes != len(placement):
+            raise InvalidProblem(
+                f"num_nodes ({num_nodes!r}) disagrees with the placement {placement!r} "
+                f"({len(placement)} nodes); leave num_nodes out when giving a placement"
+            )
+        return placement
+    total = _positive_int("num_replicas", replicas)
+    nodes = 1 if num_nodes is None else _positive_int("num_nodes", num_nodes)
+    if nodes > total:
+        raise InvalidProblem(f"num_nodes must be <= num_replicas ({total}), got {nodes}")
+    base, extra = divmod(total, nodes)
+    return {str(n): base + (1 if n < extra else 0) for n in range(nodes)}
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How the runtime drives one job (persisted in the work directory).
+
+    Attributes:
+        fixed_batch_size: if set, the job trains with this total batch (samples)
+            on any allocation, choosing only the split into local batch and
+            accumulation for throughput ("fixed" and throughput-only baselines);
+            if None, the batch is chosen for goodput (Pollux co-adaptation).
+        checkpoint_interval_s: wall seconds between periodic checkpoints while
+            running (bounds the work lost to a killed worker).
+        checkpoint_every_steps: if set, also checkpoint every this many steps.
+        keep_checkpoints: newest checkpoints kept on disk (>= 2 so that a corrupt
+            newest one has a predecessor).
+        adapt_interval_s: wall seconds between re-fits of the throughput model
+            and batch re-optimisation.
+        report_interval_s: wall seconds between progress reports of rank 0.
+        step_limit: if set, the job checkpoints and stops (state ``stopped``) at
+            this optimizer step (for experiments and tests).
+        max_restarts: fault restarts allowed before the job fails.
+        collective_timeout_s: gloo timeout; faults are normally detected much
+            sooner by the controller, which watches the worker processes.
+        warmup_steps: steps after each (re)start or batch change left out of
+            the throughput measurements (first-step allocation and caches).
+        resume_after_failed_verification: when the fresh-process check does not
+            confirm the target, train on from the final checkpoint on the job's
+            last allocation (True, for a job driven on its own) or stop holding
+            no workers until the next ``start``/``rescale`` (False, for a job a
+            scheduler drives: its CPUs were handed back when it reached the
+            target and may belong to another job by now).
+    """
+
+    fixed_batch_size: int | None = None
+    checkpoint_interval_s: float = 10.0
+    checkpoint_every_steps: int | None = None
+    keep_checkpoints: int = 3
+    adapt_interval_s: float = 2.0
+    report_interval_s: float = 0.2
+    step_limit: int | None = None
+    max_restarts: int = 3
+    collective_timeout_s: float = 300.0
+    warmup_steps: int = 2
+    resume_after_failed_verification: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.resume_after_failed_verification, bool):
+            raise InvalidProblem(
+                "resume_after_failed_verification must be True or False, "
+                f"got {self.resume_after_failed_verification!r}"
+            )
+        for name in ("fixed_batch_size", "checkpoint_every_steps", "step_limit"):
+            value = getattr(self, name)
+            if value is not None:
+                _positive_int(name, value)
+        for name in ("checkpoint_interval_s", "adapt_interval_s", "report_interval_s", "collective_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value > 0
+            ):
+                raise InvalidProblem(f"{name} must be a finite number > 0, got {value!r}")
+        if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
+            raise InvalidProblem(f"keep_checkpoints must be an integer >= 2, got {self.keep_checkpoints!r}")
+        for name in ("max_restarts", "warmup_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidProblem(f"{name} must be an integer >= 0, got {value!r}")
+
+
+#: Quantile of recent step times that represents a configuration.  Other
+#: processes taking the core only ever lengthen a step, so on a shared machine a
+#: low quantile estimates a configuration's own cost better than the mean or
+#: median (the same reasoning as timeit's advice to use the minimum); the lower
+#: quartile rather than the minimum keeps it insensitive to a few lucky steps.
+STEP_TIME_QUANTILE = 0.25
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """Measured step times per executed configuration (one row each).
+
+    All arrays have one entry per configuration (N, K, m, s) the job ran;
+    ``step_time`` is the wall time of an optimizer step on rank 0 (seconds;
+    lower quartile of recent steps, see :data:`STEP_TIME_QUANTILE`), ``sync_time`` that of its collectives
+    (seconds, ``nan`` when K == 1), ``compute_time`` that of its forward and
+    backward passes (seconds), ``count`` the number of steps measured.
+    """
+
+    num_nodes: np.ndarray
+    num_replicas: np.ndarray
+    local_bsz: np.ndarray
+    accum_steps: np.ndarray
+    step_time: np.ndarray
+    sync_time: np.ndarray
+    compute_time: np.ndarray
+    count: np.ndarray
+
+    @classmethod
+    def from_profile(cls, profile: Mapping[str, Mapping[str, Any]]) -> "Measurements":
+        """From the runtime's profile ``{"N,K,m,s": {count, step, sync, compute, recent}}``:
+        sums over all measured steps plus ``recent`` ``[step, sync, compute]``
+        rows of the last steps.  Times are the :data:`STEP_TIME_QUANTILE` of
+        ``recent`` when present, else means."""
+        rows = []
+        for key, agg in sorted(profile.items(), key=lambda kv: tuple(int(x) for x in kv[0].split(","))):
+            n, k, m, s = (int(x) for x in key.split(","))
+            count = agg["count"]
+            if count <= 0:
+                continue
+            recent = agg.get("recent")
+            if recent:
+                step, sync, compute = (
+                    float(v) for v in np.quantile(np.asarray(recent, dtype=float), STEP_TIME_QUANTILE, axis=0)
+                )
+            else:
+                step, sync, compute = agg["step"] / count, agg["sync"] / count, agg["compute"] / count
+            rows.append((n, k, m, s, step, sync if k > 1 else math.nan, compute, count))
+        cols = list(zip(*rows)) if rows else [()] * 8
+        ints = (np.int64,) * 4
+        dtypes = ints + (np.float64,) * 3 + (np.int64,)
+        return cls(*(np.asarray(col, dtype=dt) for col, dt in zip(cols, dtypes)))
+
+    def __len__(self) -> int:
+        return int(self.num_nodes.shape[0])
+
+    def take(self, index) -> "Measurements":
+        """The rows at ``index`` (an integer array, in its order, or a bool mask)."""
+        return Measurements(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    @property
+    def batch_size(self) -> np.ndarray:
+        """Total batch M = K m (s + 1) of each row."""
+        return self.num_replicas * self.local_bsz * (self.accum_steps + 1)
+
+    def fit(self) -> ThroughputParams | None:
+        """Throughput parameters fitted to these rows (None if there are none)."""
+        from pollux_opt.model.goodput import fit_throughput
+
+        if len(self) == 0:
+            return None
+        return fit_throughput(
+            self.num_nodes, self.num_replicas, self.local_bsz, self.step_time,
+            np.nan_to_num(self.sync_time, nan=0.0), accum_steps=self.accum_steps,
+        )
+
+    def to_frame(self):
+        """A pandas DataFrame with one row per configuration."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            {
+                "num_nodes": self.num_nodes, "num_replicas": self.num_replicas,
+                "local_bsz": self.local_bsz, "accum_steps": self.accum_steps,
+                "batch_size": self.batch_size, "step_time": self.step_time,
+                "sync_time": self.sync_time, "compute_time": self.compute_time, "count": self.count,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened to a job: ``kind`` plus JSON-safe ``details``.
+
+    Kinds include ``started``, ``rescaled``, ``stopped``, ``checkpoint_corrupt``,
+    ``worker_lost``, ``restarted``, ``target_reached``, ``verified``,
+    ``verification_failed``, ``failed`` and ``batch_changed``.  ``time`` is Unix seconds.
+    """
+
+    time: float
+    kind: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """A snapshot of one job, for a scheduler.
+
+    Attributes:
+        job_id: the job's identifier (its work directory's name by default).
+        kind: the spec's name.
+        state: life-cycle state.
+        step: optimizer steps completed (as last reported by rank 0).
+        progress: M0-equivalent iterations completed (sum of AdaScale gains).
+        samples: training samples consumed (the data position).
+        epoch: samples / train_size.
+        metric_name, target, higher_is_better: the completion criterion.
+        metric: latest validation metric (None before the first evaluation).
+        final_metric: the metric of the final checkpoint re-evaluated in a fresh
+            process (set only when verified).
+        placement: ``{node: replicas}`` currently held (empty when none).
+        num_replicas, num_nodes: totals of ``placement``.
+        local_bsz, accum_steps, batch_size: the batch configuration in use (or
+            last used); batch_size = K * local_bsz * (accum_steps + 1).
+        fixed_batch_size: the user-fixed total batch, or None when adaptive.
+        measurements: measured step times per configuration.
+        throughput_params: fitted throughput model (None before any measurement).
+        grad_stats: smoothed gradient statistics (None before any step).
+        limits: batch limits of the job.
+        restart_delay: median measured rescale time (seconds; None before any
+            rescale): the job's restart delay for the scheduler's penalty.
+        rescale_times: every measured rescale time (seconds), oldest first.
+        start_times: measured (re)start times from a stopped state (seconds).
+        num_restarts: fault restarts so far.
+        age: wall seconds since the job was first started.
+        worker_pids: process ids of the current workers, by rank.
+        error: why the job failed (None otherwise).
+        events: everything recorded so far (also in ``<workdir>/events.jsonl``).
+    """
+
+    job_id: str
+    kind: str
+    state: JobState
+    step: int
+    progress: float
+    samples: int
+    epoch: float
+    metric_name: str
+    target: float
+    higher_is_better: bool
+    metric: float | None
+    final_metric: float | None
+    placement: Mapping[str, int]
+    num_replicas: int
+    num_nodes: int
+    local_bsz: int
+    accum_steps: int
+    batch_size: int
+    fixed_batch_size: int | None
+    measurements: Measurements
+    throughput_params: ThroughputParams | None
+    grad_stats: GradientStats | None
+    limits: BatchLimits
+    restart_delay: float | None
+    rescale_times: tuple[float, ...]
+    start_times: tuple[float, ...]
+    num_restarts: int
+    age: float
+    worker_pids: tuple[int, ...]
+    error: str | None
+    events: tuple[Event, ...]
+
+    def goodput_model(self) -> GoodputModel | None:
+        """The job's :class:`~pollux_opt.model.goodput.GoodputModel`, or None until it
+        has both a throughput fit and gradient statistics (a scheduler should
+        then give the job its base allocation).
+
+        In fixed-batch mode the gradient statistics do not matter (use
+        ``speedup(..., fixed_batch_size=report.fixed_batch_size)``); if none
+        were measured, neutral ones (no noise) stand in.
+        """
+        if self.throughput_params is None:
+            return None
+        stats = self.grad_stats
+        if stats is None:
+            if self.fixed_batch_size is None:
+                return None
+            stats = GradientStats(grad_sqr=1.0, grad_var=0.0, init_batch_size=self.limits.init_batch_size)
+        return GoodputModel(self.throughput_params, stats, self.limits)
+
+    def events_of(self, kind: str) -> tuple[Event, ...]:
+        """The recorded events of one kind, oldest first."""
+        return tuple(e for e in self.events if e.kind == kind)

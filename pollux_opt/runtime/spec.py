@@ -1,0 +1,270 @@
+"""Job specifications: what a training job is, and the protocol to define one.
+
+A job is described by a frozen, JSON-serialisable :class:`JobSpec` (batch
+limits, learning-rate rule, validation target) that names a *builder*: an
+importable top-level function ``build(ctx: BuildContext) -> JobParts`` that
+constructs the model, optimizer, data access, loss and validation metric inside
+a worker process.  The runtime owns everything else: sampling, data-parallel
+synchronisation, gradient statistics, learning-rate scaling, checkpoints.
+
+The builder is referenced by its import path (``"package.module:function"``)
+because it runs in other processes (the spawned workers and the fresh
+verification process), and because a job must be resumable from its work
+directory alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from solvers import InvalidProblem
+
+from pollux_opt.model.goodput import DEFAULT_MAX_ACCUM_STEPS, BatchLimits
+
+__all__ = ["LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "resolve_builder"]
+
+#: Learning-rate scaling rules a job may declare, as functions of the batch
+#: scale S = M / M0 and the AdaScale gain r (Johnson et al., "AdaScale SGD",
+#: ICML 2020; Pollux, section 3.1):
+#: ``adascale``: lr * r (for SGD); ``sqrt``: lr * sqrt(S) (for Adam-like
+#: optimizers, Krizhevsky 2014 / Hoffer et al. 2017); ``linear``: lr * S
+#: (Goyal et al. 2017); ``none``: lr unchanged.
+LR_SCALING_RULES = ("adascale", "sqrt", "linear", "none")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_BUILDER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _builder_path(builder: str | Callable[..., Any]) -> str:
+    if isinstance(builder, str):
+        if not _BUILDER_RE.match(builder):
+            raise InvalidProblem(
+                f"builder must be an import path 'package.module:function', got {builder!r}"
+            )
+        return builder
+    if not callable(builder):
+        raise InvalidProblem(f"builder must be a callable or an import path, got {builder!r}")
+    module = getattr(builder, "__module__", None)
+    qualname = getattr(builder, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        raise InvalidProblem(
+            "builder must be a top-level function that worker processes can import by name, "
+            f"got {builder!r} (qualname {qualname!r})"
+        )
+    return f"{module}:{qualname}"
+
+
+def resolve_builder(path: str) -> Callable[["BuildContext"], "JobParts"]:
+    """Import the builder function named by ``"package.module:function"``."""
+    module_name, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise InvalidProblem(f"builder {path!r} does not name a callable, got {obj!r}")
+    return obj
+
+
+def _canonical_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise InvalidProblem(f"config must be a mapping of builder options, got {config!r}")
+    try:
+        text = json.dumps(dict(config), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidProblem(f"config must be JSON-serialisable, got {config!r} ({exc})") from None
+    return json.loads(text)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A training job: its builder, batch limits, learning-rate rule and target.
+
+    Attributes:
+        name: job kind, letters, digits, '.', '_' and '-' (e.g. ``"digits-cnn"``).
+        builder: import path ``"package.module:function"`` of the builder (a
+            top-level function may be given; it is stored as its path).
+        init_batch_size: M0, the total batch (samples) the hyper-parameters were
+            tuned for; progress is counted in M0-equivalent iterations.
+        max_batch_size: largest total batch M (samples).
+        target: validation-metric value at which the job is complete.
+        metric: name of the validation metric (for reports).
+        higher_is_better: True if the job completes when metric >= target, False
+            when metric <= target (a loss or an error).
+        lr_scaling: one of :data:`LR_SCALING_RULES`.
+        min_local_bsz: smallest micro-batch per replica (samples).
+        max_local_bsz: largest micro-batch per replica (samples, memory bound);
+            ``None`` means max_batch_size.
+        max_accum_steps: most extra gradient-accumulation micro-batches.
+        eval_every: validation period, in M0-equivalent iterations (progress).
+        seed: seed of model initialisation and of data order.
+        config: JSON-serialisable options passed to the builder.
+        description: one line for humans.
+    """
+
+    name: str
+    builder: str
+    init_batch_size: int
+    max_batch_size: int
+    target: float
+    metric: str = "accuracy"
+    higher_is_better: bool = True
+    lr_scaling: str = "adascale"
+    min_local_bsz: int = 1
+    max_local_bsz: int | None = None
+    max_accum_steps: int = DEFAULT_MAX_ACCUM_STEPS
+    eval_every: float = 50.0
+    seed: int = 0
+    config: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            raise InvalidProblem(
+                f"name must be letters, digits, '.', '_' or '-' (not starting with a "
+                f"symbol), got {self.name!r}"
+            )
+        object.__setattr__(self, "builder", _builder_path(self.builder))
+        limits = self.limits()  # validates the batch fields, naming the bad one
+        object.__setattr__(self, "max_local_bsz", limits.max_local_bsz)
+        if self.lr_scaling not in LR_SCALING_RULES:
+            raise InvalidProblem(
+                f"lr_scaling must be one of {list(LR_SCALING_RULES)}, got {self.lr_scaling!r}"
+            )
+        try:
+            target = float(self.target)
+        except (TypeError, ValueError):
+            raise InvalidProblem(f"target must be a number, got {self.target!r}") from None
+        if not math.isfinite(target):
+            raise InvalidProblem(f"target must be finite, got {self.target!r}")
+        object.__setattr__(self, "target", target)
+        if not isinstance(self.higher_is_better, bool):
+            raise InvalidProblem(f"higher_is_better must be a bool, got {self.higher_is_better!r}")
+        try:
+            every = float(self.eval_every)
+        except (TypeError, ValueError):
+            raise InvalidProblem(f"eval_every must be a number, got {self.eval_every!r}") from None
+        if not (math.isfinite(every) and every > 0):
+            raise InvalidProblem(f"eval_every must be finite and > 0, got {self.eval_every!r}")
+        object.__setattr__(self, "eval_every", every)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise InvalidProblem(f"seed must be an integer >= 0, got {self.seed!r}")
+        object.__setattr__(self, "config", _canonical_config(self.config))
+        if not isinstance(self.metric, str) or not self.metric:
+            raise InvalidProblem(f"metric must be a non-empty string, got {self.metric!r}")
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+    def limits(self) -> BatchLimits:
+        """The :class:`~pollux_opt.model.goodput.BatchLimits` of this job."""
+        return BatchLimits(
+            init_batch_size=self.init_batch_size,
+            max_batch_size=self.max_batch_size,
+            min_local_bsz=self.min_local_bsz,
+            max_local_bsz=self.max_local_bsz,
+            max_accum_steps=self.max_accum_steps,
+        )
+
+    def reached(self, metric: float | None) -> bool:
+        """True if ``metric`` meets the target (NaN and None never do)."""
+        if metric is None or not math.isfinite(metric):
+            return False
+        return metric >= self.target if self.higher_is_better else metric <= self.target
+
+    def replace(self, **changes: Any) -> "JobSpec":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        """Canonical JSON text (sorted keys) from which :meth:`from_json` rebuilds the spec."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobSpec":
+        """Rebuild a spec from :meth:`to_json` output."""
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidProblem(f"unknown JobSpec fields {unknown} in JSON")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a builder receives.
+
+    Attributes:
+        seed: the job's seed; the runtime has already called
+            ``torch.manual_seed(seed)``, so parameter initialisation is identical
+            in every worker.
+        config: the spec's ``config`` (builder options).
+        workdir: the job's work directory (a builder may cache derived data there).
+    """
+
+    seed: int
+    config: Mapping[str, Any]
+    workdir: Path
+
+
+@dataclass
+class JobParts:
+    """What a builder returns (the job protocol).
+
+    The runtime draws sample indices itself (a seeded permutation per epoch,
+    resumable at any sample), so data access is a pure function of indices.
+
+    Attributes:
+        model: a ``torch.nn.Module``; its parameters are averaged by all-reduce.
+        optimizer: a ``torch.optim.Optimizer`` over the model's parameters, built
+            with the learning rate tuned for ``init_batch_size`` (the runtime
+            rescales ``lr`` of every param group before each step).
+        train_size: number of training samples (indices ``0 .. train_size - 1``).
+        get_batch: ``indices (int64 tensor) -> batch``, the samples at those indices.
+        loss: ``(model, batch) -> scalar tensor``, the *mean* loss over the batch.
+        evaluate: ``model -> float``, the validation metric (called under
+            ``torch.no_grad()`` with ``model.eval()``); must be deterministic.
+        scaler: optional object with ``state_dict()`` / ``load_state_dict()``
+            (e.g. a gradient scaler), checkpointed with the job.
+        max_grad_norm: optional clip of the averaged gradient's norm.
+    """
+
+    model: Any
+    optimizer: Any
+    train_size: int
+    get_batch: Callable[[Any], Any]
+    loss: Callable[[Any, Any], Any]
+    evaluate: Callable[[Any], float]
+    scaler: Any = None
+    max_grad_norm: float | None = None
+
+    def check(self, builder: str) -> None:
+        """Raise InvalidProblem naming the builder and field if a part is malformed."""
+        torch = importlib.import_module("torch")
+        if not isinstance(self.model, torch.nn.Module):
+            raise InvalidProblem(f"builder {builder!r}: model must be a torch.nn.Module, got {self.model!r}")
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise InvalidProblem(
+                f"builder {builder!r}: optimizer must be a torch.optim.Optimizer, got {self.optimizer!r}"
+            )
+        if isinstance(self.train_size, bool) or not isinstance(self.train_size, int) or self.train_size < 1:
+            raise InvalidProblem(f"builder {builder!r}: train_size must be an int >= 1, got {self.train_size!r}")
+        for name in ("get_batch", "loss", "evaluate"):
+            if not callable(getattr(self, name)):
+                raise InvalidProblem(f"builder {builder!r}: {name} must be callable, got {getattr(self, name)!r}")
+        if self.max_grad_norm is not None and not (self.max_grad_norm > 0):
+            raise InvalidProblem(f"builder {builder!r}: max_grad_norm must be > 0, got {self.max_grad_norm!r}")
+
+
+def workdir_path(workdir: str | Path) -> Path:
+    """Absolute path of a work directory (not created)."""
+    return Path(workdir).expanduser().resolve()

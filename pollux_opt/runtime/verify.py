@@ -1,0 +1,94 @@
+"""Completion check: re-evaluate a final checkpoint in a fresh process.
+
+The job's controller starts :func:`verify_process` in a new process forked
+from the worker pool's fork server (which has imported torch and nothing of
+any job), so the check skips the interpreter start and ``import torch``
+(seconds on a small machine) yet shares no memory with the training
+processes.  It can also be run by hand as ``python -m
+pollux_opt.runtime.verify WORKDIR CHECKPOINT_META``.  Either way it
+rebuilds the job from ``WORKDIR/job.json``, loads the checkpoint after checking
+its digest, evaluates the validation metric and writes
+``WORKDIR/verification.json`` atomically.  Exit status 0 when the evaluation
+ran (whatever the metric), 1 on an error (written to stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main", "verify_checkpoint", "verify_process"]
+
+VERIFICATION_FILE = "verification.json"
+
+
+def verify_checkpoint(workdir: Path, meta_path: Path) -> dict:
+    """Evaluate the checkpoint whose metadata is ``meta_path``; returns the record written."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    from pollux_opt.runtime.checkpoint import atomic_write_json, list_checkpoints, load_payload, verify
+    from pollux_opt.runtime.spec import BuildContext, JobParts, JobSpec, resolve_builder
+    from pollux_opt.runtime.lazy_torch import require_torch
+
+    torch = require_torch()
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    workdir = Path(workdir)
+    meta_path = Path(meta_path)
+    job = json.loads((workdir / "job.json").read_text())
+    spec = JobSpec.from_json(job["spec"])
+    info = next((c for c in list_checkpoints(meta_path.parent) if c.meta_path == meta_path), None)
+    if info is None or not verify(info):
+        raise ValueError(f"checkpoint {meta_path} is missing or corrupt")
+    torch.manual_seed(spec.seed)
+    parts = resolve_builder(spec.builder)(BuildContext(seed=spec.seed, config=dict(spec.config), workdir=workdir))
+    if not isinstance(parts, JobParts):
+        raise TypeError(f"builder {spec.builder!r} must return JobParts, got {type(parts).__name__}")
+    payload = load_payload(info)
+    parts.model.load_state_dict(payload["model"])
+    parts.model.eval()
+    with torch.no_grad():
+        metric = float(parts.evaluate(parts.model))
+    record = {
+        "checkpoint": str(meta_path), "step": info.step, "metric": metric, "target": spec.target,
+        "higher_is_better": spec.higher_is_better, "reached": spec.reached(metric),
+        "training_metric": info.meta.get("metric"), "seconds": time.perf_counter() - t0,
+        "pid": os.getpid(), "time": time.time(),
+    }
+    atomic_write_json(workdir / VERIFICATION_FILE, record)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m pollux_opt.runtime.verify WORKDIR CHECKPOINT_META", file=sys.stderr)
+        return 2
+    try:
+        record = verify_checkpoint(Path(args[0]), Path(args[1]))
+    except Exception as exc:  # noqa: BLE001 - reported through the exit status
+        import traceback
+
+        traceback.print_exc()
+        print(f"verification failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(record))
+    return 0
+
+
+def verify_process(workdir: str, meta_path: str, log_path: str) -> None:
+    """Process entry point (top level, picklable arguments): :func:`main` with
+    stdout and stderr appended to ``log_path``; exits with its status."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.exit(main([workdir, meta_path]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

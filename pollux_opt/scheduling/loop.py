@@ -1,0 +1,216 @@
+"""One scheduler loop over a backend (real executor or simulator) and a policy.
+
+The loop is the same for real runs (:mod:`pollux_opt.backends.local.backend`) and the
+cluster-scale simulator: every ``interval`` seconds it reads the active jobs'
+views from the backend, asks the policy for a :class:`Decision`, logs it, and
+applies it through the backend (start, rescale, stop).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+from solvers import InvalidProblem
+
+from pollux_opt.records.events import EventLog
+from pollux_opt.model.goodput import GoodputModel
+from pollux_opt.model.core import BatchConfig, Cluster
+
+__all__ = ["JobView", "Decision", "Policy", "Backend", "run", "JOB_STATES", "ACTIVE_STATES"]
+
+log = logging.getLogger(__name__)
+
+#: The states a job may be in, as a policy sees it.
+JOB_STATES = ("pending", "running", "completed", "failed")
+#: States of jobs a backend's ``views()`` returns (submitted, not finished).
+ACTIVE_STATES = ("pending", "running")
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a policy sees of one job, real or simulated.
+
+    Attributes:
+        job_id: unique id.
+        submit_time: seconds since run start at which the job was submitted.
+        state: one of :data:`JOB_STATES`.
+        placement: current replicas per node id (empty when not running).
+        restarts: restarts (rescales and fault recoveries) so far.
+        age: seconds since submission.
+        min_replicas, max_replicas: the replica range the job accepts.
+        submitted_replicas, submitted_batch_size: the user's fixed configuration.
+        goodput_model: fitted online (priors until measured); None if unknown.
+        restart_delay: seconds a restart costs (measured for real jobs,
+            configured in simulation).
+        progress: scale-invariant progress (iterations at the base batch size).
+        attained_service: replica-seconds used so far.
+        max_profiled_replicas: most replicas the job has been measured on
+            (0: never measured; None: unknown).  Allocator policies cap a job at
+            twice this (at least 1), Pollux's exploration rule.
+    """
+
+    job_id: str
+    submit_time: float
+    state: str
+    placement: Mapping[str, int]
+    restarts: int
+    age: float
+    min_replicas: int
+    max_replicas: int
+    submitted_replicas: int
+    submitted_batch_size: int
+    goodput_model: GoodputModel | None
+    restart_delay: float
+    progress: float
+    attained_service: float
+    max_profiled_replicas: int | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's answer for one round.
+
+    Attributes:
+        placement: job id -> {node id: replicas}; a job mapped to {} (or absent) gets nothing.
+        batch: job id -> batch configuration to run with (jobs with replicas).
+        objective: the policy's objective value (nan if it has none).
+        solver_seconds: wall time spent deciding, seconds.
+        status: why the decision procedure stopped (e.g. "optimal", "fifo").
+    """
+
+    placement: dict[str, dict[str, int]]
+    batch: dict[str, BatchConfig]
+    objective: float
+    solver_seconds: float
+    status: str
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A scheduling policy: views in, decision out (pure of side effects on jobs)."""
+
+    name: str
+
+    def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Decision: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Where jobs run: the real executor or the simulator."""
+
+    def now(self) -> float:
+        """Seconds since run start (wall or simulated)."""
+        ...
+
+    def views(self) -> list[JobView]:
+        """Active (submitted, not finished) jobs."""
+        ...
+
+    def apply(self, decision: Decision) -> None:
+        """Start / rescale / stop jobs to match ``decision``."""
+        ...
+
+    def advance(self, seconds: float) -> None:
+        """Real: sleep while polling jobs; simulated: step the clock."""
+        ...
+
+    def finished(self) -> bool:
+        """True once every job of the workload has completed or failed."""
+        ...
+
+
+#: Signature of the optional per-round progress callback of :func:`run`.
+ProgressFn = Callable[[float, Sequence[JobView], Decision], None]
+
+
+def _load1() -> float | None:
+    """The machine's 1-minute load average (None where unavailable): recorded with
+    each round so that results on a shared machine can be read against its load."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _placement_json(decision: Decision) -> dict[str, dict[str, int]]:
+    return {j: {n: int(k) for n, k in p.items() if k} for j, p in decision.placement.items()}
+
+
+def run(
+    backend: Backend,
+    policy: Policy,
+    cluster: Cluster,
+    events: EventLog,
+    *,
+    interval: float,
+    progress: ProgressFn | None = None,
+    max_rounds: int | None = None,
+) -> int:
+    """Drive ``backend`` with ``policy`` until every job has finished.
+
+    A policy may define ``prepare(cluster)``, called once before the first
+    round.  Each round (every ``interval`` seconds of backend time): read the active
+    jobs' views, ask the policy for a :class:`Decision` (skipped while no job is
+    active), apply it, and log one ``allocation`` event carrying the objective,
+    the policy's solver time and the round's scheduler overhead (wall seconds
+    of reading views, deciding and applying) plus ``poll_s``, the wall time the
+    backend spent on its own bookkeeping while advancing since the previous
+    round (its optional ``poll_seconds`` counter, e.g. polling real jobs), then
+    advance the backend by ``interval``.  Together they are everything the
+    scheduler does besides the jobs' own work.
+
+    Args:
+        backend: where jobs run (real executor or simulator).
+        policy: decides allocations from views.
+        cluster: the nodes and their capacities.
+        events: the run's event log (the backend logs job events to it too).
+        interval: seconds between rounds (> 0).
+        progress: called after each round with ``(now, views, decision)``.
+        max_rounds: stop after this many rounds even if jobs remain (None: no limit).
+
+    Returns:
+        The number of rounds run.
+    """
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
+        math.isfinite(interval) and interval > 0
+    ):
+        raise InvalidProblem(f"interval must be a finite number of seconds > 0, got {interval!r}")
+    if max_rounds is not None and (isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 0):
+        raise InvalidProblem(f"max_rounds must be an integer >= 0 or None, got {max_rounds!r}")
+    prepare = getattr(policy, "prepare", None)
+    if callable(prepare):
+        prepare(cluster)  # optional one-time set-up (e.g. loading a solver), outside the rounds
+    rounds = 0
+    polled = 0.0
+    while not backend.finished():
+        if max_rounds is not None and rounds >= max_rounds:
+            break
+        t0 = time.perf_counter()
+        now = backend.now()
+        views = backend.views()
+        if views:
+            decision = policy.decide(now, cluster, views)
+            backend.apply(decision)
+            overhead = time.perf_counter() - t0
+            # Stamped once applied, so that the log stays in time order after the
+            # backend's own events of this round (start, rescale_begin, ...).
+            events.emit(
+                "allocation", backend.now(), None, decided_t=now, policy=policy.name, placement=_placement_json(decision),
+                batch={j: b.batch_size for j, b in decision.batch.items()},
+                objective=decision.objective, solver_s=decision.solver_seconds,
+                overhead_s=overhead, poll_s=polled, status=decision.status, interval_s=float(interval),
+                load1=_load1(),
+            )
+            if progress is not None:
+                progress(now, views, decision)
+        rounds += 1
+        before = getattr(backend, "poll_seconds", 0.0)
+        backend.advance(float(interval))
+        polled = getattr(backend, "poll_seconds", 0.0) - before
+    log.info("scheduler loop ended after %d rounds at t=%.1f s", rounds, backend.now())
+    return rounds
