@@ -1,4 +1,4 @@
-"""Build + solve time of the "milp" solver (issue 2), with pytest-benchmark.
+"""Build + solve time of the "milp" solver, with pytest-benchmark.
 
 Run with ``pytest benchmarks/ --benchmark``; ``benchmarks/results.md`` holds
 the figures measured on the project's 2-core machine.  Each benchmark times
@@ -29,7 +29,7 @@ from solvers.testing import random_problem
 
 #: The measured Pollux rounds (read in place, never copied into the repository).
 ANCHORS = Path(__file__).resolve().parents[1].parent / "shared" / "anchors" / "pollux-ga-rounds"
-#: (nodes, CPUs per node, jobs) of the random clusters, from issue 2.
+#: (nodes, CPUs per node, jobs) of the random clusters.
 SMALL_SIZES = [(16, 4, 10), (16, 4, 20), (16, 4, 40)]
 LARGE_SIZE = (512, 4, 1000)
 #: Seeds of the random clusters.

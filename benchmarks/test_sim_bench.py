@@ -1,6 +1,6 @@
-"""Wall time of one 160-job AdaptDL workload simulated under Pollux (issue 6).
+"""Wall time of one 160-job AdaptDL workload simulated under Pollux.
 
-Run with ``pytest benchmarks/test_sim_bench.py --benchmark``.  The issue's
+Run with ``pytest benchmarks/test_sim_bench.py --benchmark``.  The
 target is <= 60 s per workload on the project's 2-core machine (Pollux's own
 simulator takes about 30 minutes).  Skipped where the AdaptDL traces are absent.
 ``extra_info`` records the rounds, the policy's seconds (building the problem,
@@ -18,7 +18,7 @@ from pollux_opt import Cluster
 from pollux_opt.backends.sim import default_trace_dir, load_profiles, read_workload, simulate
 
 TRACES = default_trace_dir()
-#: The workload the issue quotes per-workload figures for (published Pollux JCT 2446 s).
+#: The workload with a published per-workload figure (Pollux JCT 2446 s).
 WORKLOAD = "workload-6"
 
 

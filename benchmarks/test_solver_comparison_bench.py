@@ -1,4 +1,4 @@
-"""Solver comparison (issue 3, section 4): "milp", "greedy" and "evolutionary" side by side.
+"""Solver comparison: "milp", "greedy" and "evolutionary" side by side.
 
 Run with ``pytest benchmarks/ --benchmark``; at the end of the module the
 results table is written to ``benchmarks/results-solvers.md``, with the machine
@@ -57,7 +57,7 @@ def _load_experiment():
 EXP = _load_experiment()
 #: Timed rounds per size: milliseconds at 16 x 4, seconds at 512 x 4.
 ROUNDS = {16: 20, 64: 3, 512: 1}
-#: Instances per 16 x 4 size for the mean-gap target, and the target (issue 3).
+#: Instances per 16 x 4 size for the mean-gap target, and the target.
 GAP_INSTANCES = range(10)
 GAP_TARGET = 0.02
 #: Table rows, keyed by (size label, solver), written at the end of the module.
@@ -249,7 +249,7 @@ def _markdown() -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load_end = os.getloadavg()
     lines = [
-        "# Benchmark results: milp vs greedy vs evolutionary (issue 3)",
+        "# Benchmark results: milp vs greedy vs evolutionary",
         "",
         "Written by `pytest benchmarks/ --benchmark` (`benchmarks/test_solver_comparison_bench.py`);",
         "`experiments/solver_comparison.py` produces the same comparison as a CSV and a plot.",
@@ -293,7 +293,7 @@ def _markdown() -> str:
     if target is not None:
         lines += [
             "",
-            "Speed target (issue 3): 100 generations x population 100 at 16 x 4 CPUs / 40 jobs in "
+            "Speed target: 100 generations x population 100 at 16 x 4 CPUs / 40 jobs in "
             f"<= 0.1 s after compilation. Measured over {ROUNDS[16]} calls: wall median "
             f"{target['wall_s']:.3f} s (min {target['wall_min_s']:.3f} s), CPU median "
             f"{target['cpu_s']:.3f} s (min {target['cpu_min_s']:.3f} s); CPU exceeds wall because "

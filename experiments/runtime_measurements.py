@@ -1,4 +1,4 @@
-"""Measure the elastic job runtime against issue 4's targets, per built-in job.
+"""Measure the elastic job runtime against its targets, per built-in job.
 
 * time to target on one core (K = 1 worker, one thread, batch co-adapted),
   until the target is reached and until it is verified in a fresh process
@@ -46,7 +46,7 @@ from pollux_opt.runtime import (  # noqa: E402
 
 log = logging.getLogger("runtime_measurements")
 
-#: The built-in jobs (issue 4's targets apply to each).
+#: The built-in jobs (the targets apply to each).
 DEFAULT_JOBS = ("digits-cnn", "synth-classify", "stdlib-charlm", "ratings-mf", "synth-regress")
 
 #: Alternating replica counts of the rescale measurement (6 rescales).

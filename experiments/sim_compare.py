@@ -1,4 +1,4 @@
-"""Policy comparison on the AdaptDL workloads at 16 nodes x 4 (issue 6, section 6).
+"""Policy comparison on the AdaptDL workloads at 16 nodes x 4.
 
 For every (workload, policy): average and p99 JCT, makespan, worst rho and the
 fraction of jobs with rho > 1 (from the shared metrics' summary.json).  Writes
@@ -29,7 +29,7 @@ from pollux_opt.backends.sim import (
 )
 
 POLICIES = ("pollux", "tiresias", "optimus")
-#: Published Pollux-simulator averages over the eight workloads, hours (issue 6 targets).
+#: Published Pollux-simulator averages over the eight workloads, hours (Pollux, OSDI 2021).
 PUBLISHED_AVG_JCT_H = {"pollux": 0.76, "tiresias": 1.12, "optimus": 1.58}
 QUICK_JOBS = 12
 

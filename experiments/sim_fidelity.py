@@ -1,4 +1,4 @@
-"""Simulator fidelity (issue 6, section 7): simulate a real run's workload with
+"""Simulator fidelity: simulate a real run's workload with
 profiles measured by the executor in that run, and compare average JCTs.
 
 Input: a ``pollux-opt demo`` output folder (one run directory per policy) or
@@ -46,7 +46,7 @@ from pollux_opt.backends.sim.export import export_profiles, find_run_dirs  # noq
 
 log = logging.getLogger("sim_fidelity")
 
-#: Issue 6's fidelity target: simulated vs real average JCT within this fraction.
+#: The fidelity target: simulated vs real average JCT within this fraction.
 TARGET_REL_ERROR = 0.15
 
 

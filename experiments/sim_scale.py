@@ -1,4 +1,4 @@
-"""Scale study (issue 6, section 6): 64 to 2048 CPUs with proportional load,
+"""Scale study: 64 to 2048 CPUs with proportional load,
 synthetic parametric profiles, recording the policy's solver time per round.
 
 Writes ``OUT/scale.csv`` (one row per cluster size and policy: avg JCT,

@@ -1,4 +1,4 @@
-"""Sensitivity of simulated JCT (issue 6, section 6): job load, scheduling interval,
+"""Sensitivity of simulated JCT: job load, scheduling interval,
 restart delay, profile error (noise on what jobs report) and the fairness exponent p.
 
 Each axis varies one setting around the paper's defaults on one AdaptDL

@@ -1,4 +1,4 @@
-"""Solver comparison (issue 3, section 5): MILP vs evolutionary vs greedy on seeded random clusters.
+"""Solver comparison: MILP vs evolutionary vs greedy on seeded random clusters.
 
 For each cluster size, one seeded instance (``solvers.testing.random_problem``:
 concave speedup tables, about half the jobs running) is solved by every
@@ -56,7 +56,7 @@ class Size:
         return f"{self.nodes}x{self.cpus}/{self.jobs}"
 
 
-#: The grid of issue 3: 16 x 4 CPUs with 10, 20 and 40 jobs, 64 x 4 with 100, 512 x 4 with 1000.
+#: The grid: 16 x 4 CPUs with 10, 20 and 40 jobs, 64 x 4 with 100, 512 x 4 with 1000.
 SIZES = (Size(16, 4, 10), Size(16, 4, 20), Size(16, 4, 40), Size(64, 4, 100), Size(512, 4, 1000))
 QUICK_SIZES = (Size(16, 4, 10), Size(16, 4, 20))
 #: Seed of each size's instance.
