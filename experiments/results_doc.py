@@ -7,11 +7,12 @@ Every number in ``docs/results.md`` and between the README's
     python experiments/results_doc.py            # rewrite docs/results.md and README.md's headline block
     python experiments/results_doc.py --check    # exit 1 if either is out of date
 
-Required (each script's ``OUT/NAME.csv``, kept as ``experiments/results/sim_NAME.csv``):
-``sim_compare.csv`` (``sim_compare.py``'s ``compare.csv``; the means over
-workloads are computed from it) and ``sim_compare_means.csv`` (its
-``compare_means.csv``, for the published averages), ``sim_sensitivity.csv``
-(``sim_sensitivity.py``), ``sim_scale.csv`` (``sim_scale.py``).  Optional,
+Required (the simulation scripts write ``OUT/NAME.csv``; it is kept here as
+``sim_NAME.csv``): ``sim_compare.csv`` (``sim_compare.py``; the means over
+workloads are computed from it), ``sim_compare_means.csv`` (also
+``sim_compare.py``; only its published averages are read),
+``sim_sensitivity.csv`` (``sim_sensitivity.py``), ``sim_scale.csv``
+(``sim_scale.py``).  Optional,
 each adding a section when present: ``solver_comparison.csv``
 (``solver_comparison.py``), ``runtime_measurements.csv``
 (``runtime_measurements.py --csv``), ``fidelity.csv`` (``sim_fidelity.py``)
@@ -62,6 +63,11 @@ SENSITIVITY_AXES: dict[str, tuple[str, Callable[[float], str]]] = {
     "p": ("fairness exponent p", lambda v: f"{v:g}"),
 }
 
+#: Script that writes each results CSV (for error messages).
+SOURCES = {
+    "sim_compare.csv": "sim_compare.py", "sim_compare_means.csv": "sim_compare.py",
+    "sim_sensitivity.csv": "sim_sensitivity.py", "sim_scale.csv": "sim_scale.py",
+}
 REQUIRED_COLUMNS = {
     "sim_compare.csv": ["workload", "policy", "jobs", "completed", "avg_jct_s", "p99_jct_s", "makespan_s",
                         "worst_rho", "frac_rho_gt_1", "wall_s"],
@@ -138,7 +144,7 @@ def load_results(results_dir: Path) -> Results:
         path = results_dir / name
         if not path.is_file():
             raise ResultsError(f"required results file {path} is missing (written by experiments/"
-                               f"{name.removesuffix('_means.csv').removesuffix('.csv')}.py)")
+                               f"{SOURCES[name]})")
         tables[name] = _read(path, columns)
         log.info("read %s (%d rows)", path, len(tables[name]))
     for name, columns in OPTIONAL_COLUMNS.items():
@@ -322,7 +328,8 @@ def compare_section(results: Results) -> list[str]:
         _name(p), f"{seconds(m.avg_jct_s[p])} ({m.avg_jct_s[p] / 3600:.3f} h)",
         "-" if _missing(m.published_avg_jct_s[p])
         else f"{seconds(m.published_avg_jct_s[p])} ({m.published_avg_jct_s[p] / 3600:.2f} h)",
-        "-" if _missing(m.ratio_to_published[p]) else f"{m.ratio_to_published[p]:.3f}", seconds(m.p99_jct_s[p]), seconds(m.makespan_s[p]),
+        "-" if _missing(m.ratio_to_published[p]) else f"{m.ratio_to_published[p]:.3f}",
+        seconds(m.p99_jct_s[p]), seconds(m.makespan_s[p]),
         short(m.worst_rho[p]), f"{m.frac_rho_gt_1[p]:.2f}", f"{short(m.wall_s[p])}, {short(m.max_wall_s[p])}",
     ] for p in _ordered(m.index, POLICY_NAMES)]
     lines += md_table(["policy", "avg JCT (s)", "published (s)", "ours / published", "p99 JCT (s)",
