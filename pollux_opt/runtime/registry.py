@@ -36,6 +36,10 @@ def register_job(spec: JobSpec, *, replace: bool = False) -> JobSpec:
         resolve_builder(spec.builder)
     except (ImportError, AttributeError) as exc:
         raise InvalidProblem(f"builder {spec.builder!r} of job {spec.name!r} cannot be imported: {exc}") from None
+    return _store(spec, replace)
+
+
+def _store(spec: JobSpec, replace: bool) -> JobSpec:
     with _lock:
         if spec.name in _JOBS and not replace and _JOBS[spec.name] != spec:
             raise InvalidProblem(f"a job named {spec.name!r} is already registered; pass replace=True to replace it")
@@ -56,7 +60,9 @@ def training_job(**fields) -> Callable:
     """
 
     def decorate(fn: Callable) -> Callable:
-        register_job(JobSpec(builder=fn, **fields), replace=True)
+        # The decorated module is still being imported, so its import path
+        # cannot be resolved yet; JobSpec checks that ``fn`` is top-level.
+        _store(JobSpec(builder=fn, **fields), replace=True)
         return fn
 
     return decorate
