@@ -16,11 +16,13 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from ._errors import InvalidProblem
-from ._problem import EPS, Problem, evaluate, job_values, power_mean, utility, violations
-from ._result import Result, Status
+from .errors import InvalidProblem
+from .milp.options import DEFAULT_MIP_GAP
+from .problem import EPS, Problem, evaluate, job_values, power_mean, utility, violations
+from .result import Result, Status
 
 __all__ = [
+    "DEFAULT_MIP_GAP",
     "EPS",
     "InvalidProblem",
     "Problem",
@@ -56,9 +58,9 @@ def _register(name: str, module: str, func: str) -> None:
     SOLVERS[name] = run
 
 
-_register("milp", "._milp", "solve_milp")
-_register("evolutionary", "._evolutionary", "solve_evolutionary")
-_register("greedy", "._greedy", "solve_greedy")
+_register("milp", ".milp", "solve_milp")
+_register("evolutionary", ".evolutionary", "solve_evolutionary")
+_register("greedy", ".greedy", "solve_greedy")
 
 
 def solver_options(name: str) -> tuple[str, ...]:

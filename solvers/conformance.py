@@ -24,7 +24,7 @@ Checks (see :data:`CHECKS`):
   rejected with :class:`~solvers.InvalidProblem` and the same messages for
   every solver (:data:`BAD_INPUT_MESSAGES`).
 
-Usage from pytest (``tests/test_conformance.py``)::
+Usage from pytest (``tests/solvers/test_conformance.py``)::
 
     @pytest.mark.parametrize(("solver", "check"), list(conformance.cases()))
     def test_conformance(solver, check):
@@ -40,9 +40,9 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from . import SOLVERS, solve
-from ._errors import InvalidProblem
-from ._problem import Problem, evaluate, violations
-from ._result import Result, Status
+from .errors import InvalidProblem
+from .problem import Problem, evaluate, violations
+from .result import Result, Status
 from .testing import edge_problems, random_problem
 
 __all__ = [

@@ -5,7 +5,7 @@ or an integer seed), so a failing hypothesis example or a benchmark row can be
 rebuilt from its seed.
 
 * :func:`random_problem`: a random cluster with concave speedup tables and some
-  jobs currently running (the instances of the solver comparison, issue 3);
+  jobs currently running (the instances of ``experiments/solver_comparison.py``);
 * :func:`random_placement`: a random *feasible* placement of a problem;
 * :func:`brute_force`: the exact optimum of a tiny problem by enumeration;
 * :func:`edge_problems`: small hand-made corner cases every solver must handle.
@@ -28,7 +28,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ._problem import Problem, evaluate, violations
+from .problem import Problem, evaluate, violations
 
 __all__ = [
     "speedup_model",
@@ -132,18 +132,9 @@ def random_problem(
     alpha = gen.uniform(*ALPHA_RANGE, size=num_jobs)
     beta = gen.uniform(*BETA_RANGE, size=num_jobs)
     span = min(num_nodes, max_nodes_per_job)
-    cfg_job, cfg_nodes, cfg_reps, cfg_speed = [], [], [], []
-    for j in range(num_jobs):
-        for a in range(1, span + 1):
-            lo = max(a, min_rep[j], 1)
-            hi = min(max_rep[j], a * cpus_per_node)
-            for r in range(lo, hi + 1):
-                if gen.random() < drop_fraction:
-                    continue
-                cfg_job.append(j)
-                cfg_nodes.append(a)
-                cfg_reps.append(r)
-                cfg_speed.append(float(speedup_model(a, r, alpha[j], beta[j])))
+    cfg_job, cfg_nodes, cfg_reps, cfg_speed = _random_tables(
+        gen, span, cpus_per_node, min_rep, max_rep, alpha, beta, drop_fraction
+    )
     age = gen.uniform(*AGE_RANGE, size=num_jobs)
     restarts = gen.integers(0, MAX_RESTARTS + 1, size=num_jobs)
     restart_factor = np.maximum(age - restarts * restart_delay, 0.0) / (age + restart_delay)
@@ -165,6 +156,36 @@ def random_problem(
     )
     running = gen.random(num_jobs) < running_fraction
     return dataclasses.replace(problem, current=_place_jobs(gen, problem, np.flatnonzero(running)))
+
+
+def _random_tables(
+    gen: np.random.Generator,
+    span: int,
+    cpus_per_node: int,
+    min_rep: np.ndarray,
+    max_rep: np.ndarray,
+    alpha: np.ndarray,
+    beta: np.ndarray,
+    drop_fraction: float,
+) -> tuple[list, list, list, list]:
+    """(job, nodes, replicas, speedup) of every configuration, job by job, each dropped w.p. ``drop_fraction``.
+
+    A job's pairs ``(a, r)`` have ``a <= span`` nodes and ``max(a, min_rep, 1) <= r
+    <= min(max_rep, a * cpus_per_node)``; one uniform is drawn per pair, in this order.
+    """
+    cfg_job, cfg_nodes, cfg_reps, cfg_speed = [], [], [], []
+    for j in range(min_rep.size):
+        for a in range(1, span + 1):
+            lo = max(a, min_rep[j], 1)
+            hi = min(max_rep[j], a * cpus_per_node)
+            for r in range(lo, hi + 1):
+                if gen.random() < drop_fraction:
+                    continue
+                cfg_job.append(j)
+                cfg_nodes.append(a)
+                cfg_reps.append(r)
+                cfg_speed.append(float(speedup_model(a, r, alpha[j], beta[j])))
+    return cfg_job, cfg_nodes, cfg_reps, cfg_speed
 
 
 def _place_jobs(gen: np.random.Generator, problem: Problem, jobs: np.ndarray) -> np.ndarray:

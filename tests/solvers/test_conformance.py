@@ -39,7 +39,7 @@ def test_conformance(solver: str, check: str) -> None:
     conformance.run_check(solver, check)
 
 
-def test_issue3_registry_has_evolutionary_and_greedy() -> None:
+def test_registry_has_evolutionary_and_greedy() -> None:
     assert {"evolutionary", "greedy"} <= set(SOLVERS)
 
 

@@ -1,4 +1,4 @@
-"""The JAX genetic algorithm (issue 3, section 1): operators, reproducibility, compile cache."""
+"""The JAX genetic algorithm: operators, reproducibility, compile cache."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 jax = pytest.importorskip("jax")
 
 from solvers import InvalidProblem, Status, evaluate, solve, violations  # noqa: E402
-from solvers import _evolutionary as evo  # noqa: E402
+from solvers.evolutionary import encoding, search, solver  # noqa: E402
+from solvers.evolutionary import repair as repair_ops  # noqa: E402
+from solvers.evolutionary.variation import AllocationGenome, first_from  # noqa: E402
 from solvers.testing import (  # noqa: E402
     brute_force,
     edge_problems,
@@ -28,6 +30,9 @@ SMALL = {"population_size": 16, "generations": 30}
 BAD_INCUMBENT = r"incumbent must hold non-negative integer replica counts"
 #: float32 fitness vs float64 objective: relative agreement of the logs.
 FITNESS_ATOL = 1e-4
+#: The solver's genome (default rates); its draws rows plus the crossover's.
+GENOME = AllocationGenome()
+GENE_ROWS = GENOME.gene_draws + 1
 
 
 def _problem(seed: int, **kwargs):
@@ -71,7 +76,7 @@ def test_result_fields() -> None:
     assert result.stats["compile_seconds"] >= 0
 
 
-def test_issue3_second_call_with_same_shapes_does_not_recompile(caplog) -> None:
+def test_second_call_with_same_shapes_does_not_recompile(caplog) -> None:
     options = {"population_size": 6, "generations": 2}  # a setting no other test compiles
     problem = _problem(20)
     first = solve(problem, "evolutionary", **options)
@@ -161,11 +166,11 @@ def _unpadded(problem, out):
     return out[: problem.num_nodes, : problem.num_jobs].T.astype(np.int64)
 
 
-_repair_one = jax.jit(evo.repair)
+_repair_one = jax.jit(repair_ops.repair)
 
 
 def _repair(problem, x, rng):
-    params, _ = evo.encode(problem)
+    params, _ = encoding.pad_problem(problem)
     n_jobs = params.current.shape[1]
     rank = rng.permutation(n_jobs).astype(np.int32)
     shift = np.int32(rng.integers(n_jobs))
@@ -215,12 +220,12 @@ def test_priority_sums_match_brute_force(path: str, seed: int, n_jobs: int, n_no
     x = rng.integers(0, 5, size=(n_nodes, n_jobs)).astype(np.int32)
     rank = rng.permutation(n_jobs).astype(np.int32)
     shift = np.int32(rng.integers(n_jobs))
-    limit = evo.MATMUL_PRIORITY_MAX if path == "matmul" else 0
-    saved, evo.MATMUL_PRIORITY_MAX = evo.MATMUL_PRIORITY_MAX, limit
+    limit = repair_ops.MATMUL_PRIORITY_MAX if path == "matmul" else 0
+    saved, repair_ops.MATMUL_PRIORITY_MAX = repair_ops.MATMUL_PRIORITY_MAX, limit
     try:
-        got = np.asarray(jax.jit(lambda *a: evo._before(*a))(x, rank, shift))  # traced now
+        got = np.asarray(jax.jit(lambda *a: repair_ops._before(*a))(x, rank, shift))  # traced now
     finally:
-        evo.MATMUL_PRIORITY_MAX = saved
+        repair_ops.MATMUL_PRIORITY_MAX = saved
     np.testing.assert_array_equal(got, _before_reference(x.astype(np.int64), rank, shift))
 
 
@@ -230,7 +235,7 @@ def test_first_from_picks_the_first_true_node_from_the_offset(seed: int, n_nodes
     rng = np.random.default_rng(seed)
     mask = rng.random((n_nodes, 5)) < 0.3
     offset = rng.integers(0, n_nodes, size=5).astype(np.int32)
-    node, has = map(np.asarray, jax.jit(evo._first_from)(mask, offset))
+    node, has = map(np.asarray, jax.jit(first_from)(mask, offset))
     for j in range(5):
         order = [(offset[j] + k) % n_nodes for k in range(n_nodes)]
         hits = [n for n in order if mask[n, j]]
@@ -240,33 +245,33 @@ def test_first_from_picks_the_first_true_node_from_the_offset(seed: int, n_nodes
 
 
 def test_draws_are_uniform_a_permutation_and_repeatable() -> None:
-    draw = jax.jit(evo.draws, static_argnums=(1, 2))
-    d = draw(jax.random.key(7), 400, 40)
-    again = draw(jax.random.key(7), 400, 40)
-    other = draw(jax.random.key(8), 400, 40)
-    u = np.asarray(d.job)
-    assert u.shape == (400, evo.DRAWS_PER_JOB, 40) and d.individual.shape == (400, 6)
+    draw = jax.jit(search.draws, static_argnums=(1, 2, 3))
+    d = draw(jax.random.key(7), 400, 40, GENOME)
+    again = draw(jax.random.key(7), 400, 40, GENOME)
+    other = draw(jax.random.key(8), 400, 40, GENOME)
+    u = np.asarray(d.gene)
+    assert u.shape == (400, GENE_ROWS, 40) and d.individual.shape == (400, 6)
     assert u.min() >= 0 and u.max() < 1
     # 16 000 uniforms per stream: each mean is 0.5 within 4 standard errors
     # (0.289 / sqrt(16 000) = 0.0023), and the 8 streams (one hashed word
     # each half) are uncorrelated within 5 standard errors (1 / sqrt(16 000)).
-    streams = u.transpose(1, 0, 2).reshape(evo.DRAWS_PER_JOB, -1)
+    streams = u.transpose(1, 0, 2).reshape(GENE_ROWS, -1)
     np.testing.assert_allclose(streams.mean(axis=1), 0.5, atol=0.01)
-    assert np.abs(np.corrcoef(streams) - np.eye(evo.DRAWS_PER_JOB)).max() < 0.04
+    assert np.abs(np.corrcoef(streams) - np.eye(GENE_ROWS)).max() < 0.04
     assert sorted(np.asarray(d.rank).tolist()) == list(range(40))
-    assert np.array_equal(u, np.asarray(again.job))
-    assert not np.array_equal(u, np.asarray(other.job))
+    assert np.array_equal(u, np.asarray(again.gene))
+    assert not np.array_equal(u, np.asarray(other.gene))
 
 
 def test_step_fitness_equals_score_of_the_children() -> None:
     # step takes the children's fitness from their repair instead of score().
     problem = _problem(9)
-    params, seeds = evo.encode(problem)
-    config = evo.EvoConfig(population_size=8)
-    state = jax.jit(evo.init, static_argnums=2)(seeds, params, config)
-    breed = jax.jit(evo._breed, static_argnums=3)
-    children, fitness = breed(jax.random.key(1), state, params, config)
-    scored = np.asarray(jax.jit(evo.score)(children, params))
+    params, seeds = encoding.pad_problem(problem)
+    config = search.SearchConfig(population_size=8)
+    state = jax.jit(search.init, static_argnums=(2, 3))(seeds, params, config, GENOME)
+    breed = jax.jit(search._breed, static_argnums=(3, 4))
+    children, fitness = breed(jax.random.key(1), state, params, config, GENOME)
+    scored = np.asarray(jax.jit(encoding.score)(children, params))
     assert np.all(np.isfinite(scored))
     np.testing.assert_allclose(np.asarray(fitness), scored, rtol=1e-6)
 
@@ -274,34 +279,34 @@ def test_step_fitness_equals_score_of_the_children() -> None:
 @pytest.mark.parametrize("p", [-5.0, -1.0, 0.0, 1.0, 2.0])
 def test_fitness_is_the_log_of_the_pinned_objective(p: float) -> None:
     problem = _problem(7, p=p, weighted=True)
-    params, _ = evo.encode(problem)
+    params, _ = encoding.pad_problem(problem)
     placements = [random_placement(s, problem, fill_fraction=0.8) for s in range(8)]
     placements.append(problem.current)
     batch = np.stack([_padded(problem, params, x) for x in placements])
-    fitness = np.asarray(jax.jit(evo.score)(batch, params))
+    fitness = np.asarray(jax.jit(encoding.score)(batch, params))
     expected = [math.log(evaluate(problem, x)) for x in placements]
     np.testing.assert_allclose(fitness, expected, atol=FITNESS_ATOL)
 
 
 def test_fitness_of_a_disallowed_pair_is_minus_infinity() -> None:
     name, problem = [(n, p) for n, p in edge_problems() if n == "invalid_current"][0]
-    params, _ = evo.encode(problem)
+    params, _ = encoding.pad_problem(problem)
     batch = _padded(problem, params, problem.current)[None]
-    assert np.asarray(jax.jit(evo.score)(batch, params))[0] == -np.inf
+    assert np.asarray(jax.jit(encoding.score)(batch, params))[0] == -np.inf
 
 
 def test_init_ask_tell_are_pure() -> None:
     problem = _problem(8)
-    params, seeds = evo.encode(problem)
-    config = evo.EvoConfig(population_size=8)
+    params, seeds = encoding.pad_problem(problem)
+    config = search.SearchConfig(population_size=8)
     key = jax.random.key(0)
-    init = jax.jit(evo.init, static_argnums=2)
-    ask = jax.jit(evo.ask, static_argnums=3)
-    state = init(seeds, params, config)
-    children = ask(key, state, params, config)
-    again = ask(key, state, params, config)
+    init = jax.jit(search.init, static_argnums=(2, 3))
+    ask = jax.jit(search.ask, static_argnums=(3, 4))
+    state = init(seeds, params, config, GENOME)
+    children = ask(key, state, params, config, GENOME)
+    again = ask(key, state, params, config, GENOME)
     assert np.array_equal(children, again)  # same key, same children
-    new = jax.jit(evo.tell)(state, children, jax.jit(evo.score)(children, params))
+    new = jax.jit(search.tell)(state, children, jax.jit(encoding.score)(children, params))
     assert int(new.generation) == 1 and int(state.generation) == 0
     # Elitism: the best fitness never drops.
     assert float(new.fitness.max()) >= float(state.fitness.max())
@@ -341,12 +346,12 @@ def test_missing_jax_gives_the_install_hint(monkeypatch) -> None:
 def test_padding_shares_programs_between_similar_sizes() -> None:
     small = random_problem(30, 3, 4, 7, max_replicas_limit=4)
     large = random_problem(31, 4, 4, 8, max_replicas_limit=4)
-    sig = [evo._signature(evo.encode(p)[0]) for p in (small, large)]
+    sig = [solver._signature(encoding.pad_problem(p)[0]) for p in (small, large)]
     assert sig[0] == sig[1]
 
 
 # --------------------------------------------------------------------- the comparison script
-def test_issue3_solver_comparison_quick_writes_csv_and_plot(tmp_path) -> None:
+def test_solver_comparison_quick_writes_csv_and_plot(tmp_path) -> None:
     # About 10 s: two 16 x 4 sizes, every solver, 10 evolutionary seeds.
     import importlib.util
     from pathlib import Path

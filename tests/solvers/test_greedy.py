@@ -1,4 +1,4 @@
-"""The Optimus-style greedy baseline (issue 3, section 2)."""
+"""The Optimus-style greedy baseline: marginal gains, restarts, time limit, bad input."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_bad_time_limit_is_rejected(value, shown: str) -> None:
 
 
 def test_problem_must_be_a_problem() -> None:
-    from solvers._greedy import solve_greedy
+    from solvers.greedy import solve_greedy
 
     with pytest.raises(InvalidProblem, match="problem must be a solvers.Problem, got list"):
         solve_greedy([[1]])

@@ -1,4 +1,4 @@
-"""The "milp" solver: exactness, properties, options, the large formulation, anchors (issue 2)."""
+"""The "milp" solver: exactness, properties, options, the large formulation, anchors."""
 
 from __future__ import annotations
 
@@ -12,8 +12,20 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from solvers import InvalidProblem, Problem, Status, evaluate, solve, violations
-from solvers import _milp
+from solvers import DEFAULT_MIP_GAP, InvalidProblem, Problem, Status, evaluate, solve, violations
+from solvers.milp import (
+    AUTO_LARGE_CPUS,
+    HIGHS_STATUS,
+    choose_formulation,
+    option_table,
+    prune_dominated,
+    relax,
+    solve_milp,
+)
+from solvers.milp.model import pyomo_model, standard_form
+from solvers.milp.packing import packing_graph
+from solvers.milp.solve import utility_sum
+from solvers.milp.warmstart import decode_placement, warm_start_values
 from solvers.testing import brute_force, edge_problems, random_placement, random_problem
 
 #: Where the measured Pollux rounds live (read from there, never copied here).
@@ -21,7 +33,7 @@ ANCHORS = Path(__file__).resolve().parents[2].parent / "shared" / "anchors" / "p
 #: Relative slack when comparing objectives computed two ways.
 RTOL = 1e-9
 #: Relative MIP gap the solver stops at by default; a better placement may beat it by this much.
-MILP_GAP = _milp.DEFAULT_MIP_GAP
+MILP_GAP = DEFAULT_MIP_GAP
 #: Largest enumeration the brute-force reference is allowed.
 MAX_PLACEMENTS = 50_000
 #: Hypothesis settings shared by the property tests (solves are ~10 ms; brute force dominates).
@@ -107,10 +119,10 @@ def test_edge_problems_match_brute_force(name, problem):
 def test_bounds_hold(problem):
     """The Lagrangian bound and the reported bound are upper bounds on the optimum."""
     best = _optimum(problem)
-    ch = _milp.choices(problem)
-    rel = _milp.relax(problem, ch)
+    table = option_table(problem)
+    rel = relax(problem, table)
     _, placement = brute_force(problem, max_placements=MAX_PLACEMENTS)
-    best_utility = _milp._utility_sum(problem, placement)
+    best_utility = utility_sum(problem, placement)
     assert rel.bound >= best_utility - RTOL * max(1.0, abs(best_utility))
     assert np.all(rel.reduced_cost >= -RTOL * max(1.0, abs(rel.bound)))
     for formulation in ("exact", "large"):
@@ -230,13 +242,13 @@ def test_every_feasible_placement_encodes_at_its_utility(problem, seed):
     placement = random_placement(seed, problem, fill_fraction=0.9)
     keep_rows = np.all(placement == problem.current, axis=1) & problem.has_current
     placement[keep_rows] = problem.current[keep_rows]
-    ch = _milp.choices(problem)
-    d = _milp.derive(problem, ch, np.ones(ch.job.size, dtype=bool))
-    model = _milp._model(problem, ch, d)
-    values = _milp._encode(problem, ch, d, placement)
+    table = option_table(problem)
+    graph = packing_graph(problem, table, np.ones(table.job.size, dtype=bool))
+    model = pyomo_model(problem, table, graph)
+    values = warm_start_values(problem, table, graph, placement)
     # A placement that uses a dominated configuration needs the dominating one instead.
     assume(values is not None)
-    c, offset, A, rlo, rhi, clo, chi, integrality, columns = _milp._compile(model)
+    c, offset, A, rlo, rhi, clo, chi, integrality, columns = standard_form(model)
     pos = {id(v): i for i, v in enumerate(columns)}
     x = np.zeros(len(columns))
     for name in ("y", "k", "z", "h", "f"):
@@ -249,8 +261,8 @@ def test_every_feasible_placement_encodes_at_its_utility(problem, seed):
     activity = A @ x
     assert np.all(activity >= rlo - 1e-9) and np.all(activity <= rhi + 1e-9)
     assert np.all(x >= clo) and np.all(x <= chi)
-    assert _close(float(c @ x + offset), _milp._utility_sum(problem, placement))
-    decoded = _milp._decode(problem, ch, d, values)
+    assert _close(float(c @ x + offset), utility_sum(problem, placement))
+    decoded = decode_placement(problem, table, graph, values)
     assert not violations(problem, decoded)
     assert evaluate(problem, decoded) >= evaluate(problem, placement) * (1 - RTOL)
 
@@ -273,16 +285,16 @@ def _naive_prune(problem: Problem) -> np.ndarray:
 def test_vectorised_pruning_matches_the_pairwise_rule(seed, drop):
     problem = random_problem(seed, num_nodes=4, cpus_per_node=3, num_jobs=3, drop_fraction=drop)
     problem = _flatten(problem) if seed % 2 else problem
-    assert np.array_equal(_milp.prune_dominated(problem), _naive_prune(problem))
+    assert np.array_equal(prune_dominated(problem), _naive_prune(problem))
 
 
 def test_auto_switches_formulation_by_total_cpus():
     small = random_problem(0, num_nodes=4, cpus_per_node=4, num_jobs=4)
     big = dataclasses.replace(
-        small, capacity=np.full(4, _milp.AUTO_LARGE_CPUS // 4), current=np.zeros_like(small.current)
+        small, capacity=np.full(4, AUTO_LARGE_CPUS // 4), current=np.zeros_like(small.current)
     )
-    assert _milp.choose_formulation(small) == "exact"
-    assert _milp.choose_formulation(big) == "large"
+    assert choose_formulation(small).name == "exact"
+    assert choose_formulation(big).name == "large"
     assert solve(small, "milp").stats["formulation"] == "exact"
 
 
@@ -291,9 +303,9 @@ def test_highs_status_table_maps_the_statuses_we_rely_on():
 
     solve(random_problem(0, 2, 2, 2), "milp")
     ms = highspy.HighsModelStatus
-    assert _milp.HIGHS_STATUS[ms.kOptimal] == (Status.OPTIMAL, Status.ERROR)
-    assert _milp.HIGHS_STATUS[ms.kTimeLimit] == (Status.TIME_LIMIT, Status.TIME_LIMIT_NO_SOLUTION)
-    assert _milp.HIGHS_STATUS[ms.kInfeasible][0] is Status.INFEASIBLE
+    assert HIGHS_STATUS[ms.kOptimal] == (Status.OPTIMAL, Status.ERROR)
+    assert HIGHS_STATUS[ms.kTimeLimit] == (Status.TIME_LIMIT, Status.TIME_LIMIT_NO_SOLUTION)
+    assert HIGHS_STATUS[ms.kInfeasible][0] is Status.INFEASIBLE
 
 
 # ------------------------------------------------------------------ time limit
@@ -334,7 +346,7 @@ def test_bad_options_are_rejected(options, message):
 
 def test_non_problem_is_rejected():
     with pytest.raises(InvalidProblem, match=r"problem must be a solvers\.Problem, got list"):
-        _milp.solve_milp([[4]])
+        solve_milp([[4]])
 
 
 # ------------------------------------------------------------ large formulation
@@ -361,11 +373,11 @@ def _anchor_files() -> list[Path]:
 
 
 def _load_anchor(path: Path):
-    from pollux_opt import encode, parse_instance
+    from pollux_opt import encode as to_problem, parse_instance
 
     data = json.loads(path.read_text())
     inst = parse_instance(data["instance"])
-    problem = encode(inst.cluster, inst.jobs, inst.options)
+    problem = to_problem(inst.cluster, inst.jobs, inst.options)
     nodes = {nid: i for i, nid in enumerate(inst.cluster.node_ids)}
     ga = np.zeros_like(problem.current)
     for j, job in enumerate(inst.jobs):
@@ -376,7 +388,7 @@ def _load_anchor(path: Path):
 
 @pytest.mark.skipif(not ANCHORS.is_dir(), reason=f"measured Pollux rounds not found at {ANCHORS}")
 @pytest.mark.parametrize("path", _anchor_files(), ids=lambda p: p.stem)
-def test_issue2_anchor_rounds_match_or_beat_ga(path):
+def test_anchor_rounds_match_or_beat_ga(path):
     problem, ga, reference = _load_anchor(path)
     assert math.isclose(evaluate(problem, ga), reference["ga_objective_pinned"], rel_tol=1e-9)
     result = solve(problem, "milp")

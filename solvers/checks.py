@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import InvalidProblem
-from ._problem import Problem
+from .errors import InvalidProblem
+from .problem import Problem
 
 __all__ = ["check_problem", "check_time_limit"]
 

@@ -25,7 +25,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ._errors import InvalidProblem
+from .errors import InvalidProblem
 
 __all__ = [
     "EPS",
@@ -152,6 +152,14 @@ class Problem:
 
     # -------------------------------------------------------------- validation
     def _validate(self) -> None:
+        """Raise :class:`InvalidProblem` for the first broken rule, naming the field and value."""
+        self._validate_shapes()
+        if self.num_configs:
+            self._validate_configs()
+        self._validate_jobs()
+        self._validate_current()
+
+    def _validate_shapes(self) -> None:
         j, n, c = self.num_jobs, self.num_nodes, self.num_configs
         if self.capacity.ndim != 1:
             raise InvalidProblem(f"capacity must be 1-D, got shape {self.capacity.shape}")
@@ -174,41 +182,45 @@ class Problem:
             raise InvalidProblem(f"p must be finite, got {self.p}")
         if self.max_nodes_per_job < 1:
             raise InvalidProblem(f"max_nodes_per_job must be >= 1, got {self.max_nodes_per_job}")
-        if c:
-            if np.any(np.diff(self.cfg_job) < 0) or self.cfg_job[0] < 0 or self.cfg_job[-1] >= j:
-                raise InvalidProblem("cfg_job must be sorted job indices in [0, num_jobs)")
-            bad = np.flatnonzero(~np.isfinite(self.cfg_speedup) | (self.cfg_speedup < 0))
-            if bad.size:
-                k = bad[0]
-                raise InvalidProblem(
-                    f"speedup of job {self.cfg_job[k]} at (nodes={self.cfg_nodes[k]}, "
-                    f"replicas={self.cfg_replicas[k]}) must be finite and >= 0, "
-                    f"got {self.cfg_speedup[k]}"
-                )
-            bad = np.flatnonzero((self.cfg_nodes < 1) | (self.cfg_replicas < self.cfg_nodes))
-            if bad.size:
-                k = bad[0]
-                raise InvalidProblem(
-                    f"configuration of job {self.cfg_job[k]} needs 1 <= nodes <= replicas, "
-                    f"got (nodes={self.cfg_nodes[k]}, replicas={self.cfg_replicas[k]})"
-                )
-            lo = np.maximum(self.min_replicas[self.cfg_job], 1)
-            bad = np.flatnonzero(
-                (self.cfg_replicas < lo)
-                | (self.cfg_replicas > self.max_replicas[self.cfg_job])
-                | (self.cfg_nodes > self.max_nodes_per_job)
+
+    def _validate_configs(self) -> None:
+        j, c = self.num_jobs, self.num_configs
+        if np.any(np.diff(self.cfg_job) < 0) or self.cfg_job[0] < 0 or self.cfg_job[-1] >= j:
+            raise InvalidProblem("cfg_job must be sorted job indices in [0, num_jobs)")
+        bad = np.flatnonzero(~np.isfinite(self.cfg_speedup) | (self.cfg_speedup < 0))
+        if bad.size:
+            k = bad[0]
+            raise InvalidProblem(
+                f"speedup of job {self.cfg_job[k]} at (nodes={self.cfg_nodes[k]}, "
+                f"replicas={self.cfg_replicas[k]}) must be finite and >= 0, "
+                f"got {self.cfg_speedup[k]}"
             )
-            if bad.size:
-                k = bad[0]
-                raise InvalidProblem(
-                    f"configuration (nodes={self.cfg_nodes[k]}, replicas={self.cfg_replicas[k]}) "
-                    f"of job {self.cfg_job[k]} is outside its replica range or max_nodes_per_job"
-                )
-            keys = self.cfg_job * (self.table_shape[0] + 1) * (self.table_shape[1] + 1) + (
-                self.cfg_nodes * (self.table_shape[1] + 1) + self.cfg_replicas
+        bad = np.flatnonzero((self.cfg_nodes < 1) | (self.cfg_replicas < self.cfg_nodes))
+        if bad.size:
+            k = bad[0]
+            raise InvalidProblem(
+                f"configuration of job {self.cfg_job[k]} needs 1 <= nodes <= replicas, "
+                f"got (nodes={self.cfg_nodes[k]}, replicas={self.cfg_replicas[k]})"
             )
-            if np.unique(keys).size != c:
-                raise InvalidProblem("a job lists the same (nodes, replicas) configuration twice")
+        lo = np.maximum(self.min_replicas[self.cfg_job], 1)
+        bad = np.flatnonzero(
+            (self.cfg_replicas < lo)
+            | (self.cfg_replicas > self.max_replicas[self.cfg_job])
+            | (self.cfg_nodes > self.max_nodes_per_job)
+        )
+        if bad.size:
+            k = bad[0]
+            raise InvalidProblem(
+                f"configuration (nodes={self.cfg_nodes[k]}, replicas={self.cfg_replicas[k]}) "
+                f"of job {self.cfg_job[k]} is outside its replica range or max_nodes_per_job"
+            )
+        keys = self.cfg_job * (self.table_shape[0] + 1) * (self.table_shape[1] + 1) + (
+            self.cfg_nodes * (self.table_shape[1] + 1) + self.cfg_replicas
+        )
+        if np.unique(keys).size != c:
+            raise InvalidProblem("a job lists the same (nodes, replicas) configuration twice")
+
+    def _validate_jobs(self) -> None:
         bad = np.flatnonzero(~np.isfinite(self.weight) | (self.weight <= 0))
         if bad.size:
             raise InvalidProblem(f"weight[{bad[0]}] must be finite and > 0, got {self.weight[bad[0]]}")
@@ -225,6 +237,8 @@ class Problem:
                 f"job {bad[0]}: min_replicas={self.min_replicas[bad[0]]} must be in "
                 f"[0, max_replicas={self.max_replicas[bad[0]]}]"
             )
+
+    def _validate_current(self) -> None:
         if np.any(self.current < 0):
             raise InvalidProblem("current placement must be non-negative")
         over = np.flatnonzero(self.current.sum(axis=0) > self.capacity)

@@ -35,9 +35,9 @@ import time
 
 import numpy as np
 
-from ._checks import check_problem, check_time_limit
-from ._problem import Problem, evaluate, utility, violations
-from ._result import Result, Status
+from .checks import check_problem, check_time_limit
+from .problem import Problem, evaluate, utility, violations
+from .result import Result, Status
 
 __all__ = ["solve_greedy"]
 

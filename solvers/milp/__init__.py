@@ -1,0 +1,53 @@
+"""Exact MILP for the allocation problem: one option per job, nodes packed by arc flow.
+
+The model is a Pyomo ``ConcreteModel``, compiled to arrays with Pyomo's
+``LinearStandardFormCompiler`` and solved by HiGHS through highspy.
+``docs/formulation.md`` has the full write-up with measured figures.
+Counting nodes by the paths they take through a small packing graph, instead
+of naming each node, removes the symmetry between nodes that made a
+node-indexed model slow (a 0.3 % gap left after 15 s on 16 x 4 CPUs and 20
+jobs).
+
+The stages, one module each, in the order :func:`solve_milp` runs them:
+
+* :mod:`~solvers.milp.options`: the solver options' checks and defaults;
+  each job's *options* (runs of undominated configurations) and their worth;
+* :mod:`~solvers.milp.bound`: the Lagrangian bound of the aggregated
+  relaxation and each option's reduced cost;
+* :mod:`~solvers.milp.strategy`: the exact and the restricted ("large")
+  formulation, which decide what each round's model offers;
+* :mod:`~solvers.milp.packing`: node states and the arc-flow packing graph;
+* :mod:`~solvers.milp.model`: the Pyomo model (one named rule per
+  constraint family) and its standard form;
+* :mod:`~solvers.milp.warmstart`: placements to warm-start values, and
+  solutions back to placements;
+* :mod:`~solvers.milp.highs`: the HiGHS adapter;
+* :mod:`~solvers.milp.solve`: :func:`solve_milp`, the rounds and the result.
+"""
+
+from __future__ import annotations
+
+from .bound import Relaxation, relax
+from .highs import HIGHS_STATUS
+from .model import build_model
+from .options import DEFAULT_MIP_GAP, FORMULATIONS, OptionTable, option_table, prune_dominated
+from .solve import solve_milp
+from .strategy import AUTO_LARGE_CPUS, ExactFormulation, Formulation, RestrictedFormulation, choose_formulation
+
+__all__ = [
+    "AUTO_LARGE_CPUS",
+    "DEFAULT_MIP_GAP",
+    "FORMULATIONS",
+    "HIGHS_STATUS",
+    "ExactFormulation",
+    "Formulation",
+    "OptionTable",
+    "Relaxation",
+    "RestrictedFormulation",
+    "build_model",
+    "choose_formulation",
+    "option_table",
+    "prune_dominated",
+    "relax",
+    "solve_milp",
+]

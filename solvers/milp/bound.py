@@ -1,0 +1,149 @@
+"""Stage 2 of the MILP: the Lagrangian bound of the aggregated relaxation.
+
+:func:`relax` prices CPUs (and, with interference avoidance, multi-node
+slots) so that every job's best choice fits the cluster's totals on
+average; the result is an upper bound on the utility sum of every feasible
+placement and a reduced cost per option, which the formulations
+(:mod:`solvers.milp.strategy`) use to decide which options a model offers
+and to certify its answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..problem import Problem
+from .options import OptionTable
+
+__all__ = ["Relaxation", "relax"]
+
+#: Bisection steps per price when minimising the Lagrangian (2^-40 of the price range).
+_PRICE_STEPS = 40
+#: Rounds of alternating between the two prices when the slot total binds.
+_PRICE_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    """Lagrangian bound of the aggregated relaxation, and reduced costs of options.
+
+    The relaxation keeps one choice per job but replaces the node-level
+    constraints by two totals: replicas <= total capacity, and (with
+    interference avoidance) nodes spanned by multi-node jobs <= number of
+    nodes.  Pricing them at ``cpu_price`` (lambda) and ``slot_price`` (mu) gives,
+    for any lambda, mu >= 0, the upper bound
+
+        L = lambda CAP + mu NODES + sum_j max(w_j u(0), max_o (w_j u_o - lambda K_o - mu N_o))
+
+    on the utility sum of every feasible placement (weak duality; N_o counts
+    only for multi-node options).  An option o of job j has reduced cost
+    ``rc_o = best_j - (w_j u_o - lambda K_o - mu N_o) >= 0``, and every
+    placement using it is worth at most ``L - rc_o``.  Sums run over each
+    job's best value, never over gains against u(0), which for p < -1 is
+    huge (-1e12 at p = -4) and would cancel most digits.
+    """
+
+    bound: float  # L, an upper bound on the utility sum
+    cpu_price: float  # lambda
+    slot_price: float  # mu
+    reduced_cost: np.ndarray  # float64[O]
+
+
+@dataclass(frozen=True)
+class _Entries:
+    """The relaxation's choices, sorted by job: options, keeps, and one "hold nothing" per job.
+
+    Arrays are float64[E] in job order (``order`` maps back); ``starts``
+    int64[J'] are the first entry of each job that has entries.
+    """
+
+    worth: np.ndarray  # w_j u of the choice (-inf for an option that fits no node)
+    gain: np.ndarray  # worth - w_j u(0)
+    reps: np.ndarray  # replicas K the choice uses
+    span: np.ndarray  # multi-node slots it takes (0 without interference avoidance)
+    order: np.ndarray  # int64[E]: entry positions before sorting by job
+    starts: np.ndarray
+
+    def evaluate(self, lam: float, mu: float) -> tuple[float, float, float, np.ndarray, np.ndarray]:
+        """(sum of job bests, replicas used, slots used, entry values, each entry's job best)."""
+        value = self.worth - lam * self.reps - mu * self.span
+        if value.size == 0:
+            return 0.0, 0.0, 0.0, value, value
+        starts = self.starts
+        best = np.maximum.reduceat(value, starts)
+        best_each = np.repeat(best, np.diff(np.append(starts, value.size)))
+        picked = np.flatnonzero(value >= best_each)
+        group = np.searchsorted(starts, picked, side="right") - 1
+        # Ties count their smallest use, so the subgradient errs towards lower prices.
+        use_k = np.full(starts.size, np.inf)
+        use_n = np.full(starts.size, np.inf)
+        np.minimum.at(use_k, group, self.reps[picked])
+        np.minimum.at(use_n, group, self.span[picked])
+        return float(best.sum()), float(use_k.sum()), float(use_n.sum()), value, best_each
+
+
+def _entries(problem: Problem, table: OptionTable) -> _Entries:
+    """The choices of every job as :class:`_Entries`."""
+    slots = problem.interference_avoidance
+    placeable = (table.hi > 1) | (table.reps <= problem.capacity.max(initial=0))
+    jobs = np.arange(problem.num_jobs)
+    job = np.concatenate([table.job, table.keep, jobs])
+    worth = np.concatenate([np.where(placeable, table.worth, -np.inf), table.keep_worth, table.idle_worth])
+    gain = worth - table.idle_worth[job]
+    reps = np.concatenate([table.reps, table.keep_reps, np.zeros(jobs.size)]).astype(np.float64)
+    span = np.concatenate(
+        [
+            np.where(table.hi > 1, table.lo, 0),
+            np.where(table.keep_nodes > 1, table.keep_nodes, 0),
+            np.zeros(jobs.size),
+        ]
+    )
+    span = span.astype(np.float64) * slots
+    order = np.argsort(job, kind="stable")
+    sorted_job = job[order]
+    starts = np.flatnonzero(np.r_[True, sorted_job[1:] != sorted_job[:-1]]) if job.size else np.zeros(0, int)
+    return _Entries(worth[order], gain[order], reps[order], span[order], order, starts)
+
+
+def _lowest_price(use: Callable[[float], float], limit: float, gain: np.ndarray, per: np.ndarray) -> float:
+    """Smallest price in [0, max gain / use] at which ``use(price) <= limit`` (bisection)."""
+    if use(0.0) <= limit:
+        return 0.0
+    ratio = gain / np.maximum(per, 1.0)
+    lo, hi = 0.0, float(np.max(ratio[np.isfinite(ratio)], initial=0.0))
+    for _ in range(_PRICE_STEPS):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if use(mid) > limit else (lo, mid)
+    return hi
+
+
+def relax(problem: Problem, table: OptionTable) -> Relaxation:
+    """Minimise the Lagrangian bound over the two prices (see :class:`Relaxation`).
+
+    The bound is convex and piecewise linear in each price; each price is found
+    by bisection on the sign of its subgradient (capacity minus the totals the
+    best choices use).  Any prices give a valid bound, so stopping early is safe.
+    """
+    cap_total, nodes_total = float(problem.capacity.sum()), float(problem.num_nodes)
+    e = _entries(problem, table)
+
+    def cpu_price(mu: float) -> float:
+        return _lowest_price(lambda lam: e.evaluate(lam, mu)[1], cap_total, e.gain, e.reps)
+
+    def slot_price(lam: float) -> float:
+        return _lowest_price(lambda mu: e.evaluate(lam, mu)[2], nodes_total, e.gain, e.span)
+
+    lam, mu = cpu_price(0.0), 0.0
+    for _ in range(_PRICE_ROUNDS if problem.interference_avoidance else 0):
+        if mu == 0.0 and e.evaluate(lam, mu)[2] <= nodes_total:
+            break  # the slot total does not bind at mu = 0
+        mu = slot_price(lam)
+        lam = cpu_price(mu)
+    best_sum, _, _, value, best_each = e.evaluate(lam, mu)
+    bound = lam * cap_total + mu * nodes_total + best_sum
+    rc = np.empty(e.order.size)
+    rc[e.order] = best_each - value
+    return Relaxation(bound=float(bound), cpu_price=lam, slot_price=mu, reduced_cost=rc[: table.job.size])

@@ -1,0 +1,354 @@
+"""Stage 5 of the MILP: the HiGHS adapter (highspy), from a compiled model to rounded variable values.
+
+:func:`run_highs` solves the LP relaxation first and runs the MIP only if it
+is fractional (optionally after an LP-guided dive), warm-started from a
+placement.  HiGHS model statuses map to :class:`solvers.Status` through the
+table :data:`HIGHS_STATUS` (as scipy's ``milp`` maps them to its own codes).
+Two HiGHS behaviours are worked around here: its start-up banner, printed
+from C++ on the process's first instance (:func:`new_highs`), and HiGHS
+1.16 sometimes returning the warm start as its primal together with the
+optimum's objective (detected and re-solved cold, :func:`_solve_mip`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..result import Status
+from .model import StandardForm
+
+__all__ = [
+    "HIGHS_STATUS",
+    "MIN_TIME_LIMIT",
+    "HighsRun",
+    "load_status_table",
+    "new_highs",
+    "result_status",
+    "run_highs",
+    "stopped_early",
+]
+
+log = logging.getLogger(__name__)
+
+#: HiGHS ``primal_solution_status`` value of a feasible primal solution (kSolutionStatusFeasible).
+_PRIMAL_FEASIBLE = 2
+
+#: Relative tolerance when checking HiGHS's primal against its reported objective.
+_OBJECTIVE_RTOL = 1e-6
+
+#: A relaxed LP solution counts as integral when every integer column is this
+#: close to an integer (HiGHS's own MIP feasibility tolerance is 1e-6).
+_INTEGRALITY_TOL = 1e-7
+
+#: Row activity tolerance when accepting a rounded LP solution (HiGHS's primal feasibility tolerance).
+_ROW_TOL = 1e-7
+
+#: Shortest time limit handed to HiGHS (it rejects 0) when the budget is spent building.
+MIN_TIME_LIMIT = 1e-3
+
+#: Names of the model's variable components, in column order (see :mod:`solvers.milp.model`).
+_VARIABLES = ("y", "k", "z", "g", "h", "f")
+
+#: HiGHS model status -> (status when a feasible solution exists, status when not);
+#: any status not listed maps to ``Status.ERROR``.  Filled on first use (highspy import).
+HIGHS_STATUS: dict = {}
+
+
+def _highs_status_table() -> dict:
+    """Map HiGHS model statuses to (has_solution -> Status, no_solution -> Status)."""
+    import highspy
+
+    ms = highspy.HighsModelStatus
+    table = {
+        ms.kOptimal: (Status.OPTIMAL, Status.ERROR),
+        ms.kInfeasible: (Status.INFEASIBLE, Status.INFEASIBLE),
+        ms.kUnboundedOrInfeasible: (Status.ERROR, Status.INFEASIBLE),
+        ms.kTimeLimit: (Status.TIME_LIMIT, Status.TIME_LIMIT_NO_SOLUTION),
+        ms.kIterationLimit: (Status.TIME_LIMIT, Status.TIME_LIMIT_NO_SOLUTION),
+        ms.kInterrupt: (Status.TIME_LIMIT, Status.TIME_LIMIT_NO_SOLUTION),
+    }
+    if hasattr(ms, "kSolutionLimit"):
+        table[ms.kSolutionLimit] = (Status.TIME_LIMIT, Status.TIME_LIMIT_NO_SOLUTION)
+    return table
+
+
+def load_status_table() -> None:
+    """Fill :data:`HIGHS_STATUS` (once)."""
+    if not HIGHS_STATUS:
+        HIGHS_STATUS.update(_highs_status_table())
+
+
+def result_status(model_status, has_solution: bool) -> Status:
+    """The :class:`Status` of a HiGHS model status, by :data:`HIGHS_STATUS`."""
+    load_status_table()
+    return HIGHS_STATUS.get(model_status, (Status.ERROR, Status.ERROR))[0 if has_solution else 1]
+
+
+def stopped_early(model_status) -> bool:
+    """True when HiGHS stopped on its time limit or an interrupt."""
+    import highspy
+
+    ms = highspy.HighsModelStatus
+    return model_status in (ms.kTimeLimit, ms.kInterrupt)
+
+
+@functools.cache
+def _silence_banner() -> bool:
+    """Create the process's first ``highspy.Highs`` with stdout captured (once).
+
+    HiGHS prints its banner from C++ when the first instance of a process is
+    created; it would corrupt the JSON that ``pollux-opt allocate`` writes to
+    stdout.  Capturing the file descriptor costs milliseconds, so it is done once.
+    """
+    import highspy
+    from pyomo.common.tee import capture_output
+
+    with capture_output(capture_fd=True):
+        highspy.Highs()
+    return True
+
+
+def new_highs():
+    """A fresh ``highspy.Highs`` (the start-up banner kept off stdout)."""
+    import highspy
+
+    _silence_banner()
+    return highspy.Highs()
+
+
+@dataclass
+class HighsRun:
+    """Outcome of one HiGHS run on one model."""
+
+    values: dict | None  # rounded variable values by name, None without a solution
+    model_status: object  # highspy.HighsModelStatus
+    bound: float  # dual bound on the model's utility sum (nan if none)
+    message: str
+    mip_nodes: int  # -1 when the LP relaxation was already integral
+    columns: int
+    rows: int
+
+
+class _Session:
+    """One ``highspy.Highs`` holding one compiled model (as its LP relaxation at first) and the deadline."""
+
+    def __init__(self, model, form: StandardForm, *, time_limit, mip_gap, threads, verbose, seed) -> None:
+        import highspy
+
+        self.model, self.form = model, form
+        pos = {id(v): i for i, v in enumerate(form.columns)}
+        self.index = {  # variable name -> column of each of its entries, -1 if compiled away
+            name: np.array([pos.get(id(v), -1) for v in getattr(model, name).values()], dtype=np.int64)
+            for name in _VARIABLES
+        }
+        self.ints = np.flatnonzero(form.integrality)
+        self.deadline = None if time_limit is None else time.perf_counter() + time_limit
+        h = self.h = new_highs()
+        h.setOptionValue("output_flag", bool(verbose))
+        h.setOptionValue("mip_rel_gap", float(mip_gap))
+        if threads is not None:
+            # HiGHS sizes one process-wide thread pool at its first run and fails
+            # ("Not Set") when a later run asks for another size; reset it first.
+            highspy.Highs.resetGlobalScheduler(True)
+            h.setOptionValue("threads", int(threads))
+        if seed is not None:
+            h.setOptionValue("random_seed", int(seed))
+        A = form.A
+        h.passModel(
+            len(form.columns),
+            A.shape[0],
+            A.nnz,
+            int(highspy.MatrixFormat.kRowwise),
+            int(highspy.ObjSense.kMaximize),
+            form.offset,
+            form.c,
+            form.col_lo,
+            form.col_up,
+            form.row_lo,
+            form.row_up,
+            A.indptr.astype(np.int32),
+            A.indices.astype(np.int32),
+            A.data.astype(np.float64),
+            np.zeros_like(form.integrality),  # the LP relaxation first
+        )
+
+    def run(self) -> None:
+        """Run HiGHS on what remains of the time budget."""
+        if self.deadline is not None:
+            self.h.setOptionValue("time_limit", max(self.deadline - time.perf_counter(), MIN_TIME_LIMIT))
+        self.h.run()
+
+    def values_of(self, x: np.ndarray) -> dict:
+        """Variable values by name (``g`` as a dict keyed like ``model.g``) of a column vector."""
+        index = self.index
+        out = {name: np.where(index[name] >= 0, x[np.maximum(index[name], 0)], 0.0) for name in _VARIABLES}
+        out["g"] = dict(zip(self.model.g.keys(), out["g"].tolist()))
+        return out
+
+    def rounded_solution(self) -> np.ndarray:
+        """HiGHS's primal with the integer columns rounded."""
+        x = np.asarray(self.h.getSolution().col_value)
+        x[self.ints] = np.rint(x[self.ints])
+        return x
+
+    def outcome(self, values, model_status, bound: float, message: str, mip_nodes: int) -> HighsRun:
+        return HighsRun(
+            values=values,
+            model_status=model_status,
+            bound=bound,
+            message=message,
+            mip_nodes=mip_nodes,
+            columns=len(self.form.columns),
+            rows=int(self.form.A.shape[0]),
+        )
+
+
+def run_highs(
+    model, form: StandardForm, start: dict | None, *, time_limit, mip_gap, threads, verbose, seed, dive=False
+) -> HighsRun:
+    """Solve ``model`` (compiled to ``form``): its LP relaxation, then the MIP if that is fractional.
+
+    An integral optimum of the LP relaxation is an optimum of the MIP, and on
+    most small instances here the arc-flow relaxation is integral
+    (docs/formulation.md), so this skips HiGHS's MIP set-up (presolve,
+    probing, heuristics), which costs several times the LP itself.
+
+    With ``dive`` (the restricted formulation), a fractional LP is followed
+    by a MIP in which every choice the LP made whole (y or k at 1) is fixed;
+    only the undecided jobs and the packing stay free.  That MIP is small and
+    fast; its answer is feasible but not proven optimal, so the bound
+    returned is the LP optimum.  If it finds nothing, the full MIP runs.
+
+    Args:
+        start: warm-start values by variable name
+            (:func:`solvers.milp.warmstart.warm_start_values`), or None.
+        time_limit: seconds for all HiGHS runs together (None: no limit).
+        mip_gap, threads, verbose, seed: HiGHS's ``mip_rel_gap``, ``threads``,
+            ``output_flag`` and ``random_seed`` (None: HiGHS default).
+    """
+    import highspy
+
+    session = _Session(model, form, time_limit=time_limit, mip_gap=mip_gap, threads=threads, verbose=verbose, seed=seed)
+    session.run()
+    lp_optimal = session.h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    if lp_optimal:
+        lp_bound = float(session.h.getInfo().objective_function_value)
+        x = np.asarray(session.h.getSolution().col_value)
+        integral = _integral_lp_solution(session, x, lp_bound)
+        if integral is not None:
+            return integral
+
+    ints = session.ints
+    session.h.changeColsIntegrality(ints.size, ints.astype(np.int32), np.ones(ints.size, dtype=np.uint8))
+    if dive and lp_optimal:
+        dived = _dive(session, x, lp_bound)
+        if dived is not None:
+            return dived
+    if start is not None:
+        _set_warm_start(session, start)
+    return _solve_mip(session)
+
+
+def _integral_lp_solution(session: _Session, x: np.ndarray, lp_bound: float) -> HighsRun | None:
+    """The LP optimum ``x`` as the MIP's answer if it is integral (within tolerances), else None."""
+    import highspy
+
+    form, ints = session.form, session.ints
+    rounded = x.copy()
+    rounded[ints] = np.rint(x[ints])
+    activity = form.A @ rounded
+    if (
+        np.all(np.abs(x[ints] - rounded[ints]) <= _INTEGRALITY_TOL)
+        and np.all(activity >= form.row_lo - _ROW_TOL)
+        and np.all(activity <= form.row_up + _ROW_TOL)
+    ):
+        return session.outcome(
+            session.values_of(rounded), highspy.HighsModelStatus.kOptimal, lp_bound, "LP relaxation integral", -1
+        )
+    return None
+
+
+def _dive(session: _Session, x: np.ndarray, lp_bound: float) -> HighsRun | None:
+    """MIP with every choice the LP optimum ``x`` made whole fixed to 1; None (bounds restored) if infeasible."""
+    import highspy
+
+    h, index, form = session.h, session.index, session.form
+    choice = np.concatenate([index["y"], index["k"]])
+    decided = choice[(choice >= 0)]
+    decided = decided[x[decided] >= 1 - _INTEGRALITY_TOL].astype(np.int32)
+    h.changeColsBounds(decided.size, decided, np.ones(decided.size), np.ones(decided.size))
+    session.run()
+    info = h.getInfo()
+    if info.primal_solution_status == _PRIMAL_FEASIBLE:
+        return session.outcome(
+            session.values_of(session.rounded_solution()),
+            highspy.HighsModelStatus.kOptimal,
+            lp_bound,
+            "LP dive: choices the LP made whole fixed, the rest solved as a MIP",
+            int(info.mip_node_count),
+        )
+    h.changeColsBounds(decided.size, decided, form.col_lo[decided], form.col_up[decided])
+    h.clearSolver()
+    return None
+
+
+def _set_warm_start(session: _Session, start: dict) -> None:
+    """Hand HiGHS the warm start ``start`` (values by variable name) as its starting solution."""
+    import highspy
+
+    x0 = np.zeros(len(session.form.columns))
+    for name in _VARIABLES:
+        if name == "g":
+            vals = np.array([start["g"].get(key, 0.0) for key in session.model.g.keys()])
+        else:
+            vals = start[name]
+        mask = session.index[name] >= 0
+        x0[session.index[name][mask]] = np.asarray(vals, dtype=np.float64)[mask]
+    sol = highspy.HighsSolution()
+    sol.col_value = x0.tolist()
+    sol.value_valid = True
+    session.h.setSolution(sol)
+
+
+def _primal_matches_objective(h, c: np.ndarray, offset: float, info) -> bool:
+    """True when ``c @ x + offset`` of HiGHS's primal equals its reported objective."""
+    x = np.asarray(h.getSolution().col_value)
+    value = float(c @ x + offset)
+    reported = float(info.objective_function_value)
+    return abs(value - reported) <= _OBJECTIVE_RTOL * max(1.0, abs(reported))
+
+
+def _solve_mip(session: _Session) -> HighsRun:
+    """Run the MIP and read its answer, re-solving cold if the primal does not match the objective."""
+    import highspy
+
+    h = session.h
+    session.run()
+    info = h.getInfo()
+    has_solution = info.primal_solution_status == _PRIMAL_FEASIBLE
+    if has_solution and not _primal_matches_objective(h, session.form.c, session.form.offset, info):
+        # HiGHS 1.16 can report the optimum of a presolved run yet hand back the
+        # user's start as its primal solution; solving again without the start
+        # returns the primal that goes with the reported objective.
+        log.warning("HiGHS primal does not match its objective; re-solving without the warm start")
+        h.clearSolver()
+        h.setSolution(highspy.HighsSolution())
+        session.run()
+        info = h.getInfo()
+        has_solution = info.primal_solution_status == _PRIMAL_FEASIBLE
+    model_status = h.getModelStatus()
+    values = session.values_of(session.rounded_solution()) if has_solution else None
+    bound = float(info.mip_dual_bound)
+    return session.outcome(
+        values,
+        model_status,
+        bound if math.isfinite(bound) else float("nan"),
+        h.modelStatusToString(model_status),
+        int(info.mip_node_count),
+    )
