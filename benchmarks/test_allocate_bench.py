@@ -90,11 +90,11 @@ def _anchor_files() -> list[Path]:
 @pytest.mark.skipif(not ANCHORS.is_dir(), reason=f"measured Pollux rounds not found at {ANCHORS}")
 @pytest.mark.parametrize("path", _anchor_files(), ids=lambda p: p.stem)
 def test_milp_anchor_round(benchmark, path):
-    from pollux_opt import encode, parse_instance
+    from pollux_opt import parse_instance, to_problem
 
     data = json.loads(path.read_text())
     inst = parse_instance(data["instance"])
-    problem = encode(inst.cluster, inst.jobs, inst.options)
+    problem = to_problem(inst.cluster, inst.jobs, inst.options)
     reference = data["reference"]
     result = _timed(benchmark, problem, ANCHOR_ROUNDS)
     assert result.objective >= reference["ga_objective_pinned"] * (1 - 1e-12)

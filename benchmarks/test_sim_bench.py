@@ -15,7 +15,9 @@ import logging
 import pytest
 
 from pollux_opt import Cluster
-from pollux_opt.backends.sim import default_trace_dir, load_profiles, read_workload, simulate
+from pollux_opt.backends.sim import default_trace_dir, load_profiles, simulate
+from pollux_opt.workloads.adaptdl import read_adaptdl_csv
+from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
 
 TRACES = default_trace_dir()
 #: The workload with a published per-workload figure (Pollux JCT 2446 s).
@@ -26,10 +28,11 @@ WORKLOAD = "workload-6"
 def test_simulate_pollux_workload6(benchmark):
     logging.disable(logging.WARNING)
     profiles = load_profiles(TRACES)
-    jobs = read_workload(TRACES / "workloads" / f"{WORKLOAD}.csv")
+    jobs = read_adaptdl_csv(TRACES / "workloads" / f"{WORKLOAD}.csv")
 
     def run():
-        return simulate(jobs, profiles, "pollux", cluster=Cluster.uniform(16, 4), interval=60.0)
+        cluster = Cluster.uniform(SIM_DEFAULT_NODES, SIM_DEFAULT_CPUS_PER_NODE)
+        return simulate(jobs, profiles, "pollux", cluster=cluster, interval=SIM_DEFAULT_INTERVAL_S)
 
     result = benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
     benchmark.extra_info.update(

@@ -20,7 +20,7 @@ import json
 import logging
 from pathlib import Path
 
-from pollux_opt.backends.local.backend import run_demo
+from pollux_opt.backends.local import run_demo
 from pollux_opt.workloads.sets import WORKLOAD_SETS
 
 HEADLINE = ("avg_jct_s", "worst_rho", "avg_goodput", "overhead_pct_of_interval", "makespan_s", "num_completed")

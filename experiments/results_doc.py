@@ -25,14 +25,14 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import pandas as pd
+
+from pollux_opt.records.files import atomic_write_text
 
 log = logging.getLogger("results_doc")
 
@@ -534,21 +534,6 @@ def replace_block(text: str, block: str) -> str:
 # ----------------------------------------------------------------------------- files
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same folder and os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _read_text(path: Path) -> str | None:
     return path.read_text(encoding="utf-8") if path.is_file() else None
 
@@ -584,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("up to date: %s", ", ".join(str(p) for p in wanted))
         return 1 if stale else 0
     for path in stale:
-        write_atomic(path, wanted[path])
+        atomic_write_text(path, wanted[path])
         log.info("wrote %s", path)
     for path in set(wanted) - set(stale):
         log.info("unchanged: %s", path)

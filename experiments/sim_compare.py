@@ -23,10 +23,11 @@ from pollux_opt.backends.sim import (
     default_trace_dir,
     load_profiles,
     quiet_library_logs,
-    read_workload,
     run_tasks,
     simulate,
 )
+from pollux_opt.workloads.adaptdl import read_adaptdl_csv
+from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
 
 POLICIES = ("pollux", "tiresias", "optimus")
 #: Published Pollux-simulator averages over the eight workloads, hours (Pollux, OSDI 2021).
@@ -38,7 +39,7 @@ def run_one(task: dict) -> dict:
     """Top-level (picklable): simulate one (workload, policy) pair; one CSV row."""
     quiet_library_logs()
     profiles = load_profiles(task["traces"])
-    jobs = read_workload(task["workload"])
+    jobs = read_adaptdl_csv(task["workload"])
     if task["quick"]:
         jobs = jobs[:QUICK_JOBS]
     cluster = Cluster.uniform(task["nodes"], task["cpus_per_node"])
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
     ap.add_argument("--workloads", nargs="+", type=int, default=list(range(1, 9)))
-    ap.add_argument("--interval", type=float, default=60.0)
+    ap.add_argument("--interval", type=float, default=SIM_DEFAULT_INTERVAL_S)
     ap.add_argument("--jobs", type=int, default=1, help="parallel processes")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
@@ -84,10 +85,10 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workloads = [1] if args.quick else args.workloads
-    nodes = 4 if args.quick else 16
+    nodes = 4 if args.quick else SIM_DEFAULT_NODES
     tasks = [
         {"traces": str(traces), "workload": str(traces / "workloads" / f"workload-{w}.csv"), "policy": p,
-         "quick": args.quick, "nodes": nodes, "cpus_per_node": 4, "interval": args.interval,
+         "quick": args.quick, "nodes": nodes, "cpus_per_node": SIM_DEFAULT_CPUS_PER_NODE, "interval": args.interval,
          "out_dir": str(out / f"workload-{w}-{p}")}
         for w in workloads for p in args.policies
     ]

@@ -39,10 +39,11 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from pollux_opt import Cluster  # noqa: E402
-from pollux_opt.model.core import Node  # noqa: E402
+from pollux_opt.model import Node  # noqa: E402
 from pollux_opt.backends.local.backend import POLL_S  # noqa: E402
-from pollux_opt.backends.sim import SimConfig, load_profiles, read_workload, simulate  # noqa: E402
+from pollux_opt.backends.sim import SimConfig, load_profiles, simulate  # noqa: E402
 from pollux_opt.backends.sim.export import export_profiles, find_run_dirs  # noqa: E402
+from pollux_opt.workloads.adaptdl import read_adaptdl_csv  # noqa: E402
 
 log = logging.getLogger("sim_fidelity")
 
@@ -69,7 +70,7 @@ def fidelity(run_args: list[str], out: Path) -> pd.DataFrame:
         config = json.loads((run / "config.json").read_text())
         summary = json.loads((run / "summary.json").read_text())
         policy = config["policy"]
-        jobs = read_workload(out / "profiles" / f"workload-{run.name}.csv")
+        jobs = read_adaptdl_csv(out / "profiles" / f"workload-{run.name}.csv")
         variants = {
             "paper": SimConfig(restart_delay=restart_delay),
             "matched": SimConfig(restart_delay=restart_delay, completion_delay=verify, wake_every=POLL_S,

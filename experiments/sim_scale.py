@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from pollux_opt import Cluster
-from pollux_opt.backends.sim import ParametricProfile, WorkloadJob, quiet_library_logs, run_tasks, simulate
+from pollux_opt.backends.sim import ParametricProfile, quiet_library_logs, run_tasks, simulate
+from pollux_opt.workloads.job import WorkloadJob
 
 log = logging.getLogger("sim_scale")
 #: Row fields logged as each run finishes.
@@ -48,8 +49,10 @@ def workload(cpus: int, seed: int, window_s: float) -> list[WorkloadJob]:
     n = max(2, int(round(JOBS_PER_CPU * cpus)))
     apps = rng.choice(["small", "medium", "large"], size=n, p=[0.6, 0.3, 0.1])
     times = np.sort(rng.uniform(0, window_s, size=n))
-    return [WorkloadJob(f"{a}-{i}", float(round(t)), str(a), {"small": 1, "medium": 4, "large": 8}[a],
-                        {"small": 256, "medium": 512, "large": 1024}[a]) for i, (a, t) in enumerate(zip(apps, times))]
+    return [WorkloadJob(id=f"{a}-{i}", kind=str(a), arrival_s=float(round(t)),
+                        replicas={"small": 1, "medium": 4, "large": 8}[a],
+                        batch_size={"small": 256, "medium": 512, "large": 1024}[a])
+            for i, (a, t) in enumerate(zip(apps, times))]
 
 
 def run_one(task: dict) -> dict:

@@ -23,12 +23,13 @@ from pollux_opt.backends.sim import (
     SimConfig,
     default_trace_dir,
     load_profiles,
-    philly_workload,
     quiet_library_logs,
-    read_workload,
     run_tasks,
     simulate,
 )
+from pollux_opt.workloads.adaptdl import philly_workload, read_adaptdl_csv
+from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
+from pollux_opt.model.options import DEFAULT_RESTART_DELAY
 
 AXES = {
     "load": [0.5, 1.0, 1.5, 2.0],
@@ -40,7 +41,8 @@ AXES = {
 QUICK_AXES = {"load": [0.5, 1.0], "interval_s": [60.0, 240.0], "restart_delay_s": [30.0], "report_noise": [0.0, 0.3], "p": [-1.0]}
 QUICK_JOBS = 10
 #: The paper's settings (16 x 4, interval 60 s, restart 30 s, exact reports, p = -1); each axis varies one.
-DEFAULTS = {"load": 1.0, "interval_s": 60.0, "restart_delay_s": 30.0, "report_noise": 0.0, "p": -1.0}
+DEFAULTS = {"load": 1.0, "interval_s": SIM_DEFAULT_INTERVAL_S, "restart_delay_s": DEFAULT_RESTART_DELAY,
+            "report_noise": 0.0, "p": -1.0}
 
 log = logging.getLogger("sim_sensitivity")
 #: Row fields logged as each run finishes.
@@ -49,7 +51,7 @@ PROGRESS_FIELDS = ("axis", "value", "policy", "avg_jct_s", "wall_s")
 
 def _policy(name: str, p: float, restart: float):
     if name == "pollux":
-        from pollux_opt.scheduling.policies.adaptive import PolluxPolicy
+        from pollux_opt.scheduling.policies import PolluxPolicy
 
         return PolluxPolicy(options=Options(p=p, restart_delay=max(restart, 1e-9)))
     return name
@@ -66,9 +68,9 @@ def run_one(task: dict) -> dict:
         jobs = philly_workload(traces / "philly.csv", profiles, load=value,
                                num_jobs=QUICK_JOBS if quick else 160, seed=task["workload"])
     else:
-        jobs = read_workload(traces / "workloads" / f"workload-{task['workload']}.csv")
+        jobs = read_adaptdl_csv(traces / "workloads" / f"workload-{task['workload']}.csv")
         jobs = jobs[:QUICK_JOBS] if quick else jobs
-    cluster = Cluster.uniform(4, 4) if quick else Cluster.uniform(16, 4)
+    cluster = Cluster.uniform(4, 4) if quick else Cluster.uniform(SIM_DEFAULT_NODES, SIM_DEFAULT_CPUS_PER_NODE)
     cfg = SimConfig(restart_delay=settings["restart_delay_s"], report_noise=settings["report_noise"])
     res = simulate(jobs, profiles, _policy(pol, settings["p"], settings["restart_delay_s"]), cluster=cluster,
                    interval=settings["interval_s"], config=cfg)

@@ -14,26 +14,36 @@ live in the sibling package :mod:`solvers`.
 
 from solvers import InvalidProblem, Status
 
-from pollux_opt.model.allocate import allocate, encode
-from pollux_opt.model.goodput import (
+from pollux_opt.model import (
+    Allocation,
     BatchChoice,
+    BatchConfig,
     BatchLimits,
+    Cluster,
     GoodputModel,
     GradientStats,
+    Instance,
+    Job,
+    Node,
+    Options,
     ThroughputParams,
+    allocate,
     efficiency,
     fit_throughput,
+    instance_to_json,
+    load_instance,
+    parse_instance,
+    restart_factor,
     step_time,
+    to_problem,
 )
-from pollux_opt.model.instance import Instance, instance_to_json, load_instance, parse_instance
-from pollux_opt.model.core import Allocation, BatchConfig, Cluster, Job, Node, Options, restart_factor
 from pollux_opt.records.events import EventLog, read_events
 from pollux_opt.records.metrics import summarize
-from pollux_opt.scheduling.policies.adaptive import POLICIES
-from pollux_opt.backends.local.backend import run_real
+from pollux_opt.scheduling.policies import POLICIES
+from pollux_opt.backends.local import run_real
 from pollux_opt.scheduling.loop import Backend, Decision, JobView, Policy
 from pollux_opt.scheduling.loop import run as run_scheduler
-from pollux_opt.workloads.sets import WORKLOAD_SETS, Workload, WorkloadJob, load_workload
+from pollux_opt.workloads import WORKLOAD_SETS, Workload, WorkloadJob, load_workload
 
 __all__ = [
     "Allocation",
@@ -52,14 +62,14 @@ __all__ = [
     "ThroughputParams",
     "allocate",
     "efficiency",
-    "encode",
     "fit_throughput",
     "instance_to_json",
     "load_instance",
     "parse_instance",
     "restart_factor",
     "step_time",
-    # scheduler, policies, event log, metrics, real runs (issue 5)
+    "to_problem",
+    # scheduler, policies, event log, metrics, real runs
     "Backend",
     "Decision",
     "EventLog",

@@ -40,8 +40,8 @@ def _cmd_allocate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from pollux_opt.backends.local.backend import default_cluster, run_real
-    from pollux_opt.workloads.sets import load_workload
+    from pollux_opt.backends.local import default_cluster, run_real
+    from pollux_opt.workloads import load_workload
 
     workload = load_workload(args.workload, quick=args.quick) if args.workload else None
     cluster = default_cluster(args.nodes, args.cpus) if (args.nodes or args.cpus) else None
@@ -53,7 +53,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _default_interval(quick: bool) -> float:
-    from pollux_opt.backends.local.backend import DEFAULT_INTERVAL_S, QUICK_INTERVAL_S
+    from pollux_opt.backends.local import DEFAULT_INTERVAL_S, QUICK_INTERVAL_S
 
     return QUICK_INTERVAL_S if quick else DEFAULT_INTERVAL_S
 
@@ -101,7 +101,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from pollux_opt.backends.local.backend import default_cluster, run_demo
+    from pollux_opt.backends.local import default_cluster, run_demo
 
     cluster = default_cluster(args.nodes, args.cpus) if (args.nodes or args.cpus) else None
     summaries = run_demo(args.out, args.workload, quick=args.quick, interval=args.interval,
@@ -112,6 +112,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pollux_opt.scheduling.policies import policy_names
+
     parser = argparse.ArgumentParser(
         prog="pollux-opt",
         description="Goodput-optimized scheduling of deep-learning training jobs (Pollux) with an exact allocator.",
@@ -129,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run one policy on a workload of real CPU jobs (resumes an existing --out)")
     p.add_argument("--workload", help="named workload set or workload JSON file (omit to resume --out)")
-    p.add_argument("--policy", choices=["fixed", "dynamic", "pollux"], help="scheduling policy (new runs)")
+    p.add_argument("--policy", help=f"scheduling policy (new runs): {', '.join(policy_names())}")
     p.add_argument("--out", required=True, help="run directory (config.json, events.jsonl, summary.json)")
     p.add_argument("--interval", type=float, help="seconds between scheduling rounds (default 30; 10 with --quick)")
     p.add_argument("--quick", action="store_true", help="use the workload's quick variant")

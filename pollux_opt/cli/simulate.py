@@ -17,15 +17,19 @@ __all__ = [
 
 
 def add_simulate_parser(sub) -> None:
-    p = sub.add_parser("simulate", help="simulate workloads on a simulated cluster (issue 6)")
+    from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
+    from pollux_opt.model.options import DEFAULT_RESTART_DELAY
+    from pollux_opt.scheduling.policies import POLICIES
+
+    p = sub.add_parser("simulate", help="simulate workloads on a simulated cluster")
     p.add_argument("--workload", nargs="+", required=True, help="workload CSV file(s) (AdaptDL format)")
     p.add_argument("--profiles", default=None,
                    help="trace folder holding profiles/APP/ (default ../shared/traces/adaptdl-osdi21 or $POLLUX_OPT_TRACES)")
-    p.add_argument("--policy", default="pollux", help="policy name (pollux, tiresias, optimus, or a registered one)")
-    p.add_argument("--nodes", type=int, default=16, help="number of nodes")
-    p.add_argument("--cpus-per-node", type=int, default=4, help="replica slots per node")
-    p.add_argument("--interval", type=float, default=60.0, help="scheduling interval, seconds")
-    p.add_argument("--restart-delay", type=float, default=30.0, help="seconds a (re)start costs")
+    p.add_argument("--policy", default="pollux", help=f"scheduling policy: {', '.join(POLICIES)} (default: pollux)")
+    p.add_argument("--nodes", type=int, default=SIM_DEFAULT_NODES, help="number of nodes")
+    p.add_argument("--cpus-per-node", type=int, default=SIM_DEFAULT_CPUS_PER_NODE, help="replica slots per node")
+    p.add_argument("--interval", type=float, default=SIM_DEFAULT_INTERVAL_S, help="scheduling interval, seconds")
+    p.add_argument("--restart-delay", type=float, default=DEFAULT_RESTART_DELAY, help="seconds a (re)start costs")
     p.add_argument("--interference", type=float, default=0.0, help="slowdown of multi-node jobs sharing a node")
     p.add_argument("--report-noise", type=float, default=0.0, help="log-normal sigma of measurement error")
     p.add_argument("--completion-delay", default="0",
@@ -49,14 +53,14 @@ def add_simulate_parser(sub) -> None:
 
 def simulate_one(args: dict) -> dict:
     """Top-level (picklable) entry point: simulate one workload; returns the result as a dict."""
-    from pollux_opt.model.core import Cluster
+    from pollux_opt.model import Cluster
     from pollux_opt.backends.sim.backend import PAPER_FIXED_APPLICATIONS, SimConfig
     from pollux_opt.backends.sim.traces import load_profiles
     from pollux_opt.backends.sim.run import simulate
-    from pollux_opt.workloads.adaptdl import read_workload
+    from pollux_opt.workloads.adaptdl import read_adaptdl_csv
 
     profiles = load_profiles(args["profiles"])
-    jobs = read_workload(args["workload"])
+    jobs = read_adaptdl_csv(args["workload"])
     config = SimConfig(restart_delay=args["restart_delay"], interference=args["interference"],
                        report_noise=args["report_noise"], completion_delay=args["completion_delay"],
                        wake_every=args["wake_every"], start_delay=args["start_delay"],

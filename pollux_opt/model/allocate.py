@@ -1,4 +1,4 @@
-"""``allocate()``: encode jobs and cluster into a :class:`solvers.Problem`, solve, decode."""
+"""``allocate()``: turn jobs and cluster into a :class:`solvers.Problem` (:func:`to_problem`), solve, decode."""
 
 from __future__ import annotations
 
@@ -11,10 +11,14 @@ import numpy as np
 import solvers
 from solvers import InvalidProblem, Problem
 
-from pollux_opt.model.goodput import BatchChoice, GoodputModel
-from pollux_opt.model.core import Allocation, BatchConfig, Cluster, Job, Options, restart_factor
+from pollux_opt.model.allocation import Allocation
+from pollux_opt.model.batch import BatchChoice, BatchConfig
+from pollux_opt.model.cluster import Cluster
+from pollux_opt.model.goodput import GoodputModel
+from pollux_opt.model.job import Job, restart_factor
+from pollux_opt.model.options import Options
 
-__all__ = ["allocate", "encode"]
+__all__ = ["allocate", "to_problem"]
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +73,7 @@ def _batch_config(job: Job, pairs: tuple[tuple[int, int], ...], pair: tuple[int,
     table, choice = _model_table(job.speedup, pairs, job.base, job.fixed_batch_size)
     if pair not in table:
         return None
-    i = _pair_index(pairs)[pair]
-    return BatchConfig(
-        local_bsz=int(choice.local_bsz[i]), accum_steps=int(choice.accum_steps[i]),
-        batch_size=int(choice.batch_size[i]), goodput=float(choice.goodput[i]),
-    )
+    return choice.config(_pair_index(pairs)[pair])
 
 
 @lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
@@ -111,8 +111,13 @@ def _pairs(lo: int, hi: int, caps_desc: tuple[int, ...], max_nodes: int) -> tupl
     return tuple(pairs)
 
 
-def encode(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Problem:
-    """Encode domain objects into the array problem (see :class:`solvers.Problem`).
+def _restart_delay(job: Job, options: Options) -> float:
+    """The delta of ``job``'s restart factor: its own delay, else the options' one."""
+    return options.restart_delay if job.restart_delay is None else job.restart_delay
+
+
+def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Problem:
+    """The array problem (see :class:`solvers.Problem`) of the cluster, jobs and options.
 
     Raises:
         InvalidProblem: duplicate job ids, a placement on an unknown node or over capacity.
@@ -157,7 +162,7 @@ def encode(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Problem:
         cfg_replicas=np.array(cfg_reps, dtype=np.int64),
         cfg_speedup=np.array(cfg_spd, dtype=np.float64),
         current=current,
-        restart_factor=np.array([restart_factor(j.age, j.restarts, options.restart_delay) for j in jobs]),
+        restart_factor=np.array([restart_factor(j.age, j.restarts, _restart_delay(j, options)) for j in jobs]),
         weight=np.array([j.weight for j in jobs], dtype=np.float64),
         min_replicas=np.array([j.min_replicas for j in jobs], dtype=np.int64),
         max_replicas=np.array([j.max_replicas for j in jobs], dtype=np.int64),
@@ -179,16 +184,11 @@ def _batch_configs(
         pair = (int((row > 0).sum()), k)
         pairs = tuple(_candidate_pairs(job, caps_desc, options.max_nodes_per_job))
         cached = _batch_config(job, pairs, pair)
-        if cached is not None:  # computed while encoding (same model, pairs and base)
+        if cached is not None:  # computed by to_problem (same model, pairs and base)
             out[job.id] = cached
             continue
         choice = job.speedup.optimize(int((row > 0).sum()), k, fixed_batch_size=job.fixed_batch_size)
-        out[job.id] = BatchConfig(
-            local_bsz=int(np.asarray(choice.local_bsz)),
-            accum_steps=int(np.asarray(choice.accum_steps)),
-            batch_size=int(np.asarray(choice.batch_size)),
-            goodput=float(np.asarray(choice.goodput)),
-        )
+        out[job.id] = choice.config()
     return out
 
 
@@ -231,7 +231,7 @@ def allocate(
     for job in jobs:
         if not isinstance(job, Job):
             raise InvalidProblem(f"jobs must be Job objects, got {type(job).__name__}")
-    problem = encode(cluster, jobs, opts)
+    problem = to_problem(cluster, jobs, opts)
     accepted = solvers.solver_options(opts.solver)
     kwargs = {
         k: getattr(opts, k)

@@ -1,20 +1,23 @@
-"""Versioned JSON instance format (``version: 1``).
+"""Versioned JSON instance format (``version: 2``; version 1 files still read).
 
 An instance file holds a cluster, jobs with explicit speedup tables and
 allocation options::
 
-    {"version": 1,
+    {"version": 2,
      "cluster": {"nodes": [{"id": "n0", "cpus": 4}, {"id": "n1", "cpus": 4}]},
      "jobs": [{"id": "a", "speedup_table": [[1, 1, 1.0], [1, 2, 1.8], [2, 2, 1.6]],
                "min_replicas": 0, "max_replicas": 2, "placement": {"n0": 1},
-               "restarts": 0, "age": 120.0, "weight": 1.0}],
+               "restarts": 0, "age": 120.0, "weight": 1.0, "restart_delay": 12.5}],
      "options": {"p": -1, "restart_delay": 30, "interference_avoidance": true,
                  "max_nodes_per_job": 16, "time_limit": 10, "mip_gap": 0.0001}}
 
 Only ``id``, ``speedup_table`` (rows ``[num_nodes, num_replicas, speedup]``)
 and ``max_replicas`` are required per job; everything else defaults as in
 :class:`pollux_opt.Options` and :class:`pollux_opt.Job`.  ``options`` may also
-name ``solver`` and ``seed``.  See ``docs/instance-format.md``.
+name ``solver`` and ``seed``.  Version 2 adds the per-job ``restart_delay``
+(absent or null: ``options.restart_delay``); a version 1 file has no such
+field, so every job uses ``options.restart_delay``.  See
+``docs/instance-format.md``.
 """
 
 from __future__ import annotations
@@ -27,14 +30,22 @@ from typing import Any, Mapping
 
 from solvers import InvalidProblem
 
-from pollux_opt.model.core import Cluster, Job, Node, Options
+from pollux_opt.model.cluster import Cluster, Node
+from pollux_opt.model.job import Job
+from pollux_opt.model.options import Options
 
-__all__ = ["Instance", "load_instance", "parse_instance", "instance_to_json", "FORMAT_VERSION"]
+__all__ = ["Instance", "load_instance", "parse_instance", "instance_to_json", "FORMAT_VERSION", "READ_VERSIONS"]
 
-#: The instance format version this code reads and writes.
-FORMAT_VERSION = 1
+#: The instance format version this code writes (and assumes when a file names none).
+FORMAT_VERSION = 2
+#: The versions this code reads: 1 (no per-job restart delay) and 2.
+READ_VERSIONS = (1, 2)
 
-_JOB_FIELDS = {"id", "speedup_table", "min_replicas", "max_replicas", "placement", "restarts", "age", "weight"}
+#: The job fields of each version.
+_JOB_FIELDS_V1 = frozenset(
+    {"id", "speedup_table", "min_replicas", "max_replicas", "placement", "restarts", "age", "weight"}
+)
+_JOB_FIELDS = {1: _JOB_FIELDS_V1, 2: _JOB_FIELDS_V1 | {"restart_delay"}}
 
 
 @dataclass(frozen=True)
@@ -74,20 +85,7 @@ def _parse_table(rows: Any, where: str) -> dict[tuple[int, int], float]:
     return table
 
 
-def parse_instance(data: Any) -> Instance:
-    """Parse an already-decoded JSON object into an :class:`Instance`.
-
-    Raises:
-        InvalidProblem: naming the offending field and its value.
-    """
-    if not isinstance(data, dict):
-        raise InvalidProblem(f"instance must be a JSON object, got {type(data).__name__}")
-    version = data.get("version", FORMAT_VERSION)
-    if version != FORMAT_VERSION:
-        raise InvalidProblem(f"version must be {FORMAT_VERSION}, got {version!r}")
-    unknown = set(data) - {"version", "cluster", "jobs", "options"}
-    if unknown:
-        raise InvalidProblem(f"unknown top-level field {sorted(unknown)[0]!r}")
+def _parse_cluster(data: Mapping) -> Cluster:
     cluster_data = _require(data, "cluster", "instance")
     if not isinstance(cluster_data, dict):
         raise InvalidProblem(f"cluster must be an object, got {cluster_data!r}")
@@ -103,36 +101,56 @@ def parse_instance(data: Any) -> Instance:
         if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus <= 0:
             raise InvalidProblem(f"cluster.nodes[{i}].cpus must be an integer > 0, got {cpus!r}")
         nodes.append(Node(str(nid), cpus))
-    cluster = Cluster(tuple(nodes))
+    return Cluster(tuple(nodes))
 
+
+def _parse_job(jd: Any, where: str, version: int) -> Job:
+    if not isinstance(jd, dict):
+        raise InvalidProblem(f"{where} must be an object, got {jd!r}")
+    unknown = set(jd) - _JOB_FIELDS[version]
+    if unknown:
+        name = sorted(unknown)[0]
+        hint = " (per-job restart delays need version 2)" if name == "restart_delay" else ""
+        raise InvalidProblem(f"{where}: unknown field {name!r} in a version {version} file{hint}")
+    placement = jd.get("placement", {})
+    if not isinstance(placement, dict):
+        raise InvalidProblem(f"{where}.placement must be an object {{node: replicas}}, got {placement!r}")
+    kwargs = {k: jd[k] for k in ("min_replicas", "restarts", "age", "weight", "restart_delay") if k in jd}
+    return Job(
+        id=str(_require(jd, "id", where)),
+        speedup=_parse_table(_require(jd, "speedup_table", where), where),
+        max_replicas=_require(jd, "max_replicas", where),
+        placement={str(n): k for n, k in placement.items()},
+        **kwargs,
+    )
+
+
+def parse_instance(data: Any) -> Instance:
+    """Parse an already-decoded JSON object into an :class:`Instance`.
+
+    Reads every version in :data:`READ_VERSIONS`; a file without ``version``
+    is read as :data:`FORMAT_VERSION`.
+
+    Raises:
+        InvalidProblem: naming the offending field and its value.
+    """
+    if not isinstance(data, dict):
+        raise InvalidProblem(f"instance must be a JSON object, got {type(data).__name__}")
+    version = data.get("version", FORMAT_VERSION)
+    if isinstance(version, bool) or version not in READ_VERSIONS:
+        raise InvalidProblem(f"version must be one of {list(READ_VERSIONS)}, got {version!r}")
+    unknown = set(data) - {"version", "cluster", "jobs", "options"}
+    if unknown:
+        raise InvalidProblem(f"unknown top-level field {sorted(unknown)[0]!r}")
+    cluster = _parse_cluster(data)
     jobs_data = _require(data, "jobs", "instance")
     if not isinstance(jobs_data, list):
         raise InvalidProblem(f"jobs must be a list, got {jobs_data!r}")
-    jobs = []
-    for i, jd in enumerate(jobs_data):
-        where = f"jobs[{i}]"
-        if not isinstance(jd, dict):
-            raise InvalidProblem(f"{where} must be an object, got {jd!r}")
-        unknown = set(jd) - _JOB_FIELDS
-        if unknown:
-            raise InvalidProblem(f"{where}: unknown field {sorted(unknown)[0]!r}")
-        placement = jd.get("placement", {})
-        if not isinstance(placement, dict):
-            raise InvalidProblem(f"{where}.placement must be an object {{node: replicas}}, got {placement!r}")
-        kwargs = {k: jd[k] for k in ("min_replicas", "restarts", "age", "weight") if k in jd}
-        jobs.append(
-            Job(
-                id=str(_require(jd, "id", where)),
-                speedup=_parse_table(_require(jd, "speedup_table", where), where),
-                max_replicas=_require(jd, "max_replicas", where),
-                placement={str(n): k for n, k in placement.items()},
-                **kwargs,
-            )
-        )
+    jobs = tuple(_parse_job(jd, f"jobs[{i}]", version) for i, jd in enumerate(jobs_data))
     options_data = data.get("options", {})
     if not isinstance(options_data, dict):
         raise InvalidProblem(f"options must be an object, got {options_data!r}")
-    return Instance(cluster, tuple(jobs), Options.from_mapping(options_data))
+    return Instance(cluster, jobs, Options.from_mapping(options_data))
 
 
 def load_instance(path: str | os.PathLike) -> Instance:
@@ -156,7 +174,9 @@ def load_instance(path: str | os.PathLike) -> Instance:
 
 
 def instance_to_json(instance: Instance) -> dict:
-    """The JSON object of an instance with explicit speedup tables (inverse of :func:`parse_instance`)."""
+    """The JSON object (version :data:`FORMAT_VERSION`) of an instance with explicit
+    speedup tables (inverse of :func:`parse_instance`); a job's ``restart_delay``
+    is written only when set."""
     jobs = []
     for job in instance.jobs:
         if not isinstance(job.speedup, dict):
@@ -171,6 +191,7 @@ def instance_to_json(instance: Instance) -> dict:
                 "restarts": job.restarts,
                 "age": job.age,
                 "weight": job.weight,
+                **({} if job.restart_delay is None else {"restart_delay": job.restart_delay}),
             }
         )
     o = instance.options

@@ -70,7 +70,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Event types, in the order of a job's life (issue 5, section 3).
+#: Event types, in the order of a job's life.
 EVENT_TYPES = (
     "run_start",        # cluster: the scheduler (re)started; fields: policy, resumed
     "submit",           # job arrived; fields: submitted_replicas, submitted_batch_size, workload
@@ -237,7 +237,7 @@ def goodput_model_to_json(model) -> dict | None:
 
 def goodput_model_from_json(data: dict | None):
     """Inverse of :func:`goodput_model_to_json`."""
-    from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+    from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 
     if not data:
         return None

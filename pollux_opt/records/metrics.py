@@ -56,14 +56,14 @@ a percentage of the makespan.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from solvers import InvalidProblem
 
-from pollux_opt.records.events import PLACEMENT_EVENTS, goodput_model_from_json, jsonable
+from pollux_opt.records.events import goodput_model_from_json, jsonable
+from pollux_opt.records.replay import JobTrack, replay
 
 __all__ = [
     "summarize",
@@ -75,39 +75,9 @@ __all__ = [
     "COMPARE_COLUMNS",
 ]
 
-#: Events after which a job holds nothing.
-_RELEASE_EVENTS = frozenset({"complete", "failed"})
-
-
-@dataclass
-class _JobTrack:
-    id: str
-    submit: float = math.nan
-    end: float = math.nan
-    completed: bool = False
-    failed: bool = False
-    verified: bool = False
-    final_metric: float | None = None
-    restarts: int = 0
-    submitted_replicas: int | None = None
-    submitted_batch_size: int | None = None
-    max_replicas: int | None = None
-    progress: float = math.nan
-    model: dict | None = None
-    startup_s: float = 0.0
-    verify_s: float = 0.0
-    held: int = 0
-    held_since: float = 0.0
-    cpu_seconds: float = 0.0
-    replicas: list[tuple[float, int]] = field(default_factory=list)
-
 
 def _num(x) -> float:
     return math.nan if x is None else float(x)
-
-
-def _held(placement) -> int:
-    return int(sum(int(v) for v in (placement or {}).values()))
 
 
 def _sorted(events: Iterable[dict]) -> list[dict]:
@@ -115,51 +85,7 @@ def _sorted(events: Iterable[dict]) -> list[dict]:
     return sorted(events, key=lambda e: float(e["t"]))
 
 
-def _tracks(events: Sequence[dict]) -> dict[str, _JobTrack]:
-    jobs: dict[str, _JobTrack] = {}
-
-    def hold(job: _JobTrack, t: float, k: int) -> None:
-        job.cpu_seconds += job.held * max(t - job.held_since, 0.0)
-        job.held, job.held_since = k, t
-        job.replicas.append((t, k))
-
-    for e in events:
-        jid = e.get("job_id")
-        if jid is None:
-            continue
-        t, etype = float(e["t"]), e["type"]
-        job = jobs.setdefault(jid, _JobTrack(jid))
-        if etype == "submit":
-            if math.isnan(job.submit):
-                job.submit = t
-                job.submitted_replicas = e.get("submitted_replicas")
-                job.submitted_batch_size = e.get("submitted_batch_size")
-                job.max_replicas = e.get("max_replicas")
-                job.held_since = t
-                job.replicas.append((t, 0))
-        elif etype in PLACEMENT_EVENTS:
-            hold(job, t, _held(e.get("placement")))
-            if etype in ("rescale_begin", "restart_after_fault") and job.held:
-                job.restarts += 1
-        elif etype == "validation" and e.get("target_reached"):
-            hold(job, t, 0)
-        elif etype in _RELEASE_EVENTS:
-            hold(job, t, 0)
-            job.end = t
-            if etype == "complete":
-                job.completed = True
-                job.verified = bool(e.get("verified"))
-                job.final_metric = e.get("value")
-                job.progress = _num(e.get("progress"))
-                job.model = e.get("model")
-                job.startup_s = _num(e.get("startup_s")) if e.get("startup_s") is not None else 0.0
-                job.verify_s = _num(e.get("verify_s")) if e.get("verify_s") is not None else 0.0
-            else:
-                job.failed = True
-    return jobs
-
-
-def _active_count(jobs: dict[str, _JobTrack], t_end: float) -> tuple[np.ndarray, np.ndarray]:
+def _active_count(jobs: Mapping[str, JobTrack], t_end: float) -> tuple[np.ndarray, np.ndarray]:
     """Step function (times, count) of active jobs; count[i] holds on [times[i], times[i+1])."""
     deltas: list[tuple[float, int]] = []
     for job in jobs.values():
@@ -305,7 +231,7 @@ def allocation_timeline(events: Sequence[dict]):
     import pandas as pd
 
     rows = []
-    for jid, job in _tracks(_sorted(events)).items():
+    for jid, job in replay(_sorted(events)).items():
         rows.extend((t, jid, k) for t, k in job.replicas)
     return pd.DataFrame(rows, columns=["t", "job_id", "cpus"]).sort_values("t", kind="stable")
 
@@ -339,15 +265,14 @@ def summarize(events: Sequence[dict], cluster_cpus: int | None = None, *, node_c
     if node_cpus is None:
         node_cpus = next((e.get("node_cpus") for e in starts if e.get("node_cpus")), None)
     policy, interval = _cluster_info(events)
-    jobs = _tracks(events)
+    jobs = replay(events)
     t_last = float(events[-1]["t"]) if events else 0.0
     submits = [j.submit for j in jobs.values() if not math.isnan(j.submit)]
     t0 = min(submits) if submits else 0.0
     ends = [j.end if not math.isnan(j.end) else t_last for j in jobs.values()]
     t1 = max(ends) if ends else t_last
     for job in jobs.values():  # close open holdings at the end of the log
-        if job.held:
-            job.cpu_seconds += job.held * max(t1 - job.held_since, 0.0)
+        job.account(t1)
     times, counts = _active_count(jobs, t1)
 
     out_jobs = []

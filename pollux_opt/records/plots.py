@@ -7,11 +7,14 @@ non-interactive Agg backend.
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from pollux_opt.records.files import atomic_write_bytes
 
 __all__ = ["plot_jct_cdf", "plot_allocation_timeline", "plot_goodput", "plot_all"]
 
@@ -106,10 +109,10 @@ def plot_all(runs: Mapping[str, Sequence[dict]], summaries: Mapping[str, dict], 
 
 
 def _save(fig, plt, path) -> Path:
+    """Write ``fig`` to ``path`` atomically (the format from its suffix) and close it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=110, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
-    tmp.replace(path)
+    atomic_write_bytes(path, buf.getvalue())
     return path

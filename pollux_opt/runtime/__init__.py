@@ -29,6 +29,8 @@ Signatures:
   a scheduler restart: everything lives in the work directory)
 * ``start(replicas: int | {node: int} = 1, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None)``
 * ``rescale(replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None)``
+  (``local_bsz``/``accum_steps`` pin the batch a scheduler decided; the same
+  placement and CPUs with another pin switch the batch without a restart)
 * ``stop()``, ``close()``, ``poll() -> JobState``, ``report() -> JobReport``,
   ``wait(timeout=None, until=None) -> JobReport``, ``step_log() -> pandas.DataFrame``
 * ``WorkerPool(spares=1, *, max_idle=None, start_method=None)`` with
@@ -43,7 +45,9 @@ Signatures:
   ``fixed_batch_size`` is the "fixed" mode (user's total batch, no
   adaptation) needed by the throughput-only and fixed baseline policies.
 
-States (:class:`JobState`): ``pending`` -> ``rescaling`` (acquiring workers,
+States (:class:`JobState`; internally the finer phases of
+:mod:`~pollux_opt.runtime.phase`, with their table of allowed transitions):
+``pending`` -> ``rescaling`` (acquiring workers,
 loading the checkpoint) -> ``running`` <-> ``rescaling`` -> ``verifying``
 (target reached; final checkpoint re-evaluated in a fresh process forked
 from the pool's fork server, holding no core of the job) ->
@@ -55,6 +59,14 @@ exceed ``max_restarts``.  A job holds cores exactly while ``running`` or
 What a job does
 ===============
 
+Modules: :mod:`~pollux_opt.runtime.job` (the handle),
+:mod:`~pollux_opt.runtime.controller` and :mod:`~pollux_opt.runtime.intake`
+(its supervisor thread), :mod:`~pollux_opt.runtime.phase`,
+:mod:`~pollux_opt.runtime.status`, :mod:`~pollux_opt.runtime.journal`,
+:mod:`~pollux_opt.runtime.worker` and :mod:`~pollux_opt.runtime.trainer` (the
+worker processes), :mod:`~pollux_opt.runtime.measurements` (typed
+configuration keys), :mod:`~pollux_opt.runtime.agent`, :mod:`~pollux_opt.runtime.adapt`.
+
 * K replicas = K worker processes, one thread each, all-reducing
   gradients with ``torch.distributed`` (gloo); "nodes" are logical (recorded for
   the throughput model's inter-node terms).  Workers are kept warm in a
@@ -63,12 +75,16 @@ What a job does
 * Each step records compute and sync seconds, and unbiased estimates of
   |G|^2 and of the gradient variance at M0 from the per-replica (and
   per-micro-batch) gradients, smoothed; with one replica the local batch runs
-  as two micro-batches (see ``_stats``).
+  as two micro-batches (see :mod:`~pollux_opt.runtime.stats` and
+  :func:`~pollux_opt.runtime.adapt.executable`).
 * Progress is counted in M0-equivalent iterations (sum of AdaScale gains).
-* The controller fits :class:`ThroughputParams` online to the job's own step
-  times (priors until data exist) and picks local batch and accumulation with
-  :class:`GoodputModel` for the current allocation; the learning rate follows
-  the job's rule (AdaScale for SGD, square root for Adam).
+* The job agent (:class:`~pollux_opt.runtime.agent.JobAgent`, shared with the
+  simulator) fits :class:`ThroughputParams` online to the job's own step times
+  (priors until data exist).  The batch is the one the allocation pins, if
+  any; otherwise the job picks local batch and accumulation with its
+  :class:`GoodputModel` for the current allocation, and re-picks them as
+  measurements arrive (:mod:`~pollux_opt.runtime.adapt`).  The learning rate
+  follows the job's rule (AdaScale for SGD, square root for Adam).
 * Rescale = finish the step, atomic checkpoint (temp, fsync, rename, with a
   SHA-256 checked on load and fallback to the previous good one), re-form the
   group, resume; its wall time is measured and reported as the restart delay.

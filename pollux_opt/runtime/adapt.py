@@ -1,30 +1,33 @@
-"""Co-adaptation: the batch configuration a job uses on its allocation (Pollux, section 3.3).
+"""Co-adaptation: the batch configuration a job runs on its allocation (Pollux, section 3.3).
 
-The controller fits :class:`~pollux_opt.model.goodput.ThroughputParams` to the job's
-own measurements and asks :meth:`GoodputModel.optimize` for the local batch
-and accumulation steps on the current allocation; the workers apply the
-choice at the next step boundary.  Pure functions over plain values.
+Who chooses the batch: the scheduler's decision, when it carries a batch for
+the job (:func:`decided_batch` makes it runnable within the job's limits);
+otherwise the job itself (:func:`choose_batch`, from its own fitted model, on
+each allocation and again between rounds as measurements arrive).  Either way
+a one-replica job without accumulation runs its local batch as two
+micro-batches (:func:`executable`).  Pure functions over plain values, shared
+by the runtime and the simulator.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
-import numpy as np
 
 from solvers import InvalidProblem
 
-from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.model import BatchConfig, BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.runtime.agent import neutral_stats
 
 __all__ = [
     "ADAPT_MIN_GAIN",
     "MIN_STATS_STEPS",
-    "BatchConfig",
     "check_allocation",
     "choose_batch",
+    "decided_batch",
     "executable",
-    "profile_key",
+    "executor_batch",
+    "runnable",
+    "split_batch",
 ]
 
 #: Relative goodput gain a new batch configuration must promise before the job
@@ -34,7 +37,7 @@ ADAPT_MIN_GAIN = 0.02
 
 #: Steps with gradient statistics before the job trusts them to pick a batch
 #: larger than M0 (until then it trains at M0, as AdaptDL does).  About one
-#: averaging window of the statistics (see ``_stats.GRAD_STATS_SMOOTHING``).
+#: averaging window of the statistics (see ``stats.GRAD_STATS_SMOOTHING``).
 MIN_STATS_STEPS = 20
 
 #: Stand-in throughput model used only to split a fixed batch before any
@@ -42,27 +45,11 @@ MIN_STATS_STEPS = 20
 _NEUTRAL_PARAMS = ThroughputParams(1e-3, 1e-4, 0.0, 0.0, 0.0, 0.0, 1.0)
 
 
-@dataclass(frozen=True)
-class BatchConfig:
-    """Per-replica micro-batch ``local_bsz`` and extra ``accum_steps`` micro-batches."""
-
-    local_bsz: int
-    accum_steps: int
-
-    def batch_size(self, num_replicas: int) -> int:
-        return num_replicas * self.local_bsz * (self.accum_steps + 1)
-
-
-def profile_key(num_nodes: int, num_replicas: int, local_bsz: int, accum_steps: int) -> str:
-    """Key of a configuration in the measurement profile (JSON-safe)."""
-    return f"{num_nodes},{num_replicas},{local_bsz},{accum_steps}"
-
-
 def executable(num_replicas: int, config: BatchConfig, limits: BatchLimits) -> BatchConfig:
     """The configuration actually run: with one replica and no accumulation, the
     local batch is run as two micro-batches of half the size, so that every step
-    yields two gradients for the variance estimate (see ``_stats``).  The total
-    batch changes by at most one sample; the step is measured as the
+    yields two gradients for the variance estimate (see :mod:`~pollux_opt.runtime.stats`).
+    The total batch changes by at most one sample; the step is measured as the
     configuration it runs, so the throughput model stays consistent."""
     if num_replicas == 1 and config.accum_steps == 0 and config.local_bsz >= 2:
         half = -(-config.local_bsz // 2)
@@ -71,13 +58,57 @@ def executable(num_replicas: int, config: BatchConfig, limits: BatchLimits) -> B
     return config
 
 
-def _neutral_stats(limits: BatchLimits) -> GradientStats:
-    return GradientStats(grad_sqr=1.0, grad_var=0.0, init_batch_size=limits.init_batch_size)
+def split_batch(batch_size: int, replicas: int, max_local_bsz: int, min_local_bsz: int = 1) -> tuple[int, int]:
+    """(local_bsz, accum_steps) running a total batch on ``replicas`` replicas.
+
+    ``ceil(B / K)`` samples per replica in the fewest micro-batches of at most
+    ``max_local_bsz`` (the Pollux artifact's ``update_local_bsz``), raised to ``min_local_bsz``.
+    """
+    local = math.ceil(batch_size / replicas)
+    accum = max(math.ceil(local / max_local_bsz) - 1, 0)
+    atomic = max(math.ceil(local / (accum + 1)), min_local_bsz)
+    return atomic, accum
+
+
+def runnable(local_bsz: int, accum_steps: int, num_replicas: int, limits: BatchLimits, *,
+             split_single: bool) -> BatchConfig:
+    """``(local_bsz, accum_steps)`` with the micro-batch lowered (to no less than
+    1) so that the total batch does not exceed ``limits.max_batch_size`` (the
+    artifact caps its atomic batch the same way), then, with ``split_single``,
+    as the executor runs it (:func:`executable`)."""
+    k = num_replicas
+    local = max(min(local_bsz, limits.max_batch_size // (k * (accum_steps + 1))), 1)
+    config = BatchConfig(local, accum_steps)
+    return executable(k, config, limits) if split_single else config
+
+
+def decided_batch(config: BatchConfig, num_replicas: int, limits: BatchLimits, *, split_single: bool) -> BatchConfig:
+    """The configuration a job runs for the batch a scheduler decided.
+
+    The decided ``(local_bsz, accum_steps)`` when its micro-batch is within the
+    limits and it gives the decided total batch on ``num_replicas``; otherwise
+    the decided total batch re-split (:func:`split_batch`); then :func:`runnable`.
+    A decision without a total batch (``batch_size`` None) stands for its own.
+    """
+    k = num_replicas
+    local, accum = config.local_bsz, config.accum_steps
+    total = config.total_batch(k) if config.batch_size is None else config.batch_size
+    if not (limits.min_local_bsz <= local <= limits.max_local_bsz) or k * local * (accum + 1) != total:
+        local, accum = split_batch(total, k, limits.max_local_bsz, limits.min_local_bsz)
+    return runnable(local, accum, k, limits, split_single=split_single)
+
+
+def executor_batch(config: BatchConfig, num_replicas: int, limits: BatchLimits) -> BatchConfig | None:
+    """What a real job runs for a decided batch: :func:`decided_batch` with the
+    one-replica split; None (the job then chooses its own) where that needs
+    more accumulation steps than ``limits.max_accum_steps``."""
+    run = decided_batch(config, num_replicas, limits, split_single=True)
+    return run if run.accum_steps <= limits.max_accum_steps else None
 
 
 def check_allocation(limits: BatchLimits, num_nodes: int, num_replicas: int, fixed_batch_size: int | None) -> None:
     """Raise InvalidProblem if no batch configuration fits ``num_replicas`` replicas."""
-    model = GoodputModel(_NEUTRAL_PARAMS, _neutral_stats(limits), limits)
+    model = GoodputModel(_NEUTRAL_PARAMS, neutral_stats(limits), limits)
     choice = model.optimize(num_nodes, num_replicas, fixed_batch_size=fixed_batch_size)
     if not bool(choice.feasible):
         what = f"fixed_batch_size={fixed_batch_size}" if fixed_batch_size else "the job's batch limits"
@@ -109,7 +140,7 @@ def choose_batch(
     """
     model_params = params if params is not None else _NEUTRAL_PARAMS
     adaptive = fixed_batch_size is None and params is not None and stats is not None and stats_steps >= MIN_STATS_STEPS
-    model_stats = stats if (stats is not None and adaptive) else _neutral_stats(limits)
+    model_stats = stats if (stats is not None and adaptive) else neutral_stats(limits)
     model = GoodputModel(model_params, model_stats, limits)
     batch = None if adaptive else (fixed_batch_size or limits.init_batch_size)
     choice = model.optimize(num_nodes, num_replicas, fixed_batch_size=batch)
@@ -125,35 +156,18 @@ def choose_batch(
             return float(model.goodput(num_nodes, num_replicas, cfg.local_bsz, cfg.accum_steps))
         return float(model.throughput(num_nodes, num_replicas, cfg.local_bsz, cfg.accum_steps))
 
-    cur_batch = current.batch_size(num_replicas)
+    cur_batch = current.total_batch(num_replicas)
     current_allowed = (
         limits.min_local_bsz <= current.local_bsz <= limits.max_local_bsz
         and current.accum_steps <= limits.max_accum_steps
         and (
             (adaptive and limits.init_batch_size <= cur_batch <= limits.max_batch_size + num_replicas)
-            or (not adaptive and abs(cur_batch - new.batch_size(num_replicas)) <= num_replicas)
+            or (not adaptive and abs(cur_batch - new.total_batch(num_replicas)) <= num_replicas)
         )
     )
     if current_allowed and value(new) <= value(current) * (1.0 + ADAPT_MIN_GAIN):
         return current
     return new
-
-
-def fit_params(profile: dict) -> ThroughputParams | None:
-    """Fit the throughput model to a profile ``{key: {count, step, sync, compute}}`` (sums)."""
-    from pollux_opt.runtime.report import Measurements
-
-    rows = Measurements.from_profile(profile)
-    if len(rows) == 0:
-        return None
-    return rows.fit()
-
-
-def finite_or_none(value: float | None) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 def params_to_dict(params: ThroughputParams | None) -> dict | None:
@@ -166,10 +180,3 @@ def params_from_dict(data: dict | None) -> ThroughputParams | None:
     if not data:
         return None
     return ThroughputParams(**{k: float(v) for k, v in data.items()})
-
-
-def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
-    """Mean absolute percentage error, in percent."""
-    predicted = np.asarray(predicted, dtype=float)
-    measured = np.asarray(measured, dtype=float)
-    return float(np.mean(np.abs(predicted - measured) / measured) * 100.0)

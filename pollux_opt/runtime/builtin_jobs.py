@@ -139,8 +139,9 @@ def build_synth_regress(ctx: BuildContext) -> JobParts:
     rng = np.random.default_rng(cfg.get("data_seed", 2))
     # 200k samples and a 256-wide MLP: about 33 s to MSE 0.11 on one core
     # co-adapted, 44 s and 86 s at fixed batches of 64 and 32 (20k samples and
-    # 64 wide took 4-6 s with 1 ms steps, too short for issue 4's 20-120 s and
-    # too fast to time reliably; a target of 0.10 is not reached at batch 64).
+    # 64 wide took 4-6 s with 1 ms steps, too short for the built-in jobs'
+    # 20-120 s time to target and too fast to time reliably; a target of 0.10
+    # is not reached at batch 64).
     n, d = cfg.get("samples", 200_000), cfg.get("features", 16)
     x = rng.standard_normal((n, d)).astype(np.float32)
     w1 = rng.standard_normal((d, 8)) / math.sqrt(d)
@@ -275,7 +276,8 @@ def build_ratings_mf(ctx: BuildContext) -> JobParts:
 
     model = MF()
     # 1.5e-4 at M0 (square-root scaled with the batch): about 27 s to the
-    # target on one core; 5e-4 got there in 12-18 s, below issue 4's 20-120 s.
+    # target on one core; 5e-4 got there in 12-18 s, below the built-in jobs'
+    # 20-120 s time to target.
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.get("lr", RATINGS_LR))
     weight_decay = cfg.get("l2", 1e-4)
 

@@ -7,9 +7,10 @@ A checkpoint at optimizer step ``t`` is two files in ``<workdir>/checkpoints``:
 * ``ckpt-<t>.json``: metadata readable without torch (step, progress,
   measurements, fitted model, metric) including the SHA-256 of the ``.pt`` bytes.
 
-Each file is written to a temporary name in the same directory, flushed,
-fsync'ed and renamed over its final name (``os.replace`` is atomic on POSIX),
-and the directory is fsync'ed; the ``.json`` is written after the ``.pt``, so a
+Each file is written by :func:`pollux_opt.records.files.atomic_write_bytes`:
+to a temporary name in the same directory, flushed, fsync'ed and renamed over
+its final name (``os.replace`` is atomic on POSIX), and the directory is
+fsync'ed; the ``.json`` is written after the ``.pt``, so a
 checkpoint exists only once both are complete.  A reader takes the newest
 checkpoint whose metadata parses and whose ``.pt`` hashes to the recorded
 digest; a corrupt one is renamed to ``*.corrupt`` (kept for inspection) and the
@@ -24,10 +25,12 @@ import json
 import logging
 import os
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from pollux_opt.records.files import atomic_write_bytes
+from pollux_opt.records.files import atomic_write_json as _atomic_write_json
 
 __all__ = [
     "CheckpointInfo",
@@ -52,39 +55,10 @@ def checkpoint_dir(workdir: Path) -> Path:
     return Path(workdir) / "checkpoints"
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync dir."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (see :func:`atomic_write_bytes`)."""
-    atomic_write_bytes(path, json.dumps(obj, sort_keys=True, indent=1, allow_nan=True).encode())
+    """Write ``obj`` atomically as the runtime's JSON (sorted keys, nan allowed: job
+    state may hold nan before a first measurement); see :mod:`pollux_opt.records.files`."""
+    _atomic_write_json(path, obj, indent=1, sort_keys=True, allow_nan=True)
 
 
 def _sha256_file(path: Path) -> str:

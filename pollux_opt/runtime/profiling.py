@@ -17,8 +17,9 @@ import numpy as np
 
 from solvers import InvalidProblem
 
-from pollux_opt.model.goodput import ThroughputParams, step_time
+from pollux_opt.model import ThroughputParams, step_time
 from pollux_opt.runtime.job import ElasticJob
+from pollux_opt.runtime.measurements import ConfigKey
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.report import JobState, Measurements, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
@@ -86,7 +87,7 @@ def profile_throughput(
             visits = [(r, cfg) for r in range(1, rounds + 1) for cfg in configs]
             affinity = sorted(os.sched_getaffinity(0))
             for i, (r, (k, m, s)) in enumerate(visits):
-                key = f"1,{k},{m},{s}"
+                key = ConfigKey(1, k, m, s)
                 cpus = affinity[:k] if pin_cpus and k <= len(affinity) else None
                 if i == 0:
                     job.start(k, local_bsz=m, accum_steps=s, cpus=cpus)
@@ -94,7 +95,7 @@ def profile_throughput(
                     job.rescale(k, local_bsz=m, accum_steps=s, cpus=cpus)
                 done = job.wait(
                     timeout=timeout_s,
-                    until=lambda rep, key=key, n=r * steps: _count(rep.measurements, key) >= n
+                    until=lambda rep, key=key, n=r * steps: rep.measurements.count_of(key) >= n
                     or rep.state is JobState.FAILED,
                 )
                 if done.state is JobState.FAILED:
@@ -108,14 +109,6 @@ def profile_throughput(
     keep = np.array([(int(k), int(m), int(s)) in wanted for k, m, s in
                      zip(rows.num_replicas, rows.local_bsz, rows.accum_steps)], dtype=bool)
     return rows.take(keep)
-
-
-def _count(rows: Measurements, key: str) -> int:
-    n, k, m, s = (int(x) for x in key.split(","))
-    for i in range(len(rows)):
-        if (rows.num_nodes[i], rows.num_replicas[i], rows.local_bsz[i], rows.accum_steps[i]) == (n, k, m, s):
-            return int(rows.count[i])
-    return 0
 
 
 def heldout_error(rows: Measurements, train: np.ndarray) -> tuple[ThroughputParams, np.ndarray, float]:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
 from solvers import InvalidProblem
 
-from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.runtime.agent import goodput_model
+from pollux_opt.runtime.measurements import Measurements
 
 __all__ = [
     "Event",
@@ -162,96 +164,6 @@ class RuntimeOptions:
                 raise InvalidProblem(f"{name} must be an integer >= 0, got {value!r}")
 
 
-#: Quantile of recent step times that represents a configuration.  Other
-#: processes taking the core only ever lengthen a step, so on a shared machine a
-#: low quantile estimates a configuration's own cost better than the mean or
-#: median (the same reasoning as timeit's advice to use the minimum); the lower
-#: quartile rather than the minimum keeps it insensitive to a few lucky steps.
-STEP_TIME_QUANTILE = 0.25
-
-
-@dataclass(frozen=True)
-class Measurements:
-    """Measured step times per executed configuration (one row each).
-
-    All arrays have one entry per configuration (N, K, m, s) the job ran;
-    ``step_time`` is the wall time of an optimizer step on rank 0 (seconds;
-    lower quartile of recent steps, see :data:`STEP_TIME_QUANTILE`), ``sync_time`` that of its collectives
-    (seconds, ``nan`` when K == 1), ``compute_time`` that of its forward and
-    backward passes (seconds), ``count`` the number of steps measured.
-    """
-
-    num_nodes: np.ndarray
-    num_replicas: np.ndarray
-    local_bsz: np.ndarray
-    accum_steps: np.ndarray
-    step_time: np.ndarray
-    sync_time: np.ndarray
-    compute_time: np.ndarray
-    count: np.ndarray
-
-    @classmethod
-    def from_profile(cls, profile: Mapping[str, Mapping[str, Any]]) -> "Measurements":
-        """From the runtime's profile ``{"N,K,m,s": {count, step, sync, compute, recent}}``:
-        sums over all measured steps plus ``recent`` ``[step, sync, compute]``
-        rows of the last steps.  Times are the :data:`STEP_TIME_QUANTILE` of
-        ``recent`` when present, else means."""
-        rows = []
-        for key, agg in sorted(profile.items(), key=lambda kv: tuple(int(x) for x in kv[0].split(","))):
-            n, k, m, s = (int(x) for x in key.split(","))
-            count = agg["count"]
-            if count <= 0:
-                continue
-            recent = agg.get("recent")
-            if recent:
-                step, sync, compute = (
-                    float(v) for v in np.quantile(np.asarray(recent, dtype=float), STEP_TIME_QUANTILE, axis=0)
-                )
-            else:
-                step, sync, compute = agg["step"] / count, agg["sync"] / count, agg["compute"] / count
-            rows.append((n, k, m, s, step, sync if k > 1 else math.nan, compute, count))
-        cols = list(zip(*rows)) if rows else [()] * 8
-        ints = (np.int64,) * 4
-        dtypes = ints + (np.float64,) * 3 + (np.int64,)
-        return cls(*(np.asarray(col, dtype=dt) for col, dt in zip(cols, dtypes)))
-
-    def __len__(self) -> int:
-        return int(self.num_nodes.shape[0])
-
-    def take(self, index) -> "Measurements":
-        """The rows at ``index`` (an integer array, in its order, or a bool mask)."""
-        return Measurements(*(getattr(self, f.name)[index] for f in fields(self)))
-
-    @property
-    def batch_size(self) -> np.ndarray:
-        """Total batch M = K m (s + 1) of each row."""
-        return self.num_replicas * self.local_bsz * (self.accum_steps + 1)
-
-    def fit(self) -> ThroughputParams | None:
-        """Throughput parameters fitted to these rows (None if there are none)."""
-        from pollux_opt.model.goodput import fit_throughput
-
-        if len(self) == 0:
-            return None
-        return fit_throughput(
-            self.num_nodes, self.num_replicas, self.local_bsz, self.step_time,
-            np.nan_to_num(self.sync_time, nan=0.0), accum_steps=self.accum_steps,
-        )
-
-    def to_frame(self):
-        """A pandas DataFrame with one row per configuration."""
-        import pandas as pd
-
-        return pd.DataFrame(
-            {
-                "num_nodes": self.num_nodes, "num_replicas": self.num_replicas,
-                "local_bsz": self.local_bsz, "accum_steps": self.accum_steps,
-                "batch_size": self.batch_size, "step_time": self.step_time,
-                "sync_time": self.sync_time, "compute_time": self.compute_time, "count": self.count,
-            }
-        )
-
-
 @dataclass(frozen=True)
 class Event:
     """Something that happened to a job: ``kind`` plus JSON-safe ``details``.
@@ -343,14 +255,8 @@ class JobReport:
         ``speedup(..., fixed_batch_size=report.fixed_batch_size)``); if none
         were measured, neutral ones (no noise) stand in.
         """
-        if self.throughput_params is None:
-            return None
-        stats = self.grad_stats
-        if stats is None:
-            if self.fixed_batch_size is None:
-                return None
-            stats = GradientStats(grad_sqr=1.0, grad_var=0.0, init_batch_size=self.limits.init_batch_size)
-        return GoodputModel(self.throughput_params, stats, self.limits)
+        return goodput_model(self.throughput_params, self.grad_stats, self.limits,
+                             fixed_batch=self.fixed_batch_size is not None)
 
     def events_of(self, kind: str) -> tuple[Event, ...]:
         """The recorded events of one kind, oldest first."""

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 from solvers import InvalidProblem
 
-from pollux_opt.model.goodput import DEFAULT_MAX_ACCUM_STEPS, BatchLimits
+from pollux_opt.model.batch import DEFAULT_MAX_ACCUM_STEPS, BatchLimits
 
 __all__ = ["LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "resolve_builder"]
 
@@ -165,7 +165,7 @@ class JobSpec:
         return hash(self.to_json())
 
     def limits(self) -> BatchLimits:
-        """The :class:`~pollux_opt.model.goodput.BatchLimits` of this job."""
+        """The :class:`~pollux_opt.model.batch.BatchLimits` of this job."""
         return BatchLimits(
             init_batch_size=self.init_batch_size,
             max_batch_size=self.max_batch_size,

@@ -12,7 +12,7 @@ covariance Sigma (trace ``sigma^2``) and true gradient G:
 so ``(n T - L) / (n - 1)`` is an unbiased estimate of ``|G|^2`` and
 ``n (L - T) / (n - 1)`` one of ``sigma^2 / m``; scaled by ``m / M0`` the latter
 is the gradient variance at the initial batch size, ``grad_var`` of
-:class:`~pollux_opt.model.goodput.GradientStats` (McCandlish et al. 2018, appendix A;
+:class:`~pollux_opt.model.efficiency.GradientStats` (McCandlish et al. 2018, appendix A;
 AdaptDL's ``GradientNoiseScale`` uses the same estimators).
 
 Both are smoothed by an exponential moving average with bias correction.  The
@@ -133,7 +133,7 @@ def adascale_gain(stats: tuple[float, float] | None, scale: float) -> float:
 
 
 def lr_factor(rule: str, gain: float, scale: float) -> float:
-    """Learning-rate multiplier of ``rule`` (see :data:`~._spec.LR_SCALING_RULES`)."""
+    """Learning-rate multiplier of ``rule`` (see :data:`~pollux_opt.runtime.spec.LR_SCALING_RULES`)."""
     if rule == "adascale":
         return gain
     if rule == "sqrt":

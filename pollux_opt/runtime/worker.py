@@ -16,50 +16,39 @@ Protocol (tuples over a ``multiprocessing`` pipe):
   ``("paused", info)``, ``("error", info)``; ``info`` is a dict that carries
   ``generation`` and ``rank``.
 
-All ranks stop at the same step: before each step rank 0 broadcasts a control
-vector ``[stop_code, local_bsz, accum_steps]``, so commands take effect at a
-step boundary on every rank, and no step is half-done when a checkpoint is taken.
+All ranks stop at the same step (see :mod:`~pollux_opt.runtime.trainer`, the
+training loop of an assignment).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
 import os
 import random
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from pollux_opt.runtime.adapt import profile_key
-from pollux_opt.runtime.checkpoint import CheckpointInfo, checkpoint_dir, load_payload, prune, save_checkpoint
+from pollux_opt.runtime.checkpoint import load_payload
 from pollux_opt.runtime.report import RuntimeOptions
 from pollux_opt.runtime.spec import BuildContext, JobParts, JobSpec, resolve_builder
-from pollux_opt.runtime.stats import GradStatsEMA, adascale_gain, lr_factor, micro_batch_estimates
+from pollux_opt.runtime.trainer import (
+    STOP_PARENT,
+    STOP_REASONS,
+    CollectiveError,
+    Trainer,
+    TrainingState,
+    collective,
+    param_checksum,
+    restore_rng,
+)
 from pollux_opt.runtime.lazy_torch import require_torch
 
 __all__ = ["Assignment", "worker_main"]
 
 logger = logging.getLogger("pollux_opt.runtime.worker")
-
-#: Control codes broadcast by rank 0 before each step.
-CONTINUE, STOP_REQUEST, STOP_TARGET, STOP_LIMIT, STOP_PARENT = 0, 1, 2, 3, 4
-STOP_REASONS = {STOP_REQUEST: "request", STOP_TARGET: "target", STOP_LIMIT: "step_limit", STOP_PARENT: "parent_lost"}
-
-#: Recent steps kept per configuration in the measurement profile; reports use
-#: their median, which ignores the occasional step stretched by another process
-#: taking the core (the mean of all steps is kept too).
-PROFILE_WINDOW = 64
-
-#: Validation results kept in the run state (and checkpoint metadata).
-EVAL_HISTORY_KEPT = 1000
-
-#: Large primes mixing (seed, epoch) and (seed, step, rank) into RNG seeds.
-_SEED_MIX_A, _SEED_MIX_B = 1_000_003, 7_919
-_SEED_MOD = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -82,113 +71,7 @@ class Assignment:
     cpu: int | None = None
 
 
-@dataclass
-class _RunState:
-    """Everything about training progress that a checkpoint restores."""
-
-    step: int = 0
-    progress: float = 0.0
-    samples: int = 0
-    train_seconds: float = 0.0
-    next_eval: float = 0.0
-    metric: float | None = None
-    target_reached: bool = False
-    eval_history: list = field(default_factory=list)
-    profile: dict = field(default_factory=dict)
-    ema: GradStatsEMA = field(default_factory=GradStatsEMA)
-    params: dict | None = None
-
-    def to_dict(self) -> dict:
-        return {
-            "step": self.step, "progress": self.progress, "samples": self.samples,
-            "train_seconds": self.train_seconds, "next_eval": self.next_eval, "metric": self.metric,
-            "target_reached": self.target_reached, "eval_history": list(self.eval_history),
-            "profile": self.profile, "ema": self.ema.state(), "params": self.params,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "_RunState":
-        state = cls()
-        for key in ("step", "samples"):
-            setattr(state, key, int(data[key]))
-        for key in ("progress", "train_seconds", "next_eval"):
-            setattr(state, key, float(data[key]))
-        state.metric = data.get("metric")
-        # Completion is re-decided by the next evaluation after a resume (a
-        # final checkpoint is only resumed when its verification failed).
-        state.target_reached = False
-        state.eval_history = [list(row) for row in data.get("eval_history", [])]
-        state.profile = {k: dict(v) for k, v in data.get("profile", {}).items()}
-        state.ema = GradStatsEMA.from_state(data["ema"])
-        state.params = data.get("params")
-        return state
-
-
-class _Sampler:
-    """Seeded permutation per epoch; ``take(pos, count)`` is the sample stream at ``pos``."""
-
-    def __init__(self, torch, size: int, seed: int) -> None:
-        self._torch = torch
-        self.size = size
-        self.seed = seed
-        self._epoch = -1
-        self._perm = None
-
-    def _permutation(self, epoch: int):
-        if epoch != self._epoch:
-            gen = self._torch.Generator().manual_seed((self.seed * _SEED_MIX_A + epoch) % _SEED_MOD)
-            self._perm = self._torch.randperm(self.size, generator=gen)
-            self._epoch = epoch
-        return self._perm
-
-    def take(self, pos: int, count: int):
-        chunks = []
-        while count > 0:
-            epoch, offset = divmod(pos, self.size)
-            n = min(count, self.size - offset)
-            chunks.append(self._permutation(epoch)[offset : offset + n])
-            pos += n
-            count -= n
-        return chunks[0] if len(chunks) == 1 else self._torch.cat(chunks)
-
-
-def _param_checksum(model) -> str:
-    """SHA-256 (16 hex digits) of all parameters and buffers, in state_dict order."""
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def _rng_state(torch) -> dict:
-    import numpy as np
-
-    np_state = np.random.get_state(legacy=False)
-    return {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": {"key": [int(x) for x in np_state["state"]["key"]], "pos": int(np_state["state"]["pos"])},
-    }
-
-
-def _restore_rng(torch, state: dict) -> None:
-    import numpy as np
-
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    np.random.set_state(
-        {
-            "bit_generator": "MT19937",
-            "state": {"key": np.asarray(state["numpy"]["key"], dtype=np.uint32), "pos": state["numpy"]["pos"]},
-            "has_gauss": 0,
-            "gauss": 0.0,
-        }
-    )
-
-
-class _Cache:
+class PartsCache:
     """The parts built for the last job this worker served (reused on rescale)."""
 
     def __init__(self) -> None:
@@ -212,284 +95,6 @@ class _Cache:
         return parts, self.base_lrs
 
 
-class _Trainer:
-    """The training loop of one assignment on one rank."""
-
-    def __init__(self, torch, dist, conn, a: Assignment, spec: JobSpec, parts: JobParts, base_lrs, state: _RunState):
-        self.torch, self.dist, self.conn, self.a, self.spec, self.parts = torch, dist, conn, a, spec, parts
-        self.base_lrs = base_lrs
-        self.state = state
-        self.rank, self.world = a.rank, a.world
-        self.m0 = spec.init_batch_size
-        self.sampler = _Sampler(torch, parts.train_size, spec.seed)
-        self.params = [p for p in parts.model.parameters() if p.requires_grad]
-        self.numel = sum(p.numel() for p in self.params)
-        self.vec = torch.zeros(self.numel + 2, dtype=torch.float32)
-        self.ctrl = torch.zeros(3, dtype=torch.int64)
-        self.config = (a.local_bsz, a.accum_steps)
-        self.pending_config = self.config
-        self.stop_requested = False
-        self.parent_lost = False
-        self.since_change = 0
-        self.rows: list[tuple] = []
-        self.last_report = time.monotonic()
-        self.last_ckpt_time = time.monotonic()
-        self.last_ckpt_step = state.step if a.checkpoint_meta else -1
-
-    # ------------------------------------------------------------ rank-0 control
-    def _read_commands(self) -> None:
-        conn = self.conn
-        try:
-            while conn.poll():
-                msg = conn.recv()
-                if msg[0] == "stop":
-                    self.stop_requested = True
-                elif msg[0] == "batch":
-                    self.pending_config = (int(msg[1]), int(msg[2]))
-                    if msg[3] is not None:
-                        self.state.params = msg[3]
-        except (EOFError, OSError):
-            self.parent_lost = True
-
-    def _decide(self) -> int:
-        if self.rank == 0:
-            self._read_commands()
-            if self.parent_lost:
-                code = STOP_PARENT
-            elif self.state.target_reached:
-                code = STOP_TARGET
-            elif self.stop_requested:
-                code = STOP_REQUEST
-            elif self.a.options.step_limit is not None and self.state.step >= self.a.options.step_limit:
-                code = STOP_LIMIT
-            else:
-                code = CONTINUE
-            self.ctrl[0], self.ctrl[1], self.ctrl[2] = code, self.pending_config[0], self.pending_config[1]
-        if self.world > 1:
-            _collective(self.dist.broadcast, self.ctrl, src=0)
-        return int(self.ctrl[0])
-
-    # ------------------------------------------------------------------- a step
-    def _step(self) -> None:
-        torch, state, parts = self.torch, self.state, self.parts
-        t_start = time.perf_counter()
-        code = self._decide()
-        t_ctrl = time.perf_counter() - t_start
-        if code != CONTINUE:
-            raise _Stop(code)
-        config = (int(self.ctrl[1]), int(self.ctrl[2]))
-        if config != self.config:
-            self.config = config
-            self.since_change = 0
-        m, s = self.config
-        micro = s + 1
-        n = self.world * micro
-        batch = n * m
-        # Per-step seed (dropout etc.), so that a resumed run draws what an
-        # uninterrupted one would.  The CPU generator only: torch.manual_seed
-        # also seeds accelerator generators, at about a millisecond per call.
-        torch.default_generator.manual_seed((self.spec.seed * _SEED_MIX_A + state.step * _SEED_MIX_B + self.rank) % _SEED_MOD)
-
-        vec = self.vec
-        vec.zero_()
-        acc = vec[: self.numel]
-        sqr_sum = 0.0
-        loss_sum = 0.0
-        t_compute = time.perf_counter()
-        for j in range(micro):
-            idx = self.sampler.take(state.samples + (self.rank * micro + j) * m, m)
-            loss = parts.loss(parts.model, parts.get_batch(idx))
-            loss.backward()
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            sqr_sum += float(flat.dot(flat))
-            acc.add_(flat)
-            loss_sum += float(loss.detach())
-            for p in self.params:
-                p.grad = None
-        acc.div_(micro)
-        vec[self.numel] = sqr_sum
-        vec[self.numel + 1] = loss_sum
-        t_compute = time.perf_counter() - t_compute
-
-        t_sync = time.perf_counter()
-        if self.world > 1:
-            _collective(self.dist.all_reduce, vec)
-            acc.div_(self.world)
-        t_sync = time.perf_counter() - t_sync + t_ctrl
-
-        mean_sqr = float(acc.dot(acc))
-        scale = batch / self.m0
-        est_sqr = est_var = math.nan
-        if n >= 2:
-            est_sqr, est_var = micro_batch_estimates(float(vec[self.numel]), mean_sqr, n, m, self.m0)
-            state.ema.update(est_sqr, est_var, scale)
-        stats = state.ema.estimate()
-        gain = adascale_gain(stats, scale)
-        factor = lr_factor(self.spec.lr_scaling, gain, scale)
-        offset = 0
-        for p in self.params:
-            k = p.numel()
-            # A view of the reduced buffer: the optimizer only reads it, and the
-            # buffer is not reused before the grads are dropped below.
-            p.grad = acc[offset : offset + k].view_as(p)
-            offset += k
-        if parts.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.params, parts.max_grad_norm)
-        for group, base in zip(parts.optimizer.param_groups, self.base_lrs):
-            group["lr"] = base * factor
-        parts.optimizer.step()
-        for p in self.params:
-            p.grad = None
-
-        state.step += 1
-        state.progress += gain
-        state.samples += batch
-        step_time = time.perf_counter() - t_start
-        state.train_seconds += step_time
-        self.since_change += 1
-        if self.rank == 0:
-            loss_mean = float(vec[self.numel + 1]) / n
-            if not math.isfinite(loss_mean):
-                raise FloatingPointError(f"training loss is {loss_mean} at step {state.step}")
-            if self.since_change > self.a.options.warmup_steps:
-                key = profile_key(self.a.num_nodes, self.world, m, s)
-                agg = state.profile.setdefault(
-                    key, {"count": 0, "step": 0.0, "sync": 0.0, "compute": 0.0, "recent": []}
-                )
-                agg["count"] += 1
-                agg["step"] += step_time
-                agg["sync"] += t_sync
-                agg["compute"] += t_compute
-                recent = agg.setdefault("recent", [])
-                recent.append([step_time, t_sync, t_compute])
-                if len(recent) > PROFILE_WINDOW:
-                    del recent[0]
-            self.rows.append(
-                (self.a.generation, state.step, time.time(), self.world, m, s, step_time, t_compute, t_sync,
-                 loss_mean, est_sqr, est_var, gain, factor, state.progress)
-            )
-
-    # ------------------------------------------------------- between steps (rank 0)
-    def _evaluate(self) -> None:
-        state, spec, parts = self.state, self.spec, self.parts
-        if state.progress < state.next_eval:
-            return
-        t0 = time.perf_counter()
-        parts.model.eval()
-        with self.torch.no_grad():
-            metric = float(parts.evaluate(parts.model))
-        parts.model.train()
-        state.metric = metric
-        state.eval_history.append([state.step, state.progress, metric, time.perf_counter() - t0])
-        del state.eval_history[:-EVAL_HISTORY_KEPT]
-        state.next_eval = (math.floor(state.progress / spec.eval_every) + 1) * spec.eval_every
-        if spec.reached(metric):
-            state.target_reached = True
-        logger.info("step %d progress %.1f: %s = %.5g", state.step, state.progress, spec.metric, metric)
-
-    def _report(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last_report < self.a.options.report_interval_s:
-            return
-        self.last_report = now
-        stats = self.state.ema.estimate()
-        info = {
-            "generation": self.a.generation, "rank": 0, "step": self.state.step,
-            "progress": self.state.progress, "samples": self.state.samples,
-            "metric": self.state.metric, "eval_history": self.state.eval_history[-5:],
-            "stats": None if stats is None else [stats[0], stats[1]], "stats_steps": self.state.ema.count,
-            "profile": self.state.profile, "rows": self.rows, "config": list(self.config),
-        }
-        self.rows = []
-        try:
-            self.conn.send(("metrics", info))
-        except (BrokenPipeError, EOFError, OSError):
-            self.parent_lost = True
-
-    def _checkpoint_due(self) -> bool:
-        opts = self.a.options
-        if opts.checkpoint_every_steps is not None and self.state.step % opts.checkpoint_every_steps == 0:
-            return True
-        return time.monotonic() - self.last_ckpt_time >= opts.checkpoint_interval_s
-
-    def save(self, final: bool = False) -> CheckpointInfo:
-        torch, parts, state = self.torch, self.parts, self.state
-        payload = {
-            "model": parts.model.state_dict(),
-            "optimizer": parts.optimizer.state_dict(),
-            "scaler": parts.scaler.state_dict() if parts.scaler is not None else None,
-            "rng": _rng_state(torch),
-            "runtime": state.to_dict(),
-            "config": list(self.config),
-        }
-        stats = state.ema.estimate()
-        meta = {
-            "job_id": self.a.job_id, "generation": self.a.generation, "time": time.time(),
-            "progress": state.progress, "samples": state.samples, "metric": state.metric,
-            "final": final, "num_replicas": self.world, "config": list(self.config),
-            "checksum": _param_checksum(parts.model), "profile": state.profile, "params": state.params,
-            "stats": None if stats is None else [stats[0], stats[1]], "stats_steps": state.ema.count,
-            "eval_history": state.eval_history, "train_seconds": state.train_seconds,
-        }
-        directory = checkpoint_dir(Path(self.a.workdir))
-        info = save_checkpoint(directory, state.step, payload, meta)
-        prune(directory, self.a.options.keep_checkpoints)
-        self.last_ckpt_time = time.monotonic()
-        self.last_ckpt_step = state.step
-        try:
-            self.conn.send(("checkpoint", {
-                "generation": self.a.generation, "rank": 0, "step": state.step, "meta_path": str(info.meta_path),
-                "final": final, "checksum": meta["checksum"], "progress": state.progress,
-            }))
-        except (BrokenPipeError, EOFError, OSError):
-            self.parent_lost = True
-        return info
-
-    def run(self) -> int:
-        """Train until a stop code; returns it.  Rank 0 checkpoints on the way out."""
-        while True:
-            try:
-                self._step()
-            except _Stop as stop:
-                code = stop.code
-                break
-            if self.rank == 0:
-                self._evaluate()
-                if self._checkpoint_due() and not self.state.target_reached:
-                    self.save()
-                self._report()
-        if self.rank == 0:
-            self._report(force=True)
-            if code == STOP_TARGET:
-                self.save(final=True)
-            elif self.last_ckpt_step != self.state.step:
-                self.save()
-        return code
-
-
-class CollectiveError(RuntimeError):
-    """A collective operation failed: a peer died or the group broke.
-
-    Reported to the controller as a symptom (``collective: True``), not as an
-    error of the job's code, so that a killed peer leads to a restart rather
-    than to failing the job.
-    """
-
-
-def _collective(fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - re-raised with its cause
-        raise CollectiveError(f"{getattr(fn, '__name__', fn)}: {exc}") from exc
-
-
-class _Stop(Exception):
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
 def _send(conn, kind: str, info: dict) -> bool:
     try:
         conn.send((kind, info))
@@ -498,7 +103,38 @@ def _send(conn, kind: str, info: dict) -> bool:
         return False
 
 
-def _serve(conn, a: Assignment, cache: _Cache, torch, dist, all_cpus) -> bool:
+def _assigned_checkpoint(a: Assignment):
+    """The checkpoint ``a`` resumes from (None: a fresh start)."""
+    if a.checkpoint_meta is None:
+        return None
+    from pollux_opt.runtime.checkpoint import list_checkpoints
+
+    wanted = Path(a.checkpoint_meta)
+    info = next((c for c in list_checkpoints(wanted.parent) if c.meta_path == wanted), None)
+    if info is None:
+        raise FileNotFoundError(f"checkpoint metadata {wanted} is missing")
+    return info
+
+
+def _load_state(a: Assignment, spec: JobSpec, parts: JobParts, info, torch, dist) -> TrainingState:
+    """Load the checkpoint ``info`` into ``parts`` and return its training state;
+    without one, a fresh state (every rank starting from rank 0's parameters)."""
+    if info is None:
+        if a.world > 1:
+            with torch.no_grad():
+                for tensor in list(parts.model.parameters()) + list(parts.model.buffers()):
+                    collective(dist.broadcast, tensor, src=0)
+        return TrainingState(next_eval=spec.eval_every)
+    payload = load_payload(info)
+    parts.model.load_state_dict(payload["model"])
+    parts.optimizer.load_state_dict(payload["optimizer"])
+    if parts.scaler is not None and payload.get("scaler") is not None:
+        parts.scaler.load_state_dict(payload["scaler"])
+    restore_rng(torch, payload["rng"])
+    return TrainingState.from_dict(payload["runtime"])
+
+
+def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cpus) -> bool:
     """Run one assignment; returns False if the controller is gone."""
     received = time.time()
     workdir = Path(a.workdir)
@@ -517,55 +153,35 @@ def _serve(conn, a: Assignment, cache: _Cache, torch, dist, all_cpus) -> bool:
         except (AttributeError, OSError, ValueError):  # pragma: no cover - non-Linux or bad cpu id
             logger.warning("could not set CPU affinity to %s", a.cpu)
         spec = JobSpec.from_json(a.spec_json)
-        info = None
-        if a.checkpoint_meta is not None:
-            from pollux_opt.runtime.checkpoint import list_checkpoints
-
-            wanted = Path(a.checkpoint_meta)
-            info = next((c for c in list_checkpoints(wanted.parent) if c.meta_path == wanted), None)
-            if info is None:
-                raise FileNotFoundError(f"checkpoint metadata {wanted} is missing")
+        info = _assigned_checkpoint(a)
         key = (a.job_id, a.workdir, a.spec_json)
         t0 = time.perf_counter()
         parts, base_lrs = cache.get(key, spec, workdir, torch, reuse=info is not None)
         t_build = time.perf_counter() - t0
         if a.world > 1:
             store = dist.FileStore(a.store_path, a.world)
-            _collective(
+            collective(
                 dist.init_process_group, "gloo", store=store, rank=a.rank, world_size=a.world,
                 timeout=timedelta(seconds=a.options.collective_timeout_s),
             )
             pg = True
         t_group = time.perf_counter() - t0 - t_build
-        if info is not None:
-            payload = load_payload(info)
-            parts.model.load_state_dict(payload["model"])
-            parts.optimizer.load_state_dict(payload["optimizer"])
-            if parts.scaler is not None and payload.get("scaler") is not None:
-                parts.scaler.load_state_dict(payload["scaler"])
-            _restore_rng(torch, payload["rng"])
-            state = _RunState.from_dict(payload["runtime"])
-        else:
-            state = _RunState(next_eval=spec.eval_every)
-            if a.world > 1:
-                with torch.no_grad():
-                    for tensor in list(parts.model.parameters()) + list(parts.model.buffers()):
-                        _collective(dist.broadcast, tensor, src=0)
+        state = _load_state(a, spec, parts, info, torch, dist)
         if a.params is not None:
             state.params = a.params
         t_load = time.perf_counter() - t0 - t_build - t_group
-        trainer = _Trainer(torch, dist, conn, a, spec, parts, base_lrs, state)
+        trainer = Trainer(torch, dist, conn, a, spec, parts, base_lrs, state)
         if a.world > 1:
-            _collective(dist.barrier)
+            collective(dist.barrier)
         if not _send(conn, "resumed", {
             "generation": a.generation, "rank": a.rank, "step": state.step, "progress": state.progress,
-            "samples": state.samples, "checksum": _param_checksum(parts.model), "pid": os.getpid(),
+            "samples": state.samples, "checksum": param_checksum(parts.model), "pid": os.getpid(),
             "from_checkpoint": None if info is None else info.step, "train_size": parts.train_size,
             "build_s": t_build, "group_s": t_group, "load_s": t_load, "received": received,
         }):
             return False
         code = trainer.run()
-        checksum = _param_checksum(parts.model)
+        checksum = param_checksum(parts.model)
         if pg:
             dist.destroy_process_group()
             pg = False
@@ -589,7 +205,7 @@ class _GenerationFilter(logging.Filter):
         return True
 
 
-def _prepare(cache: _Cache, job_id: str, spec_json: str, workdir: str, torch) -> None:
+def prepare_parts(cache: PartsCache, job_id: str, spec_json: str, workdir: str, torch) -> None:
     """Build a job's parts ahead of an assignment (a warm spare for a later scale-up)."""
     try:
         spec = JobSpec.from_json(spec_json)
@@ -617,7 +233,7 @@ def worker_main(conn) -> None:
         all_cpus = os.sched_getaffinity(0)
     except AttributeError:  # pragma: no cover - non-Linux
         all_cpus = None
-    cache = _Cache()
+    cache = PartsCache()
     if not _send(conn, "hello", {"pid": os.getpid(), "generation": -1, "rank": -1}):
         return
     while True:
@@ -628,13 +244,13 @@ def worker_main(conn) -> None:
         if msg[0] == "exit":
             return
         if msg[0] == "prepare":
-            _prepare(cache, msg[1], msg[2], msg[3], torch)
+            prepare_parts(cache, msg[1], msg[2], msg[3], torch)
             continue
         if msg[0] != "run":
             continue  # a late command for a finished assignment
         a: Assignment = msg[1]
         try:
-            alive = _serve(conn, a, cache, torch, dist, all_cpus)
+            alive = serve_assignment(conn, a, cache, torch, dist, all_cpus)
         except BaseException as exc:  # noqa: BLE001 - reported to the controller, then exit
             tb = traceback.format_exc()
             logging.getLogger().error("assignment failed: %s", tb)

@@ -8,20 +8,20 @@ applies it through the backend (start, rescale, stop).
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from solvers import InvalidProblem
+from solvers import InvalidProblem, Status
 
 from pollux_opt.records.events import EventLog
-from pollux_opt.model.goodput import GoodputModel
-from pollux_opt.model.core import BatchConfig, Cluster
+from pollux_opt.model import BatchConfig, Cluster, GoodputModel
 
-__all__ = ["JobView", "Decision", "Policy", "Backend", "run", "JOB_STATES", "ACTIVE_STATES"]
+__all__ = ["JobView", "Decision", "DecisionStatus", "Policy", "Backend", "run", "JOB_STATES", "ACTIVE_STATES"]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ class JobView:
         attained_service: replica-seconds used so far.
         max_profiled_replicas: most replicas the job has been measured on
             (0: never measured; None: unknown).  Allocator policies cap a job at
-            twice this (at least 1), Pollux's exploration rule.
+            a multiple of this, Pollux's exploration rule
+            (:func:`pollux_opt.scheduling.policies.views.replica_cap`).
     """
 
     job_id: str
@@ -71,6 +72,23 @@ class JobView:
     max_profiled_replicas: int | None = None
 
 
+class DecisionStatus(str, enum.Enum):
+    """How a rule-based policy decided (the event log records the string value).
+
+    An allocator-driven policy reports the solver's :class:`solvers.Status`
+    instead (why the solver stopped: ``"optimal"``, ``"time_limit"``, ...).
+    """
+
+    #: No active job: nothing to decide.
+    IDLE = "idle"
+    #: First-in first-out gang scheduling (the fixed baseline).
+    FIFO = "fifo"
+    #: Discretized two-dimensional least-attained-service (Tiresias).
+    LAS_2D = "2d-las"
+    #: Greedy marginal-gain allocation (Optimus).
+    GREEDY = "greedy"
+
+
 @dataclass(frozen=True)
 class Decision:
     """A policy's answer for one round.
@@ -79,22 +97,34 @@ class Decision:
         placement: job id -> {node id: replicas}; a job mapped to {} (or absent) gets nothing.
         batch: job id -> batch configuration to run with (jobs with replicas).
         objective: the policy's objective value (nan if it has none).
-        solver_seconds: wall time spent deciding, seconds.
-        status: why the decision procedure stopped (e.g. "optimal", "fifo").
+        solver_seconds: wall seconds the policy took to decide, measured by
+            :func:`run` around ``decide``; a policy returns nan (not timed yet).
+        status: why the decision procedure stopped: a :class:`DecisionStatus`,
+            or the solver's :class:`solvers.Status`.
+        allocator_seconds: the part of the decision the policy reports spending
+            in a solver (the allocator's model build + solve); 0 without one.
     """
 
     placement: dict[str, dict[str, int]]
     batch: dict[str, BatchConfig]
     objective: float
     solver_seconds: float
-    status: str
+    status: DecisionStatus | Status
+    allocator_seconds: float = 0.0
 
 
 @runtime_checkable
 class Policy(Protocol):
-    """A scheduling policy: views in, decision out (pure of side effects on jobs)."""
+    """A scheduling policy: views in, decision out (pure of side effects on jobs).
+
+    Attributes:
+        name: the policy's name (as registered, and in the event log).
+        adapts_batch: the jobs choose their own batch size (co-adaptation);
+            false: they train at their submitted batch size.
+    """
 
     name: str
+    adapts_batch: bool
 
     def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Decision: ...
 
@@ -141,6 +171,24 @@ def _placement_json(decision: Decision) -> dict[str, dict[str, int]]:
     return {j: {n: int(k) for n, k in p.items() if k} for j, p in decision.placement.items()}
 
 
+def _decide(policy: Policy, now: float, cluster: Cluster, views: Sequence[JobView]) -> Decision:
+    """``policy.decide``, with its wall time stamped on the decision (``solver_seconds``)."""
+    t0 = time.perf_counter()
+    decision = policy.decide(now, cluster, views)
+    return replace(decision, solver_seconds=time.perf_counter() - t0)
+
+
+def _log_decision(events: EventLog, t: float, now: float, policy: Policy, decision: Decision, **fields) -> None:
+    """One ``allocation`` event: ``solver_s`` is the policy's wall time per
+    decision, ``allocator_s`` the part the policy reports spending in a solver."""
+    events.emit(
+        "allocation", t, None, decided_t=now, policy=policy.name, placement=_placement_json(decision),
+        batch={j: b.batch_size for j, b in decision.batch.items()},
+        objective=decision.objective, solver_s=decision.solver_seconds, allocator_s=decision.allocator_seconds,
+        status=getattr(decision.status, "value", decision.status), load1=_load1(), **fields,
+    )
+
+
 def run(
     backend: Backend,
     policy: Policy,
@@ -157,11 +205,12 @@ def run(
     round.  Each round (every ``interval`` seconds of backend time): read the active
     jobs' views, ask the policy for a :class:`Decision` (skipped while no job is
     active), apply it, and log one ``allocation`` event carrying the objective,
-    the policy's solver time and the round's scheduler overhead (wall seconds
-    of reading views, deciding and applying) plus ``poll_s``, the wall time the
-    backend spent on its own bookkeeping while advancing since the previous
-    round (its optional ``poll_seconds`` counter, e.g. polling real jobs), then
-    advance the backend by ``interval``.  Together they are everything the
+    the policy's wall time (``solver_s``, timed here around ``decide``) and the
+    part of it the policy reports in a solver (``allocator_s``), and the round's
+    scheduler overhead (wall seconds of reading views, deciding and applying)
+    plus ``poll_s``, the wall time the backend spent on its own bookkeeping
+    while advancing since the previous round (its optional ``poll_seconds``
+    counter, e.g. polling real jobs), then advance the backend by ``interval``.  Together they are everything the
     scheduler does besides the jobs' own work.
 
     Args:
@@ -194,18 +243,13 @@ def run(
         now = backend.now()
         views = backend.views()
         if views:
-            decision = policy.decide(now, cluster, views)
+            decision = _decide(policy, now, cluster, views)
             backend.apply(decision)
             overhead = time.perf_counter() - t0
             # Stamped once applied, so that the log stays in time order after the
             # backend's own events of this round (start, rescale_begin, ...).
-            events.emit(
-                "allocation", backend.now(), None, decided_t=now, policy=policy.name, placement=_placement_json(decision),
-                batch={j: b.batch_size for j, b in decision.batch.items()},
-                objective=decision.objective, solver_s=decision.solver_seconds,
-                overhead_s=overhead, poll_s=polled, status=decision.status, interval_s=float(interval),
-                load1=_load1(),
-            )
+            _log_decision(events, backend.now(), now, policy, decision,
+                          overhead_s=overhead, poll_s=polled, interval_s=float(interval))
             if progress is not None:
                 progress(now, views, decision)
         rounds += 1

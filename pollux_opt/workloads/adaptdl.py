@@ -1,27 +1,37 @@
-"""Workloads: the AdaptDL workload CSVs and a Philly-style generator.
+"""The AdaptDL workload CSVs, and a Philly-style workload generator.
 
-A workload is a list of :class:`WorkloadJob` (name, submission second,
-application, and the user's tuned fixed configuration ``num_replicas`` /
-``batch_size`` that non-adaptive baselines run with).
+An AdaptDL workload CSV (``shared/traces/adaptdl-osdi21/workloads/*.csv``) has
+one row per job: ``name`` (its id), ``time`` (submission second),
+``application`` (the profile it runs) and the user's tuned fixed
+configuration ``num_replicas`` / ``batch_size`` that non-adaptive baselines run
+with.  :func:`read_adaptdl_csv` reads it into :class:`~pollux_opt.workloads.job.WorkloadJob`
+(``id``, ``arrival_s``, ``kind``, ``replicas``, ``batch_size``) and
+:func:`write_adaptdl_csv` writes one.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from solvers import InvalidProblem
 
-from pollux_opt.backends.sim.traces import Profile
+from pollux_opt.records.files import atomic_write_csv
+from pollux_opt.workloads.job import WorkloadJob
 
-__all__ = ["WorkloadJob", "read_workload", "write_workload", "philly_workload", "tuned_config"]
+if TYPE_CHECKING:  # the profiles live in the simulator, which imports this module
+    from pollux_opt.backends.sim.traces import Profile
 
-WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
+__all__ = ["ADAPTDL_COLUMNS", "philly_workload", "read_adaptdl_csv", "tuned_config", "write_adaptdl_csv"]
+
+#: Columns of an AdaptDL workload CSV -> the :class:`WorkloadJob` field each holds.
+ADAPTDL_COLUMNS = {
+    "name": "id", "time": "arrival_s", "application": "kind", "num_replicas": "replicas", "batch_size": "batch_size",
+}
 
 #: Length of the submission window of the AdaptDL workloads (README: 8 hours).
 DEFAULT_WINDOW_S = 8 * 3600
@@ -37,56 +47,33 @@ TUNED_MAX_JCT_S = 12 * 3600
 TUNING_REPLICAS_PER_NODE = 4
 
 
-@dataclass(frozen=True)
-class WorkloadJob:
-    """One job of a workload (times in seconds from the start of the run)."""
-
-    name: str
-    time: float
-    application: str
-    num_replicas: int
-    batch_size: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise InvalidProblem(f"name must be a non-empty string, got {self.name!r}")
-        if not (math.isfinite(self.time) and self.time >= 0):
-            raise InvalidProblem(f"job {self.name!r}: time must be finite and >= 0, got {self.time!r}")
-        for attr in ("num_replicas", "batch_size"):
-            v = getattr(self, attr)
-            if int(v) != v or v < 1:
-                raise InvalidProblem(f"job {self.name!r}: {attr} must be an integer >= 1, got {v!r}")
-            object.__setattr__(self, attr, int(v))
-
-
-def read_workload(path) -> list[WorkloadJob]:
-    """Read ``name,time,application,num_replicas,batch_size`` rows, sorted by time.
+def read_adaptdl_csv(path) -> list[WorkloadJob]:
+    """The jobs of an AdaptDL workload CSV (see the module docstring), sorted by arrival then id.
 
     Raises:
-        InvalidProblem: a missing file or column, or a bad row.
+        InvalidProblem: a missing file or column, a duplicate name, or a bad row.
     """
     path = Path(path)
     if not path.is_file():
         raise InvalidProblem(f"workload file {str(path)!r} does not exist")
     df = pd.read_csv(path)
-    missing = [c for c in WORKLOAD_COLUMNS if c not in df.columns]
+    missing = [c for c in ADAPTDL_COLUMNS if c not in df.columns]
     if missing:
         raise InvalidProblem(f"workload {str(path)!r} lacks columns {missing}")
     if df.name.duplicated().any():
         raise InvalidProblem(f"workload {str(path)!r}: duplicate job name {df.name[df.name.duplicated()].iloc[0]!r}")
     jobs = [
-        WorkloadJob(str(r.name), float(r.time), str(r.application), r.num_replicas, r.batch_size)
+        WorkloadJob(id=str(r.name), kind=str(r.application), arrival_s=float(r.time),
+                    replicas=r.num_replicas, batch_size=r.batch_size)
         for r in df.itertuples(index=False)
     ]
-    return sorted(jobs, key=lambda j: (j.time, j.name))
+    return sorted(jobs, key=lambda j: (j.arrival_s, j.id))
 
 
-def write_workload(jobs: Sequence[WorkloadJob], path) -> None:
-    """Write a workload CSV (atomically: temp file, then rename)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    pd.DataFrame([{c: getattr(j, c) for c in WORKLOAD_COLUMNS} for j in jobs]).to_csv(tmp, index=False)
-    tmp.replace(path)
+def write_adaptdl_csv(jobs: Sequence[WorkloadJob], path) -> None:
+    """Write ``jobs`` as an AdaptDL workload CSV (atomically)."""
+    rows = [{col: getattr(j, attr) for col, attr in ADAPTDL_COLUMNS.items()} for j in jobs]
+    atomic_write_csv(path, pd.DataFrame(rows, columns=list(ADAPTDL_COLUMNS)))
 
 
 def _spread(k: int, per_node: int) -> tuple[int, ...]:
@@ -204,5 +191,6 @@ def philly_workload(
         dist = np.abs(logs - math.log(max(gpu_time[idx], 1.0)))
         best = np.flatnonzero(dist <= dist.min() + 1e-9)
         name, k, b, _ = options[int(rng.choice(best))]
-        jobs.append(WorkloadJob(f"{name}-{i}", float(round(when)), name, k, b))
+        jobs.append(WorkloadJob(id=f"{name}-{i}", kind=name, arrival_s=float(round(when)),
+                                replicas=k, batch_size=b))
     return jobs

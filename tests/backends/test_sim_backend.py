@@ -1,4 +1,4 @@
-"""Simulator (issue 6): profiles, workloads, backend, baselines, CLI."""
+"""Simulator: profiles, workloads, backend, baselines, CLI."""
 
 from __future__ import annotations
 
@@ -8,22 +8,21 @@ import math
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem
-from pollux_opt.model.core import BatchConfig
+from pollux_opt.model import BatchConfig
 from pollux_opt.scheduling.loop import Decision
 from pollux_opt.backends.sim import (
     ParametricProfile,
     SimBackend,
     SimConfig,
-    WorkloadJob,
     default_trace_dir,
     load_profiles,
-    philly_workload,
-    read_workload,
     simulate,
     split_batch,
-    tuned_config,
 )
-from pollux_opt.scheduling.policies.baselines import TiresiasPolicy, pack
+from pollux_opt.scheduling.policies import TiresiasPolicy
+from pollux_opt.workloads import WorkloadJob, philly_workload, read_adaptdl_csv, tuned_config, write_adaptdl_csv
+from pollux_opt.scheduling.policies.packing import pack
+from pollux_opt.scheduling.policies.views import replica_cap
 
 TRACES = default_trace_dir()
 needs_traces = pytest.mark.skipif(
@@ -34,7 +33,7 @@ SYNTH = {"synth": ParametricProfile("synth", max_epochs=3, epoch_progress=200.0)
 
 
 def _jobs(n=4, spacing=30.0, replicas=2, batch=256):
-    return [WorkloadJob(f"j{i}", i * spacing, "synth", replicas, batch) for i in range(n)]
+    return [WorkloadJob(f"j{i}", "synth", i * spacing, replicas, batch) for i in range(n)]
 
 
 def test_split_batch_fits_max_local():
@@ -49,17 +48,19 @@ def test_parametric_profile_rejects_bad_gamma():
 
 def test_unknown_application_named():
     with pytest.raises(InvalidProblem, match="no profile for application 'nope'"):
-        SimBackend([WorkloadJob("a", 0.0, "nope", 1, 128)], SYNTH, Cluster.uniform(1, 4))
+        SimBackend([WorkloadJob("a", "nope", 0.0, 1, 128)], SYNTH, Cluster.uniform(1, 4))
 
 
 def test_views_hide_truth_until_measured():
     b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(2, 4))
     (v,) = b.views()
-    assert v.goodput_model is None and v.max_replicas == 1 and v.state == "pending"
+    assert v.goodput_model is None and v.max_profiled_replicas == 0 and v.state == "pending"
+    assert v.max_replicas == 64 and replica_cap(v, b.cluster) == 1  # the policy's exploration cap
     b.apply(Decision({"j0": {"n0": 1}}, {}, math.nan, 0.0, "test"))
     b.advance(60.0)
     (v,) = b.views()
-    assert v.goodput_model is not None and v.max_replicas == 2  # explore factor 2 x measured
+    assert v.goodput_model is not None and v.max_profiled_replicas == 1 and v.max_replicas == 64
+    assert replica_cap(v, b.cluster) == 2  # exploration cap: 2 x measured
     assert v.progress > 0 and v.attained_service == pytest.approx(60.0)
 
 
@@ -74,7 +75,7 @@ def test_restart_delay_costs_progress():
 
 
 def test_interference_slows_shared_multi_node_jobs():
-    jobs = [WorkloadJob("a", 0, "synth", 2, 256), WorkloadJob("b", 0, "synth", 2, 256)]
+    jobs = [WorkloadJob("a", "synth", 0, 2, 256), WorkloadJob("b", "synth", 0, 2, 256)]
     dec = Decision({"a": {"n0": 1, "n1": 1}, "b": {"n0": 1, "n1": 1}}, {}, math.nan, 0.0, "t")
     out = {}
     for x in (0.0, 0.5):
@@ -85,7 +86,7 @@ def test_interference_slows_shared_multi_node_jobs():
     assert out[0.5] == pytest.approx(0.5 * out[0.0])
 
 
-def test_issue6_fixed_applications_keep_their_submitted_configuration():
+def test_fixed_applications_keep_their_submitted_configuration():
     """The paper's simulator pins NCF to its tuned configuration under every policy."""
     with pytest.raises(InvalidProblem, match="fixed_applications must be a tuple of application names, got 'ncf'"):
         SimConfig(fixed_applications="ncf")
@@ -97,7 +98,9 @@ def test_issue6_fixed_applications_keep_their_submitted_configuration():
         assert b._jobs["j0"].batch_size == want_batch
         b.apply(Decision({"j0": {"n0": 4}}, {"j0": BatchConfig(256, 0, 1024, 1.0)}, math.nan, 0.0, "t"))
         b.advance(60.0)
-        assert b.views()[0].max_replicas == want_max  # explore factor 2 x 4 measured, unless pinned
+        (v,) = b.views()
+        assert v.max_profiled_replicas == 4 and v.max_replicas == (2 if fixed else 64)
+        assert replica_cap(v, b.cluster) == want_max  # exploration cap 2 x 4 measured, unless pinned
 
 
 def test_overload_rejected():
@@ -150,10 +153,10 @@ def test_trace_profile_interpolates_between_measurements():
 def test_tuned_configs_match_workload_csv():
     """The workload CSVs' fixed configurations are the tuned ones (artifact rule)."""
     profiles = load_profiles()
-    jobs = read_workload(TRACES / "workloads" / "workload-6.csv")
+    jobs = read_adaptdl_csv(TRACES / "workloads" / "workload-6.csv")
     assert len(jobs) == 160
     for j in jobs[:40]:
-        assert tuned_config(profiles[j.application], j.num_replicas)[0] == j.batch_size
+        assert tuned_config(profiles[j.kind], j.replicas)[0] == j.batch_size
 
 
 @needs_traces
@@ -162,16 +165,15 @@ def test_philly_generator_scales_with_load():
     a = philly_workload(TRACES / "philly.csv", profiles, load=0.5, num_jobs=40, seed=3)
     b = philly_workload(TRACES / "philly.csv", profiles, load=2.0, num_jobs=40, seed=3)
     assert len(a) == 20 and len(b) == 80
-    assert all(0 <= j.time <= 8 * 3600 and j.application in profiles for j in b)
+    assert all(0 <= j.arrival_s <= 8 * 3600 and j.kind in profiles for j in b)
 
 
 def test_cli_simulate(tmp_path, monkeypatch):
-    from pollux_opt.backends.sim import write_workload
     from pollux_opt.cli.main import main
 
     prof = tmp_path / "missing"
     wl = tmp_path / "w.csv"
-    write_workload(_jobs(2), wl)
+    write_adaptdl_csv(_jobs(2), wl)
     assert main(["simulate", "--workload", str(wl), "--profiles", str(prof), "--policy", "tiresias",
                  "--out", str(tmp_path / "out")]) == 2
 
@@ -218,7 +220,7 @@ def test_split_single_runs_one_replica_as_two_micro_batches():
 def test_wake_every_starts_a_round_when_a_job_finishes(tmp_path):
     """Two jobs that each want the whole node: the second starts at the poll
     after the first completes, not at the next 10-minute round."""
-    jobs = [WorkloadJob("a", 0.0, "synth", 4, 256), WorkloadJob("b", 1.0, "synth", 4, 256)]
+    jobs = [WorkloadJob("a", "synth", 0.0, 4, 256), WorkloadJob("b", "synth", 1.0, 4, 256)]
     runs = {}
     for name, wake in (("fixed", None), ("woken", 1.0)):
         simulate(jobs, SYNTH, "tiresias", cluster=Cluster.uniform(1, 4), interval=600.0,
@@ -232,7 +234,7 @@ def test_wake_every_starts_a_round_when_a_job_finishes(tmp_path):
 
 
 def test_wake_every_starts_a_round_when_a_job_arrives(tmp_path):
-    jobs = [WorkloadJob("a", 0.0, "synth", 2, 256), WorkloadJob("b", 7.0, "synth", 2, 256)]
+    jobs = [WorkloadJob("a", "synth", 0.0, 2, 256), WorkloadJob("b", "synth", 7.0, 2, 256)]
     fixed = simulate(jobs, SYNTH, "tiresias", cluster=Cluster.uniform(1, 4), interval=60.0,
                      config=SimConfig(restart_delay=0.0), out_dir=tmp_path / "fixed")
     woken = simulate(jobs, SYNTH, "tiresias", cluster=Cluster.uniform(1, 4), interval=60.0,
@@ -268,10 +270,8 @@ def test_cli_fixed_apps_reaches_the_simulation(tmp_path, monkeypatch, flag, expe
     from pollux_opt.backends.sim import run as _run, traces as _profile
     from pollux_opt.cli.simulate import simulate_one
 
-    from pollux_opt.backends.sim import write_workload
-
     wl = tmp_path / "w.csv"
-    write_workload(_jobs(1), wl)
+    write_adaptdl_csv(_jobs(1), wl)
     seen = {}
 
     def fake_simulate(jobs, profiles, policy, *, config, **kwargs):

@@ -1,4 +1,4 @@
-"""Smoke tests of the simulation experiments' --quick variants (issue 6)."""
+"""Smoke tests of the simulation experiments' --quick variants."""
 
 from __future__ import annotations
 

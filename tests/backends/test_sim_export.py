@@ -1,4 +1,4 @@
-"""``pollux-opt profile``: real-run measurements -> AdaptDL-format profiles (issue 6, 2(b))."""
+"""``pollux-opt profile``: real-run measurements -> AdaptDL-format profiles."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from pollux_opt.backends.sim.export import EXPORT_EPOCHS, export_profiles
 from pollux_opt.backends.sim.traces import load_profiles
-from pollux_opt.workloads.adaptdl import read_workload
+from pollux_opt.workloads import read_adaptdl_csv
 from pollux_opt.cli.main import main
 from solvers import InvalidProblem
 
@@ -108,8 +108,8 @@ def test_round_trip_through_the_simulator_reader(tmp_path):
     assert (sqr, var) == (pytest.approx(SQR), pytest.approx(VAR))
     assert profile.iterations(M0, 5) == pytest.approx(profile.progress_at(5))
     assert profile.iterations(128, 5) == pytest.approx(profile.progress_at(5) / _gain(128))
-    jobs = read_workload(out / "workload-one-node.csv")
-    assert [(j.name, j.application, j.batch_size) for j in jobs] == [("a", "toy-app", 64)]
+    jobs = read_adaptdl_csv(out / "workload-one-node.csv")
+    assert [(j.id, j.kind, j.batch_size) for j in jobs] == [("a", "toy-app", 64)]
 
 
 def test_warmup_steps_are_left_out(tmp_path):
@@ -122,7 +122,7 @@ def test_warmup_steps_are_left_out(tmp_path):
     assert placements.step_time.max() < 1.0
 
 
-def test_issue6_step_time_is_the_mean_of_warm_steps_slow_ones_included(tmp_path):
+def test_step_time_is_the_mean_of_warm_steps_slow_ones_included(tmp_path):
     """A job's training time is the sum of its steps: one warm step in ten
     slowed 4x by contention makes the configuration's exported step 30 %
     longer (the median would ignore it and the replay would finish early)."""

@@ -1,4 +1,4 @@
-"""Issue 6: the speed-ups of a Pollux simulation keep its behaviour.
+"""The speed-ups of a Pollux simulation keep its behaviour.
 
 * ``GoodputModel.optimize`` solves each distinct (one node or several, K) once;
 * ``allocate`` keeps the batch configurations found while building the
@@ -15,10 +15,12 @@ import pytest
 
 from pollux_opt import Cluster, Job
 from pollux_opt.model.allocate import _batch_config, _model_table
-from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.scheduling.loop import Decision
-from pollux_opt.backends.sim import ParametricProfile, SimBackend, WorkloadJob, simulate
+from pollux_opt.backends.sim import ParametricProfile, SimBackend, simulate
+from pollux_opt.workloads import WorkloadJob
 import pollux_opt.backends.sim.backend as sim_backend
+from pollux_opt.runtime.measurements import Measurements
 
 
 def _model(phi_var=2.0):
@@ -34,7 +36,7 @@ def _fields(choice, i=None):
     return [np.asarray(getattr(choice, f)) if i is None else np.asarray(getattr(choice, f))[i] for f in names]
 
 
-def test_issue6_optimize_vectorised_equals_one_pair_calls():
+def test_optimize_vectorised_equals_one_pair_calls():
     model = _model()
     nodes = np.array([1, 1, 2, 3, 7, 16, 2, 5, 1])
     reps = np.array([1, 4, 2, 3, 20, 64, 64, 40, 3])
@@ -45,7 +47,7 @@ def test_issue6_optimize_vectorised_equals_one_pair_calls():
             assert a == b, (n, k)
 
 
-def test_issue6_optimize_depends_on_nodes_only_through_one_or_several():
+def test_optimize_depends_on_nodes_only_through_one_or_several():
     model = _model()
     for k in (4, 9, 33):
         c2, c5 = model.optimize(2, k), model.optimize(min(k, 5), k)
@@ -54,14 +56,14 @@ def test_issue6_optimize_depends_on_nodes_only_through_one_or_several():
     assert model.optimize(1, 4).goodput != model.optimize(2, 4).goodput
 
 
-def test_issue6_optimize_keeps_shape_and_scalar():
+def test_optimize_keeps_shape_and_scalar():
     model = _model()
     grid = model.optimize(np.array([[1], [2]]), np.array([2, 8, 32]))
     assert grid.goodput.shape == (2, 3) and grid.local_bsz.dtype == np.int64
     assert model.optimize(1, 1).goodput.shape == ()
 
 
-def test_issue6_model_table_matches_speedup_and_optimize():
+def test_model_table_matches_speedup_and_optimize():
     model = _model()
     pairs = tuple((n, k) for n in range(1, 5) for k in range(n, 17))
     table, _ = _model_table(model, pairs, (1, 1), None)
@@ -77,17 +79,17 @@ def test_issue6_model_table_matches_speedup_and_optimize():
             assert c.goodput == pytest.approx(float(one.goodput), rel=1e-12)
 
 
-def test_issue6_identical_measurements_are_fitted_once(monkeypatch):
+def test_identical_measurements_are_fitted_once(monkeypatch):
     calls = []
-    real_fit = sim_backend.fit_throughput
+    real_fit = Measurements.fit
 
-    def counting_fit(*args, **kwargs):
+    def counting_fit(self, *args, **kwargs):
         calls.append(1)
-        return real_fit(*args, **kwargs)
+        return real_fit(self, *args, **kwargs)
 
-    monkeypatch.setattr(sim_backend, "fit_throughput", counting_fit)
+    monkeypatch.setattr(Measurements, "fit", counting_fit)
     profiles = {"synth": ParametricProfile("synth", max_epochs=3, epoch_progress=200.0)}
-    jobs = [WorkloadJob(f"j{i}", 0.0, "synth", 1, 128) for i in range(3)]
+    jobs = [WorkloadJob(f"j{i}", "synth", 0.0, 1, 128) for i in range(3)]
     b = SimBackend(jobs, profiles, Cluster.uniform(1, 4))
     b.apply(Decision({f"j{i}": {"n0": 1} for i in range(3)}, {}, math.nan, 0.0, "t"))
     b.advance(60.0)
@@ -97,22 +99,17 @@ def test_issue6_identical_measurements_are_fitted_once(monkeypatch):
     assert len(params) == 1
 
 
-def test_issue6_fit_cache_keeps_simulation_result(monkeypatch):
+def test_fit_cache_keeps_simulation_result(monkeypatch):
     profiles = {"synth": ParametricProfile("synth", max_epochs=4, epoch_progress=300.0)}
-    jobs = [WorkloadJob(f"j{i}", 20.0 * (i % 3), "synth", 2, 256) for i in range(6)]
+    jobs = [WorkloadJob(f"j{i}", "synth", 20.0 * (i % 3), 2, 256) for i in range(6)]
     cached = simulate(jobs, profiles, "pollux", cluster=Cluster.uniform(2, 4), interval=60.0)
 
-    class NoCache(dict):
-        def get(self, key, default=None):
-            return default
+    real_agent = sim_backend.JobAgent
 
-    real_init = SimBackend.__init__
+    def agent_without_cache(*args, **kwargs):
+        return real_agent(*args, **{**kwargs, "fit_cache": None})
 
-    def init_without_cache(self, *args, **kwargs):
-        real_init(self, *args, **kwargs)
-        self._fits = NoCache()
-
-    monkeypatch.setattr(SimBackend, "__init__", init_without_cache)
+    monkeypatch.setattr(sim_backend, "JobAgent", agent_without_cache)
     fresh = simulate(jobs, profiles, "pollux", cluster=Cluster.uniform(2, 4), interval=60.0)
     assert cached.completed == fresh.completed == len(jobs)
     assert cached.avg_jct == fresh.avg_jct and cached.makespan == fresh.makespan

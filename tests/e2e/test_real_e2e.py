@@ -1,4 +1,4 @@
-"""End to end on real CPU jobs (issue 5): two tiny jobs under ``pollux``, and (slow)
+"""End to end on real CPU jobs: two tiny jobs under ``pollux``, and (slow)
 a scheduler killed with SIGKILL and resumed from its run directory."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ pytest.importorskip("torch", reason="real jobs need the CPU build of torch (pip 
 pytest.importorskip("sklearn", reason="the digits job needs scikit-learn (pip install 'pollux-opt[jobs]')")
 
 from pollux_opt.records.events import read_events  # noqa: E402
-from pollux_opt.backends.local.backend import default_cluster, run_real  # noqa: E402
-from pollux_opt.workloads.sets import Workload, WorkloadJob  # noqa: E402
+from pollux_opt.backends.local import default_cluster, run_real  # noqa: E402
+from pollux_opt.workloads import Workload, WorkloadJob  # noqa: E402
 
 #: Two tiny jobs: easy targets, so that each trains for a few seconds.
 TINY = Workload("tiny", (

@@ -21,11 +21,13 @@ from pollux_opt import (
     Status,
     ThroughputParams,
     allocate,
-    encode,
+    instance_to_json,
     load_instance,
     parse_instance,
     restart_factor,
+    to_problem,
 )
+from pollux_opt.model.instance import FORMAT_VERSION
 from pollux_opt.cli.main import main
 from solvers import evaluate, violations
 
@@ -63,6 +65,12 @@ def _instance(**job_overrides) -> dict:
     return data
 
 
+def _instance_v2(**job_overrides) -> dict:
+    data = _instance(**job_overrides)
+    data["version"] = 2
+    return data
+
+
 def _model() -> GoodputModel:
     return GoodputModel(
         throughput_params=ThroughputParams(0.02, 0.001, 0.05, 0.01, 0.2, 0.05, 2.0),
@@ -88,6 +96,48 @@ def test_minimal_fields_use_defaults():
     job = inst.jobs[0]
     assert (job.min_replicas, job.restarts, job.age, job.weight, dict(job.placement)) == (0, 0, 0.0, 1.0, {})
     assert inst.options == Options()
+
+
+def test_version_1_file_uses_the_options_restart_delay():
+    inst = parse_instance(ISSUE_EXAMPLE)
+    assert inst.jobs[0].restart_delay is None
+    problem = to_problem(inst.cluster, inst.jobs, inst.options)
+    assert problem.restart_factor.tolist() == [restart_factor(120.0, 0, 30.0)]
+
+
+@pytest.mark.parametrize(
+    "delay, factor",
+    [(None, 120 / 150), (0, 1.0), (0.0, 1.0), (60.0, 120 / 180), (12.5, 120 / 132.5)],
+)
+def test_version_2_per_job_restart_delay(delay, factor):
+    """A job's own restart_delay replaces options.restart_delay in its restart factor (0: free)."""
+    inst = parse_instance(_instance_v2(restart_delay=delay))
+    assert inst.jobs[0].restart_delay == delay
+    problem = to_problem(inst.cluster, inst.jobs, inst.options)
+    assert problem.restart_factor[0] == pytest.approx(factor, rel=1e-15)
+    alloc = allocate(inst.cluster, inst.jobs, inst.options)
+    assert sum(alloc.placement["a"].values()) == 2  # 1.8 * factor > 1.0 (staying) for each delay
+    assert alloc.objective == pytest.approx(1.8 * factor + 1e-3)
+
+
+def test_per_job_restart_delays_are_independent():
+    table = {(1, 1): 1.0, (1, 2): 1.8}
+    jobs = [Job("own", table, max_replicas=2, age=100.0, restarts=1, restart_delay=10.0),
+            Job("zero", table, max_replicas=2, age=100.0, restarts=1, restart_delay=0.0),
+            Job("default", table, max_replicas=2, age=100.0, restarts=1)]
+    problem = to_problem(Cluster.uniform(1, 6), jobs, Options(restart_delay=20.0))
+    assert problem.restart_factor.tolist() == [90 / 110, 1.0, 80 / 120]
+
+
+def test_instance_round_trip_writes_version_2():
+    inst = parse_instance(_instance_v2(restart_delay=7.5))
+    data = instance_to_json(inst)
+    assert data["version"] == 2 == FORMAT_VERSION
+    assert data["jobs"][0]["restart_delay"] == 7.5
+    assert parse_instance(json.loads(json.dumps(data))) == inst
+    plain = instance_to_json(parse_instance(ISSUE_EXAMPLE))  # version 1 in, version 2 out
+    assert plain["version"] == 2 and "restart_delay" not in plain["jobs"][0]
+    assert parse_instance(plain) == parse_instance(ISSUE_EXAMPLE)
 
 
 def test_restart_factor_formula():
@@ -123,26 +173,26 @@ def test_issue6_spread_penalty_prefers_compact_placements_of_model_jobs():
     spread penalty discounts each extra node, so the solver packs the job."""
     cluster = Cluster.uniform(4, 4)
     job = Job("g", _model(), min_replicas=8, max_replicas=8)
-    flat = encode(cluster, [job], Options(spread_penalty=0.0))
+    flat = to_problem(cluster, [job], Options(spread_penalty=0.0))
     assert flat.cfg_nodes.tolist() == [2, 3, 4]
     assert len(set(flat.cfg_speedup.tolist())) == 1  # the model cannot tell the spreads apart
     opts = Options()
     assert opts.spread_penalty > 0
-    compact = encode(cluster, [job], opts)
+    compact = to_problem(cluster, [job], opts)
     expected = flat.cfg_speedup * (1 - opts.spread_penalty * (flat.cfg_nodes - 1))
     np.testing.assert_allclose(compact.cfg_speedup, expected, rtol=1e-12)
     alloc = allocate(cluster, [job])
     assert sorted(alloc.placement["g"].values()) == [4, 4]
     # Explicit tables are used as given.
     table = {(2, 8): 1.0, (3, 8): 1.0}
-    explicit = encode(cluster, [Job("t", table, min_replicas=8, max_replicas=8)], opts)
+    explicit = to_problem(cluster, [Job("t", table, min_replicas=8, max_replicas=8)], opts)
     assert explicit.cfg_speedup.tolist() == [1.0, 1.0]
 
 
 def test_encoded_objective_matches_allocation():
     inst = load_instance(EXAMPLES / "cluster-4x4-6jobs.json")
     alloc = allocate(inst.cluster, inst.jobs, inst.options)
-    problem = encode(inst.cluster, inst.jobs, inst.options)
+    problem = to_problem(inst.cluster, inst.jobs, inst.options)
     ids = inst.cluster.node_ids
     x = np.array([[alloc.placement[j.id].get(n, 0) for n in ids] for j in inst.jobs])
     assert violations(problem, x) == []
@@ -184,15 +234,23 @@ def test_every_solver_reachable_through_allocate(solver):
         ({**ISSUE_EXAMPLE, "options": {"p": float("nan")}}, r"p must be a finite number, got nan"),
         ({**ISSUE_EXAMPLE, "options": {"p": float("inf")}}, r"p must be a finite number, got inf"),
         ({**ISSUE_EXAMPLE, "options": {"colour": "red"}}, r"unknown option 'colour'"),
-        ({**ISSUE_EXAMPLE, "options": {"mip_gap": 2}}, r"mip_gap must be in \[0, 1\), got 2"),
-        ({**ISSUE_EXAMPLE, "options": {"time_limit": 0}}, r"time_limit must be a number of seconds > 0, got 0"),
-        ({**ISSUE_EXAMPLE, "options": {"restart_delay": -1}}, r"restart_delay must be a finite number >= 0, got -1"),
+        ({**ISSUE_EXAMPLE, "options": {"mip_gap": 2}}, r"mip_gap must be a finite number in \[0, 1\), got 2"),
+        ({**ISSUE_EXAMPLE, "options": {"time_limit": 0}}, r"time_limit must be a number of seconds > 0 or None, got 0"),
+        ({**ISSUE_EXAMPLE, "options": {"restart_delay": -1}}, r"restart_delay must be a finite number of seconds >= 0, got -1"),
         ({**ISSUE_EXAMPLE, "options": {"max_nodes_per_job": 0}}, r"max_nodes_per_job must be an integer >= 1, got 0"),
         ({**ISSUE_EXAMPLE, "options": {"spread_penalty": -0.1}},
-         r"spread_penalty must be >= 0 and below 1 / \(max_nodes_per_job - 1\) = 0\.0666667, got -0\.1"),
+         r"spread_penalty must be a finite number >= 0 or None, got -0\.1"),
         ({**ISSUE_EXAMPLE, "options": {"spread_penalty": 0.5, "max_nodes_per_job": 3}},
          r"spread_penalty must be >= 0 and below 1 / \(max_nodes_per_job - 1\) = 0\.5, got 0\.5"),
-        ({**ISSUE_EXAMPLE, "version": 2}, r"version must be 1, got 2"),
+        ({**ISSUE_EXAMPLE, "version": 3}, r"version must be one of \[1, 2\], got 3"),
+        ({**ISSUE_EXAMPLE, "version": True}, r"version must be one of \[1, 2\], got True"),
+        (_instance(restart_delay=10.0), r"jobs\[0\]: unknown field 'restart_delay' in a version 1 file "
+                                        r"\(per-job restart delays need version 2\)"),
+        (_instance_v2(restart_delay=-5), r"job 'a': restart_delay must be a finite number of seconds >= 0, got -5"),
+        (_instance_v2(restart_delay="30"), r"job 'a': restart_delay must be a finite number of seconds >= 0, got '30'"),
+        (_instance_v2(restart_delay=float("inf")),
+         r"job 'a': restart_delay must be a finite number of seconds >= 0, got inf"),
+        (_instance_v2(restart_delay=True), r"job 'a': restart_delay must be a finite number of seconds >= 0, got True"),
         ({"cluster": {"nodes": []}, "jobs": []}, r"cluster\.nodes must not be empty"),
         ({"jobs": []}, r"instance\.cluster is required"),
         (_instance(max_replicas=None), r"max_replicas must be an integer >= 0, got None"),
@@ -257,3 +315,12 @@ def test_cli_bad_input_exits_2_without_traceback(tmp_path, capsys):
     assert main(["allocate", str(path.with_name("none.json")), "--solver", "milp"]) == 2
     assert main(["allocate", str(EXAMPLES / "small.json"), "--solver", "nope"]) == 2
     assert "unknown solver 'nope'" in capsys.readouterr().err
+
+
+def test_default_spread_penalty_shrinks_for_very_wide_jobs_instead_of_failing():
+    assert Options().spread_penalty == pytest.approx(1e-3)
+    wide = Options(max_nodes_per_job=2000)
+    assert wide.spread_penalty * (2000 - 1) == pytest.approx(0.5)
+    assert Options.from_mapping({"max_nodes_per_job": 2000}).spread_penalty == wide.spread_penalty
+    with pytest.raises(InvalidProblem, match=r"spread_penalty must be >= 0 and below 1 / \(max_nodes_per_job - 1\)"):
+        Options(max_nodes_per_job=2000, spread_penalty=1e-3)

@@ -1,4 +1,4 @@
-"""Tests of the Pollux goodput model (pollux_opt.model.goodput)."""
+"""Tests of the Pollux goodput model (pollux_opt.model: throughput, its fit, efficiency, batch, goodput)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pollux_opt.model.goodput import (
-    COLOCATION_PRIOR_WEIGHT,
-    GAMMA_PRIOR,
-    INTER_NODE_PRIOR_FACTOR,
-    RETROGRESSION_PRIOR_WEIGHT,
+from pollux_opt.model import (
+    BatchConfig,
     BatchLimits,
     GoodputModel,
     GradientStats,
@@ -22,6 +19,12 @@ from pollux_opt.model.goodput import (
     fit_throughput,
     step_time,
     sync_time,
+)
+from pollux_opt.model.throughput_fit import (
+    COLOCATION_PRIOR_WEIGHT,
+    GAMMA_PRIOR,
+    INTER_NODE_PRIOR_FACTOR,
+    RETROGRESSION_PRIOR_WEIGHT,
 )
 from pollux_opt.records.events import goodput_model_from_json, goodput_model_to_json
 from pollux_opt.runtime.adapt import params_from_dict, params_to_dict
@@ -406,6 +409,24 @@ def test_fixed_batch_size_is_throughput_only():
     )
     # 1000 samples on one replica needs 9 accumulation steps > max_accum_steps = 4.
     assert not model.optimize(1, 1, fixed_batch_size=1000).feasible
+
+
+def test_batch_choice_picks_one_configuration():
+    """The vectorised choice and the scalar configuration carry the same numbers."""
+    model = _model(m0=64, mmax=256, min_local_bsz=16, max_local_bsz=64)
+    choice = model.optimize(np.array([1, 2, 1]), np.array([2, 8, 32]))
+    cfg = choice.config(1)
+    assert cfg == BatchConfig(
+        local_bsz=int(choice.local_bsz[1]), accum_steps=int(choice.accum_steps[1]),
+        batch_size=int(choice.batch_size[1]), goodput=float(choice.goodput[1]),
+    )
+    assert cfg.batch_size == cfg.total_batch(8)
+    assert choice.config(2) == BatchConfig(0, 0, 0, 0.0)  # infeasible: zeros
+    scalar = model.optimize(1, 2)
+    assert scalar.config() == choice.config(0)
+    # The runtime's executable configuration names no replica count.
+    run = BatchConfig(32, 1)
+    assert (run.batch_size, run.goodput, run.total_batch(3)) == (None, None, 192)
 
 
 # ------------------------------------------------------------------------ speedup

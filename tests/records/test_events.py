@@ -1,4 +1,4 @@
-"""Event log (issue 5): append-only JSONL, schema checks, torn-line recovery."""
+"""Event log: append-only JSONL, schema checks, torn-line recovery."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pollux_opt.records.events import (
     goodput_model_to_json,
     read_events,
 )
-from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 
 
 def test_emit_appends_one_json_line_per_event(tmp_path):

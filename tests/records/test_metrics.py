@@ -1,4 +1,4 @@
-"""Metrics from the event log alone (issue 5), on a hand-written log with known answers."""
+"""Metrics from the event log alone, on a hand-written log with known answers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from pollux_opt import InvalidProblem
 from pollux_opt.records.events import goodput_model_to_json
-from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.records.metrics import (
     allocation_timeline,
     compare_table,

@@ -1,6 +1,7 @@
-"""Unit tests of the elastic job runtime's pure parts (issue 4): gradient
-statistics, AdaScale gain, batch co-adaptation, checkpoints, specs, options,
-the registry and the lazy torch import.  No worker processes here."""
+"""Unit tests of the elastic job runtime's pure parts: gradient statistics,
+AdaScale gain, batch co-adaptation, checkpoints, specs, options, the registry,
+the lazy torch import and the supervisor's phase machine.  No worker processes
+here."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pollux_opt import InvalidProblem
-from pollux_opt.model.goodput import BatchLimits, GradientStats, ThroughputParams
-from pollux_opt.runtime.adapt import MIN_STATS_STEPS, BatchConfig, check_allocation, choose_batch, executable
+from pollux_opt.model import BatchConfig, BatchLimits, GradientStats, ThroughputParams
+from pollux_opt.runtime.adapt import MIN_STATS_STEPS, check_allocation, choose_batch, executable
 from pollux_opt.runtime.checkpoint import (
     atomic_write_json,
     latest_good,
@@ -114,18 +115,18 @@ def test_batch_stays_at_m0_until_statistics_are_trusted():
     stats = GradientStats(grad_sqr=1.0, grad_var=100.0, init_batch_size=32)
     early = choose_batch(LIMITS, 1, 2, params=PARAMS, stats=stats, stats_steps=MIN_STATS_STEPS - 1,
                          fixed_batch_size=None)
-    assert early.batch_size(2) == 32
+    assert early.total_batch(2) == 32
     late = choose_batch(LIMITS, 1, 2, params=PARAMS, stats=stats, stats_steps=MIN_STATS_STEPS,
                         fixed_batch_size=None)
-    assert late.batch_size(2) > 32  # noise scale 3200 samples: a larger batch pays
+    assert late.total_batch(2) > 32  # noise scale 3200 samples: a larger batch pays
 
 
 def test_low_noise_keeps_a_small_batch_and_fixed_mode_keeps_the_users_batch():
     quiet = GradientStats(grad_sqr=1.0, grad_var=0.01, init_batch_size=32)
     cfg = choose_batch(LIMITS, 1, 2, params=PARAMS, stats=quiet, stats_steps=100, fixed_batch_size=None)
-    assert cfg.batch_size(2) <= 64
+    assert cfg.total_batch(2) <= 64
     fixed = choose_batch(LIMITS, 1, 3, params=PARAMS, stats=quiet, stats_steps=100, fixed_batch_size=600)
-    assert fixed.batch_size(3) == 600 and fixed.local_bsz <= LIMITS.max_local_bsz
+    assert fixed.total_batch(3) == 600 and fixed.local_bsz <= LIMITS.max_local_bsz
 
 
 def test_current_configuration_is_kept_on_a_near_tie():
@@ -282,7 +283,7 @@ def _profile(rows):
 def test_measurements_fit_and_heldout_error_on_exact_model_data():
     truth = ThroughputParams(alpha_c=0.002, beta_c=3e-5, alpha_n=0.004, beta_n=0.0, alpha_r=0.004, beta_r=0.0,
                              gamma=1.0)
-    from pollux_opt.model.goodput import step_time, sync_time
+    from pollux_opt.model import step_time, sync_time
 
     configs = [(1, 16, 0), (1, 64, 0), (1, 256, 0), (2, 32, 0), (2, 128, 0), (1, 64, 1), (2, 64, 0)]
     rows = [(k, m, s, float(step_time(truth, 1, k, m, s)), float(sync_time(truth, 1, k))) for k, m, s in configs]
@@ -307,7 +308,7 @@ def test_report_goodput_model_needs_measurements_and_statistics():
     assert JobReport(**base).goodput_model() is None
     assert JobReport(**dict(base, throughput_params=PARAMS)).goodput_model() is None
     fixed = JobReport(**dict(base, throughput_params=PARAMS, fixed_batch_size=64)).goodput_model()
-    from pollux_opt.model.goodput import step_time
+    from pollux_opt.model import step_time
 
     # Fixed batch: the speedup is the step-time ratio of the same 64 samples on 1 and 2 replicas.
     expected = step_time(PARAMS, 1, 1, 64) / step_time(PARAMS, 1, 2, 32)
@@ -433,36 +434,36 @@ class _FakePool:
 
 
 @pytest.mark.parametrize("request_kind", ["rescale", "stop"])
-def test_issue5_target_pause_racing_a_scheduler_request_still_completes(tmp_path, request_kind):
-    """Regression (issue 5, the demo hang): rank 1 reported 'paused (target)',
-    then a scheduler request (rescale or stop) arrived before rank 0's report.
-    The request used to forget rank 1's report; the ranks never report again,
-    so the job stayed 'running' forever.  Now the target pause completes."""
-    from pollux_opt.runtime.job import _Allocation
+def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, request_kind):
+    """Rank 1 reports 'paused (target)', then a scheduler request (rescale or
+    stop) arrives before rank 0's report.  The ranks never report again, so
+    the request must keep rank 1's report: the target pause then completes."""
     from pollux_opt.runtime import ElasticJob
+    from pollux_opt.runtime.allocation import WorkerAllocation
+    from pollux_opt.runtime.phase import Phase
 
     job = ElasticJob("digits-cnn", tmp_path / "job")
+    ctl = job._ctl
     verifications = []
-    job._pool = _FakePool()
-    job._start_verification = lambda: verifications.append(job._step)
+    ctl._pool = _FakePool()
+    ctl._start_verification = lambda: verifications.append(ctl.status.step)
     workers = [_FakeWorker(100), _FakeWorker(101)]
-    job._workers, job._gen, job._phase = workers, 1, "running"
-    job._alloc = _Allocation({"n0": 2}, None, None)
-    job._state = JobState.RUNNING
+    ctl._workers, ctl._gen = workers, 1
+    ctl.status.alloc, ctl.status.phase = WorkerAllocation({"n0": 2}), Phase.RUNNING
 
     def paused(rank: int) -> dict:
         return {"generation": 1, "rank": rank, "step": 554, "reason": "target", "checksum": "c",
                 "progress": 60.0, "samples": 9000, "metric": 0.9}
 
-    job._on_message(1, "paused", paused(1))
+    ctl._on_message(1, "paused", paused(1))
     if request_kind == "rescale":
-        job._request_alloc(_Allocation({"n0": 1}, None, None), 0.0)
+        ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
     else:
-        job._request_stop()
+        ctl._request_stop()
     assert workers[0].conn.sent == [("stop",)]  # the request reached rank 0, which ignores it once paused
-    job._on_message(0, "paused", paused(0))
-    assert [e.kind for e in job._events][-1] == "target_reached"
-    assert verifications == [554] and job._phase == "idle" and job._pool.released == workers
+    ctl._on_message(0, "paused", paused(0))
+    assert [e.kind for e in ctl.status.events][-1] == "target_reached"
+    assert verifications == [554] and not ctl._workers and ctl._pool.released == workers
     job.close()
 
 
@@ -471,26 +472,28 @@ def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, 
     """A job driven on its own trains on from its final checkpoint on its last
     allocation; a scheduler-driven one (the real backend sets
     ``resume_after_failed_verification=False``) stops holding nothing, since its
-    CPUs were handed back at the target, and a scheduler request made while it
-    was verifying is served instead."""
-    from pollux_opt.runtime.job import _Allocation
+    CPUs were handed back when it reached the target, and a scheduler request
+    made while it was verifying is served instead."""
     from pollux_opt.runtime import ElasticJob
+    from pollux_opt.runtime.allocation import WorkerAllocation
+    from pollux_opt.runtime.phase import Phase
 
     with pytest.raises(InvalidProblem, match="resume_after_failed_verification must be True or False, got 1"):
         RuntimeOptions(resume_after_failed_verification=1)
     job = ElasticJob("digits-cnn", tmp_path / "job", options=RuntimeOptions(resume_after_failed_verification=resume))
+    ctl = job._ctl
     launched = []
-    job._launch = lambda alloc, kind, t0: launched.append((alloc.placement, kind))
-    job._alloc, job._state = _Allocation({"n0": 2}, None, None), JobState.VERIFYING
-    job._after_failed_verification()
+    ctl._launch = lambda alloc, kind, t0: launched.append((alloc.placement, kind))
+    ctl.status.alloc, ctl.status.phase = WorkerAllocation({"n0": 2}), Phase.VERIFYING
+    ctl._after_failed_verification()
     if resume:
         assert launched == [({"n0": 2}, "restart")]
     else:
         assert launched == [] and job.report().state is JobState.STOPPED
-        assert job._events[-1].kind == "stopped" and job._events[-1].details["reason"] == "verification_failed"
-    job._state, job._verification_failures = JobState.VERIFYING, 0
-    job._request_alloc(_Allocation({"n1": 1}, None, None), 0.0)  # the scheduler moved it meanwhile
-    job._after_failed_verification()
+        assert ctl.status.events[-1].kind == "stopped" and ctl.status.events[-1].details["reason"] == "verification_failed"
+    ctl.status.phase, ctl._verification_failures = Phase.VERIFYING, 0
+    ctl._request_alloc(WorkerAllocation({"n1": 1}), 0.0)  # the scheduler moved it meanwhile
+    ctl._after_failed_verification()
     assert launched[-1] == ({"n1": 1}, "restart")
     job.close()
 

@@ -1,4 +1,4 @@
-"""Each policy's decisions on hand-made views (issue 5)."""
+"""Each policy's decisions on hand-made views, and the policy registry."""
 
 from __future__ import annotations
 
@@ -7,18 +7,23 @@ from dataclasses import replace
 
 import pytest
 
-from pollux_opt import Cluster, InvalidProblem, Options, restart_factor
-from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, ThroughputParams
-from pollux_opt.scheduling.policies.adaptive import (
+from pollux_opt import Cluster, InvalidProblem, Options, restart_factor, to_problem
+from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.scheduling.policies import (
     POLICIES,
     DynamicPolicy,
     FixedPolicy,
+    OptimusPolicy,
     PolluxPolicy,
-    fair_share,
-    job_for_allocator,
+    Requirement,
+    TiresiasPolicy,
     make_policy,
+    policy_names,
+    registered_policies,
 )
-from pollux_opt.scheduling.loop import Decision, JobView, Policy
+from pollux_opt.scheduling.policies.packing import pack, take
+from pollux_opt.scheduling.policies.views import fair_share, job_for_allocator, replica_cap
+from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView, Policy
 
 
 def view(job_id, *, t=0.0, state="pending", placement=None, model=None, replicas=1, batch=32,
@@ -45,15 +50,42 @@ def used(decision: Decision) -> int:
 
 
 def test_registry_and_protocol():
-    assert set(POLICIES) == {"fixed", "dynamic", "pollux"}
-    for name, cls in POLICIES.items():
-        policy = cls()
-        assert policy.name == name
+    assert list(POLICIES) == ["fixed", "dynamic", "pollux", "tiresias", "optimus"]
+    assert registered_policies() == dict(POLICIES)
+    for name, info in POLICIES.items():
+        assert info.name == name and info.description
+        policy = make_policy(name, provides={Requirement.ORACLE: object()})
+        assert policy.name == name and type(policy) is info.factory
         assert isinstance(policy, Policy)
     assert make_policy("pollux").adapts_batch and not make_policy("fixed").adapts_batch
-    assert not make_policy("dynamic").adapts_batch
-    with pytest.raises(InvalidProblem, match=r"unknown policy 'sia'; choose one of \['dynamic', 'fixed', 'pollux'\]"):
+    assert not make_policy("dynamic").adapts_batch and not make_policy("tiresias").adapts_batch
+    with pytest.raises(InvalidProblem, match=r"unknown policy 'sia'; choose one of "
+                                             r"\['dynamic', 'fixed', 'optimus', 'pollux', 'tiresias'\]"):
         make_policy("sia")
+
+
+def test_registry_records_what_each_policy_needs_from_its_backend():
+    assert {name: info.needs for name, info in POLICIES.items()} == {
+        "fixed": (), "dynamic": (), "pollux": (), "tiresias": (), "optimus": (Requirement.ORACLE,)}
+    assert policy_names() == ("fixed", "dynamic", "pollux", "tiresias")  # what real runs accept
+    assert policy_names([Requirement.ORACLE]) == tuple(POLICIES)  # the simulator provides the oracle
+    with pytest.raises(InvalidProblem, match=r"policy 'optimus' needs the simulator's step oracle \(each job's "
+                                             r"true remaining steps and step times, which a run of real jobs "
+                                             r"cannot know\): run it with `pollux-opt simulate`"):
+        make_policy("optimus")
+    oracle = object()
+    assert make_policy("optimus", provides={Requirement.ORACLE: oracle}).oracle is oracle
+    assert make_policy("optimus", oracle=oracle).oracle is oracle
+    assert make_policy("tiresias", provides={Requirement.ORACLE: oracle}, thresholds=(10.0,)).thresholds == (10.0,)
+
+
+def test_make_policy_names_an_unknown_option():
+    with pytest.raises(InvalidProblem, match=r"policy 'fixed' has no option\(s\) \['foo'\]; its options are "
+                                             r"\['adapts_batch', 'name'\]"):
+        make_policy("fixed", foo=1)
+    assert make_policy("pollux", exploration_factor=3).exploration_factor == 3
+    with pytest.raises(InvalidProblem, match=r"exploration_factor must be an integer >= 1, got 0"):
+        make_policy("pollux", exploration_factor=0)
 
 
 # ------------------------------------------------------------------- fixed
@@ -71,7 +103,7 @@ def test_fixed_is_fifo_gang_with_submitted_cpus_and_never_moves_running_jobs():
     assert d.placement["second"] == {}              # 1 CPU left: does not fit, blocks ...
     assert d.placement["late"] == {}                # ... the job behind it (strict FIFO)
     assert d.batch["first"].batch_size == 64 and d.batch["first"].local_bsz == 32
-    assert d.status == "fifo" and math.isnan(d.objective)
+    assert d.status is DecisionStatus.FIFO and d.status == "fifo" and math.isnan(d.objective)
 
 
 def test_fixed_packs_gangs_on_one_node_then_spreads():
@@ -88,6 +120,15 @@ def test_fixed_packs_gangs_on_one_node_then_spreads():
 def test_fixed_clamps_a_request_larger_than_the_cluster():
     d = FixedPolicy().decide(0.0, Cluster.uniform(1, 2), [view("huge", replicas=16, max_replicas=16)])
     assert d.placement["huge"] == {"n0": 2}
+
+
+def test_fixed_runs_the_submitted_cpus_whatever_the_job_has_been_measured_on():
+    """The exploration cap is the allocator policies' rule: a never-measured job
+    submitted with 3 CPUs starts on 3 under the fixed policy, on 1 under Pollux."""
+    cluster = Cluster.uniform(1, 4)
+    v = replace(view("a", replicas=3), max_profiled_replicas=0)
+    assert FixedPolicy().decide(0.0, cluster, [v]).placement["a"] == {"n0": 3}
+    assert PolluxPolicy().decide(0.0, cluster, [v]).placement["a"] == {"n0": 1}
 
 
 def test_fixed_uses_the_models_split_of_the_submitted_batch():
@@ -136,6 +177,21 @@ def test_pollux_unmeasured_jobs_get_the_linear_prior_within_the_exploration_cap(
     # the cap never goes below the job's own minimum
     v = replace(view("b", min_replicas=3), max_profiled_replicas=0)
     assert sum(DynamicPolicy().decide(0.0, cluster, [v]).placement["b"].values()) == 3
+    # the factor is the policy's option
+    v = replace(view("a", model=m), max_profiled_replicas=2)
+    assert sum(PolluxPolicy(exploration_factor=3).decide(0.0, cluster, [v]).placement["a"].values()) == 6
+
+
+def test_replica_cap_is_the_exploration_cap_within_the_jobs_and_the_clusters_limits():
+    cluster = Cluster.uniform(2, 4)
+    m = model(noise=1.0)
+    cases = [  # (max_replicas, max_profiled_replicas, goodput model, cap)
+        (64, 0, None, 1), (64, 3, m, 6), (5, 3, m, 5), (64, 5, m, 8), (64, None, m, 8), (64, None, None, 1)]
+    for max_replicas, profiled, mdl, cap in cases:
+        v = replace(view("a", model=mdl, max_replicas=max_replicas, min_replicas=0), max_profiled_replicas=profiled)
+        assert replica_cap(v, cluster) == cap, (max_replicas, profiled)
+        assert job_for_allocator(v, cluster, Options(), fixed_batch=False).max_replicas == cap
+    assert replica_cap(replace(view("a", model=m), max_profiled_replicas=1), cluster, exploration_factor=3) == 3
 
 
 def test_pollux_restart_penalty_uses_each_jobs_measured_delay():
@@ -149,16 +205,19 @@ def test_pollux_restart_penalty_uses_each_jobs_measured_delay():
     assert sum(PolluxPolicy().decide(0.0, cluster, [fast]).placement["a"].values()) == 4
 
 
-def test_job_for_allocator_rescales_age_to_the_jobs_own_delay():
+def test_job_for_allocator_passes_the_jobs_own_delay():
     options = Options(restart_delay=30.0)
-    for age, restarts, delay in [(100.0, 2, 5.0), (12.0, 1, 10.0), (1000.0, 0, 0.25)]:
-        job = job_for_allocator(view("a", age=age, restarts=restarts, delay=delay), Cluster.uniform(1, 2),
+    cluster = Cluster.uniform(1, 2)
+    for age, restarts, delay in [(100.0, 2, 5.0), (12.0, 1, 10.0), (1000.0, 0, 0.25), (50.0, 3, 0.0)]:
+        job = job_for_allocator(view("a", age=age, restarts=restarts, delay=delay), cluster,
                                 options, fixed_batch=False)
-        assert restart_factor(job.age, job.restarts, options.restart_delay) == pytest.approx(
-            restart_factor(age, restarts, delay))
+        assert (job.age, job.restarts, job.restart_delay) == (age, restarts, delay)
+        problem = to_problem(cluster, [job], options)
+        assert problem.restart_factor[0] == restart_factor(age, restarts, delay)
+    assert restart_factor(50.0, 3, 0.0) == 1.0  # a free restart
 
 
-def test_issue6_fair_share_is_an_exclusive_one_over_j_share_of_the_cluster():
+def test_fair_share_is_an_exclusive_one_over_j_share_of_the_cluster():
     assert fair_share(Cluster.uniform(16, 4), 160) == (1, 1)
     assert fair_share(Cluster.uniform(16, 4), 10) == (2, 7)  # ceil(64 / 10) on the fewest nodes
     assert fair_share(Cluster.uniform(1, 8), 3) == (1, 3)
@@ -166,7 +225,7 @@ def test_issue6_fair_share_is_an_exclusive_one_over_j_share_of_the_cluster():
         fair_share(Cluster.uniform(1, 8), 0)
 
 
-def test_issue6_speedups_are_measured_against_the_fair_share():
+def test_speedups_are_measured_against_the_fair_share():
     cluster, options = Cluster.uniform(2, 4), Options()
     m = model(noise=2000.0)
     job = job_for_allocator(view("a", model=m), cluster, options, fixed_batch=False, share=(2, 6))
@@ -212,8 +271,8 @@ def test_completed_and_failed_views_are_ignored():
 
 @pytest.mark.parametrize("policy", [DynamicPolicy(), PolluxPolicy()])
 def test_oversubscribed_cluster_keeps_running_jobs_and_admits_first_come_first(policy):
-    """Regression (issue 5 demo): with more jobs than CPUs the objective is the same
-    whichever jobs wait, and the solver swapped running and waiting jobs every round."""
+    """With more jobs than CPUs the objective is the same whichever jobs wait:
+    the tie-break weights keep the solver from swapping running and waiting jobs every round."""
     cluster = Cluster.uniform(1, 2)
     m = model(noise=100.0)
     jobs = [view("d", t=3, model=m), view("c", t=2, model=m),
@@ -245,3 +304,40 @@ def test_over_committed_views_are_made_to_fit(policy):
 def test_unknown_node_in_a_view_is_an_error():
     with pytest.raises(InvalidProblem, match=r"job 'a': placement on unknown node 'n9'"):
         FixedPolicy().decide(0.0, Cluster.uniform(1, 2), [view("a", state="running", placement={"n9": 1})])
+
+
+# ------------------------------------------------------------------ packing
+def test_take_is_best_fit_on_one_node_else_most_free_first():
+    rank = {"n0": 0, "n1": 1, "n2": 2}
+    free = {"n0": 3, "n1": 2, "n2": 3}
+    assert take(free, 2, rank) == {"n1": 2} and free == {"n0": 3, "n1": 0, "n2": 3}  # tightest fit
+    assert take(free, 3, rank) == {"n0": 3} and free["n0"] == 0  # tie: the first node listed
+    free = {"n0": 1, "n1": 2, "n2": 2}
+    assert take(free, 4, rank) == {"n1": 2, "n2": 2}  # no node fits: most free first
+    assert take(free, 2, rank) is None and free == {"n0": 1, "n1": 0, "n2": 0}  # does not fit: unchanged
+
+
+def test_pack_keeps_placements_whose_count_is_unchanged_and_refuses_what_does_not_fit():
+    c = Cluster.uniform(2, 4)
+    assert pack(c, {"a": 1, "b": 3}, {"b": {"n1": 3}}, ["a", "b"]) == {"a": {"n1": 1}, "b": {"n1": 3}}
+    with pytest.raises(InvalidProblem, match=r"pack: job 'b' wants 6 replicas, only 4 free"):
+        pack(c, {"a": 4, "b": 6}, {}, ["a", "b"])
+
+
+# ------------------------------------------------------------- baselines
+def test_tiresias_runs_the_submitted_configuration_within_the_jobs_range():
+    cluster = Cluster.uniform(2, 4)
+    jobs = [view("a", replicas=3, batch=64), view("b", t=1, replicas=6, max_replicas=4)]
+    d = TiresiasPolicy().decide(0.0, cluster, jobs)
+    assert d.placement == {"a": {"n1": 3}, "b": {"n0": 4}} or d.placement == {"a": {"n0": 3}, "b": {"n1": 4}}
+    assert d.batch["a"].batch_size == 66 and d.batch["a"].local_bsz == 22  # ceil(64 / 3) a replica
+    assert d.status is DecisionStatus.LAS_2D and math.isnan(d.solver_seconds)  # the loop times decisions
+    assert d.allocator_seconds == 0.0  # no solver
+
+
+def test_optimus_without_an_oracle_uses_the_fitted_models():
+    cluster = Cluster.uniform(1, 4)
+    m = model(noise=1.0)
+    d = OptimusPolicy().decide(0.0, cluster, [view("a", model=m, batch=64), view("b", t=1, batch=64)])
+    assert used(d) == 4 and all(d.placement[j] for j in "ab")
+    assert d.status is DecisionStatus.GREEDY

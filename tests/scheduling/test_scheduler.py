@@ -1,24 +1,24 @@
 """The scheduler loop with fake backends, and the real backend's bookkeeping and
-recovery with in-process stand-ins for the elastic jobs (issue 5)."""
+recovery with in-process stand-ins for the elastic jobs."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem
 from pollux_opt.records.events import EventLog, read_events
-from pollux_opt.model.goodput import GradientStats, ThroughputParams
-from pollux_opt.scheduling.policies.adaptive import FixedPolicy, PolluxPolicy
-from pollux_opt.backends.local.backend import RealBackend, run_real
+from pollux_opt.model import GradientStats, ThroughputParams
+from pollux_opt.scheduling.policies import FixedPolicy, PolluxPolicy, TiresiasPolicy
+from pollux_opt.backends.local import JobHandle, RealBackend, run_real
 from pollux_opt.runtime.report import Event, JobReport, JobState, Measurements
-from pollux_opt.scheduling.loop import Decision, JobView, run
-from pollux_opt.workloads.sets import Workload, WorkloadJob
+from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView, run
+from pollux_opt.workloads import Workload, WorkloadJob
 
 
 # ----------------------------------------------------------- a scripted backend
@@ -75,6 +75,63 @@ def test_loop_decides_applies_logs_and_advances(tmp_path):
     assert allocs[0]["placement"] == {"a": {"n0": 1}} and allocs[0]["policy"] == "fixed"
     assert allocs[2]["placement"] == {"a": {"n0": 1}, "b": {"n0": 1}}  # b arrived at 15 s
     assert all(e["overhead_s"] >= e["solver_s"] >= 0 and e["interval_s"] == 10.0 for e in allocs)
+    assert all(e["status"] == "fifo" and e["allocator_s"] == 0.0 for e in allocs)  # the enum's string
+
+
+def test_loop_times_each_decision(tmp_path, monkeypatch):
+    """The loop measures ``decide`` (the policies do not time themselves): the
+    event's ``solver_s`` and the decision's ``solver_seconds`` are that wall time;
+    ``allocator_s`` is what the policy reports of it spent in a solver."""
+    import pollux_opt.scheduling.loop as loop
+
+    clock = [100.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+
+    @dataclass
+    class Slow:
+        name: str = "slow"
+        adapts_batch: bool = False
+
+        def decide(self, now, cluster, jobs):
+            clock[0] += 2.5  # the decision takes 2.5 s
+            return Decision({v.job_id: {"n0": 1} for v in jobs}, {}, 1.0, math.nan, DecisionStatus.GREEDY,
+                            allocator_seconds=0.75)
+
+    seen = []
+    backend = ScriptedBackend({"a": 0.0}, work=20.0)
+    with EventLog(tmp_path / "e.jsonl") as log:
+        run(backend, Slow(), Cluster.uniform(1, 2), log, interval=10.0,
+            progress=lambda now, views, d: seen.append(d))
+    allocs = [e for e in read_events(tmp_path / "e.jsonl") if e["type"] == "allocation"]
+    assert len(allocs) == len(seen) == 2
+    assert all(e["solver_s"] == 2.5 and e["allocator_s"] == 0.75 and e["status"] == "greedy" for e in allocs)
+    assert all(d.solver_seconds == 2.5 and d.allocator_seconds == 0.75 for d in seen)
+
+
+def test_allocator_policies_report_the_solvers_own_time(tmp_path):
+    backend = ScriptedBackend({"a": 0.0}, work=10.0)
+    with EventLog(tmp_path / "e.jsonl") as log:
+        run(backend, PolluxPolicy(), Cluster.uniform(1, 2), log, interval=10.0)
+    (e,) = [e for e in read_events(tmp_path / "e.jsonl") if e["type"] == "allocation"]
+    assert e["status"] == "optimal" and 0 < e["allocator_s"] <= e["solver_s"] <= e["overhead_s"]
+
+
+def test_tiresias_through_the_loop_preempts_the_job_with_more_attained_service(tmp_path):
+    """Tiresias reads only what every backend reports: attained service and the submitted configuration."""
+
+    @dataclass
+    class Served(ScriptedBackend):
+        def views(self):
+            return [replace(v, attained_service=self.done.get(v.job_id, 0.0) + (v.job_id == "a") * 50.0,
+                            submitted_replicas=2) for v in super().views()]
+
+    backend = Served({"a": 0.0, "b": 10.0}, work=40.0)
+    with EventLog(tmp_path / "e.jsonl") as log:
+        run(backend, TiresiasPolicy(thresholds=(30.0,)), Cluster.uniform(1, 2), log, interval=10.0)
+    placements = [d.placement for d in backend.applied]
+    assert placements[0] == {"a": {"n0": 2}}  # alone: its submitted 2 CPUs
+    assert placements[1] == {"b": {"n0": 2}, "a": {}}  # b (queue 0) preempts a (queue 1: 50 > 30)
+    assert backend.finished()
 
 
 def test_loop_skips_deciding_while_no_job_is_active(tmp_path):
@@ -115,8 +172,8 @@ FAKE_START_S, FAKE_RESCALE_S, FAKE_VERIFY_S = 2.0, 1.0, 1.0
 FAKE_CKPT_EVERY = 5.0
 
 
-class FakeJob:
-    """In-process stand-in for ElasticJob: progress at one unit per replica-second,
+class FakeJob(JobHandle):
+    """In-process stand-in for ElasticJob (a :class:`JobHandle`): progress at one unit per replica-second,
     persisted in ``fake.json`` at each checkpoint (resume restarts from it).
     Jobs whose id starts with ``bad`` fail after 3 s of training."""
 
@@ -192,14 +249,16 @@ class FakeJob:
             self.state, self.final_metric = "completed", 0.99
             self._record(self.until, "verified", metric=0.99, reached=True)
 
-    def start(self, replicas, num_nodes=None, *, cpus=None):
+    def start(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None):
         self._update()
         self._go(dict(replicas), "start", FAKE_START_S)
 
-    def rescale(self, replicas, num_nodes=None, *, cpus=None):
+    def rescale(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None):
         self._update()
         if self.state in ("pending", "stopped"):
             self._go(dict(replicas), "start", FAKE_START_S)
+        elif self.state in ("running", "rescaling") and dict(replicas) == self.placement:
+            pass  # only the batch changes: applied without a restart, as ElasticJob does
         else:
             self._go(dict(replicas), "rescale", FAKE_RESCALE_S)
 
@@ -275,7 +334,7 @@ def _run(tmp_path, policy, clock, workload=WORKLOAD, **kw):
         rb.time.time = old
 
 
-@pytest.mark.parametrize("policy", ["fixed", "dynamic", "pollux"])
+@pytest.mark.parametrize("policy", ["fixed", "dynamic", "pollux", "tiresias"])
 def test_real_backend_runs_a_workload_and_a_failing_job_does_not_stop_the_others(tmp_path, policy):
     summary = _run(tmp_path / policy, policy, FakeClock())
     assert summary["policy"] == policy
@@ -295,6 +354,18 @@ def test_real_backend_runs_a_workload_and_a_failing_job_does_not_stop_the_others
     assert submit_b["t"] == pytest.approx(5.0, abs=0.6)  # arrivals wake the loop (0.5 s polls)
     if policy == "fixed":
         assert per_job[("a", "rescale_begin")] == 0 and per_job[("b", "rescale_begin")] == 0
+    allocs = [e for e in events if e["type"] == "allocation"]
+    assert allocs and all(e["policy"] == policy and e["solver_s"] >= 0 for e in allocs)
+
+
+def test_run_real_accepts_the_policies_that_need_nothing_simulator_only(tmp_path):
+    from pollux_opt.scheduling.policies import policy_names
+
+    assert "tiresias" in policy_names() and "optimus" not in policy_names()
+    with pytest.raises(InvalidProblem, match=r"policy 'optimus' needs the simulator's step oracle .*"
+                                             r"run it with `pollux-opt simulate`"):
+        run_real(tmp_path / "o", WORKLOAD, "optimus", progress=False)
+    assert not (tmp_path / "o" / "config.json").exists()  # refused before the run starts
 
 
 def test_resume_after_a_kill(tmp_path, monkeypatch):
@@ -374,7 +445,7 @@ def test_run_real_rejects_mismatched_resume_and_new_runs_without_a_workload(tmp_
 
 # ------------------------------------------------------------- workloads and CLI
 def test_workload_sets_and_files(tmp_path):
-    from pollux_opt.workloads.sets import QUICK_TIME_SCALE, WORKLOAD_SETS, load_workload
+    from pollux_opt.workloads import QUICK_TIME_SCALE, WORKLOAD_SETS, load_workload
 
     assert len(WORKLOAD_SETS) >= 3
     for name, wl in WORKLOAD_SETS.items():

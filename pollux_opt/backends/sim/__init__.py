@@ -1,11 +1,12 @@
-"""Cluster-scale simulator on the shared scheduler loop (private; issue 6).
+"""Cluster-scale simulator on the shared scheduler loop.
 
-Profiles (the hidden truth of simulated jobs), workloads, the simulation
-backend and a one-call driver::
+Profiles (the hidden truth of simulated jobs), the simulation backend and a
+one-call driver; workloads come from :mod:`pollux_opt.workloads`::
 
-    from pollux_opt.backends.sim import load_profiles, read_workload, simulate
+    from pollux_opt.backends.sim import default_trace_dir, load_profiles, simulate
+    from pollux_opt.workloads import read_adaptdl_csv
     profiles = load_profiles()                          # ../shared/traces/adaptdl-osdi21
-    jobs = read_workload(default_trace_dir() / "workloads" / "workload-6.csv")
+    jobs = read_adaptdl_csv(default_trace_dir() / "workloads" / "workload-6.csv")
     result = simulate(jobs, profiles, "tiresias", out_dir="runs/w6-tiresias")
 """
 
@@ -20,12 +21,10 @@ from pollux_opt.backends.sim.traces import (
     load_profiles,
     load_trace_profile,
 )
-from pollux_opt.backends.sim.run import SIM_POLICIES, SimResult, make_policy, quiet_library_logs, run_tasks, simulate
-from pollux_opt.workloads.adaptdl import WorkloadJob, philly_workload, read_workload, tuned_config, write_workload
+from pollux_opt.backends.sim.run import SimResult, quiet_library_logs, run_tasks, simulate
 
 __all__ = [
-    "APP_SETTINGS", "AppSettings", "Oracle", "ParametricProfile", "Profile", "SIM_POLICIES",
-    "SimBackend", "SimConfig", "SimResult", "TraceProfile", "WorkloadJob", "default_trace_dir",
-    "load_profiles", "load_trace_profile", "make_policy", "philly_workload", "quiet_library_logs",
-    "read_workload", "run_tasks", "simulate", "split_batch", "tuned_config", "write_workload",
+    "APP_SETTINGS", "AppSettings", "Oracle", "ParametricProfile", "Profile", "SimBackend", "SimConfig",
+    "SimResult", "TraceProfile", "default_trace_dir", "load_profiles", "load_trace_profile",
+    "quiet_library_logs", "run_tasks", "simulate", "split_batch",
 ]

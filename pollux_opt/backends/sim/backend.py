@@ -14,8 +14,9 @@ epoch by epoch, and completes once its progress reaches ``progress_at(max_epochs
 The policy sees only :class:`~pollux_opt.scheduling.loop.JobView` objects: the
 measurements a job reported at configurations it has actually run (optionally
 perturbed by multiplicative noise, the "profile error" of the sensitivity
-study) and a :class:`~pollux_opt.GoodputModel` fitted online from them with
-:func:`~pollux_opt.fit_throughput`.  It never sees the profile.  Only
+study) and a :class:`~pollux_opt.GoodputModel` fitted online from them by the
+job's :class:`~pollux_opt.runtime.agent.JobAgent`, the same agent a real job
+runs.  It never sees the profile.  Only
 :class:`Oracle` (for Optimus+Oracle, by construction) reads the truth.
 """
 
@@ -31,23 +32,26 @@ import numpy as np
 from solvers import InvalidProblem
 
 from pollux_opt.records.events import EventLog, goodput_model_to_json
-from pollux_opt.model.goodput import BatchLimits, GoodputModel, GradientStats, fit_throughput
-from pollux_opt.model.core import BatchConfig, Cluster
-from pollux_opt.runtime.adapt import BatchConfig as RunConfig
-from pollux_opt.runtime.adapt import executable
+from pollux_opt.model import BatchConfig, BatchLimits, Cluster, GoodputModel
+from pollux_opt.model.options import DEFAULT_RESTART_DELAY
+from pollux_opt.runtime.adapt import decided_batch, runnable, split_batch
+from pollux_opt.runtime.agent import REFIT_GROWTH, JobAgent
+from pollux_opt.runtime.measurements import ConfigKey
 from pollux_opt.scheduling.loop import Decision, JobView
 from pollux_opt.backends.sim.traces import Profile
-from pollux_opt.workloads.adaptdl import WorkloadJob
+from pollux_opt.workloads.job import WorkloadJob
 
 __all__ = ["SimConfig", "SimBackend", "Oracle", "split_batch"]
 
 log = logging.getLogger(__name__)
 
-#: Restart delay, seconds (Pollux's simulator charges 30 s per (re)start).
-DEFAULT_RESTART_DELAY_S = 30.0
-#: Jobs report at most this multiple of their largest measured replica count as
-#: ``max_replicas`` (AdaptDL's prior-driven exploration, artifact ``simulator.py``).
-DEFAULT_EXPLORE_FACTOR = 2
+#: The simulated cluster by default: Pollux's simulator (OSDI 2021 artifact,
+#: ``simulator.py``) models 16 nodes of 4 GPUs each; here a GPU is a replica slot.
+SIM_DEFAULT_NODES = 16
+SIM_DEFAULT_CPUS_PER_NODE = 4
+#: Seconds between scheduling rounds by default (Pollux's simulator reallocates
+#: every 60 s).  Real runs use their own default (``backends.local``'s 30 s).
+SIM_DEFAULT_INTERVAL_S = 60.0
 #: Absolute cap on replicas per job (the artifact's simulator caps at 64).
 DEFAULT_MAX_REPLICAS = 64
 #: Applications whose jobs are not elastic: the paper's simulator runs NCF at
@@ -57,13 +61,6 @@ DEFAULT_MAX_REPLICAS = 64
 #: tuned batch alone, as the artifact does for other jobs; it gave NCF one CPU
 #: in all eight AdaptDL workloads either way (identical JCTs).
 PAPER_FIXED_APPLICATIONS = ("ncf",)
-#: Refit the throughput model when a new (nodes, replicas) pair has been
-#: measured or the number of measured configurations has grown by this factor
-#: since the last fit.  Project choice: keeps fitting cost logarithmic in the
-#: measurements.  Pollux's simulator refits on every new configuration, which
-#: here gave the same average JCT on the eight AdaptDL workloads (2758 vs
-#: 2753 s) in 35 % more time.
-REFIT_GROWTH = 1.5
 
 
 @dataclass(frozen=True)
@@ -74,8 +71,6 @@ class SimConfig:
         restart_delay: seconds a (re)start costs a job (also what views report).
         interference: slowdown fraction in [0, 1) of a multi-node job on a node
             shared with another multi-node job (0: none; the paper's study uses 0.25, 0.5).
-        explore_factor: views report ``max_replicas <= factor * largest measured``
-            (at least 1); None reports the job's hard limit.
         max_replicas: hard cap on replicas per job.
         report_noise: sigma of a log-normal multiplicative error on every
             measurement a job reports (0: exact).
@@ -103,9 +98,8 @@ class SimConfig:
             (default: NCF, as in the paper's simulator; ``()``: none).
     """
 
-    restart_delay: float = DEFAULT_RESTART_DELAY_S
+    restart_delay: float = DEFAULT_RESTART_DELAY  # Pollux's simulator charges 30 s per (re)start
     interference: float = 0.0
-    explore_factor: int | None = DEFAULT_EXPLORE_FACTOR
     max_replicas: int = DEFAULT_MAX_REPLICAS
     report_noise: float = 0.0
     seed: int = 0
@@ -142,9 +136,6 @@ class SimConfig:
         i = self.interference
         if isinstance(i, bool) or not isinstance(i, (int, float)) or not 0 <= i < 1:
             raise InvalidProblem(f"interference must be in [0, 1), got {i!r}")
-        e = self.explore_factor
-        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 1):
-            raise InvalidProblem(f"explore_factor must be an integer >= 1 or None, got {e!r}")
         m = self.max_replicas
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise InvalidProblem(f"max_replicas must be an integer >= 1, got {m!r}")
@@ -153,16 +144,9 @@ class SimConfig:
             raise InvalidProblem(f"report_noise must be a finite number >= 0, got {n!r}")
 
 
-def split_batch(batch_size: int, replicas: int, max_local_bsz: int, min_local_bsz: int = 1) -> tuple[int, int]:
-    """(local_bsz, accum_steps) running a total batch on ``replicas`` replicas.
-
-    ``ceil(B / K)`` samples per replica in the fewest micro-batches of at most
-    ``max_local_bsz`` (the artifact's ``update_local_bsz``), raised to ``min_local_bsz``.
-    """
-    local = math.ceil(batch_size / replicas)
-    accum = max(math.ceil(local / max_local_bsz) - 1, 0)
-    atomic = max(math.ceil(local / (accum + 1)), min_local_bsz)
-    return atomic, accum
+def _limits(p: Profile) -> BatchLimits:
+    """The batch limits of a job of profile ``p`` (those its goodput model uses)."""
+    return BatchLimits(p.init_batch_size, p.max_batch_size, p.min_local_bsz, p.max_local_bsz)
 
 
 def _per_app(value: float | Mapping[str, float], application: str) -> float:
@@ -188,12 +172,7 @@ class SimJob:
     started: bool = False
     submitted: bool = False
     completion_time: float | None = None
-    measured: dict = field(default_factory=dict)
-    grad: tuple[float, float] | None = None
-    model: GoodputModel | None = None
-    fitted_params: object = None
-    fit_size: int = 0
-    fit_pairs: set = field(default_factory=set)
+    agent: JobAgent | None = None  # what the job measured and its fitted model
     last_goodput: float = 0.0
     last_throughput: float = 0.0
 
@@ -210,7 +189,7 @@ class SimJob:
         batch in smallest micro-batches; a ``fixed`` job by its submitted replicas."""
         p = self.profile
         most = max(1, min(cap, p.max_batch_size // p.min_local_bsz))
-        return min(most, max(1, self.spec.num_replicas)) if self.fixed else most
+        return min(most, max(1, self.spec.replicas)) if self.fixed else most
 
 
 class Oracle:
@@ -272,19 +251,25 @@ class SimBackend:
         self._now = 0.0
         self._rng = np.random.default_rng(self.config.seed)
         self._jobs: dict[str, SimJob] = {}
-        for spec in sorted(jobs, key=lambda j: (j.time, j.name)):
-            if spec.application not in profiles:
+        # Measurement set -> fitted ThroughputParams, shared by the jobs' agents:
+        # the fit is a pure function of the measurements, and jobs of one
+        # application measured at the same configurations report the same
+        # (noise-free) times, so each distinct set is fitted once.
+        self._fits: dict[tuple, object] = {}
+        for spec in sorted(jobs, key=lambda j: (j.arrival_s, j.id)):
+            if spec.kind not in profiles:
                 raise InvalidProblem(
-                    f"job {spec.name!r}: no profile for application {spec.application!r}; "
+                    f"job {spec.id!r}: no profile for application {spec.kind!r}; "
                     f"have {sorted(profiles)}"
                 )
-            if spec.name in self._jobs:
-                raise InvalidProblem(f"duplicate job name {spec.name!r}")
-            self._jobs[spec.name] = SimJob(
-                spec, profiles[spec.application], fixed=spec.application in self.config.fixed_applications
+            if spec.id in self._jobs:
+                raise InvalidProblem(f"duplicate job name {spec.id!r}")
+            p = profiles[spec.kind]
+            agent = JobAgent(_limits(p), refit_growth=REFIT_GROWTH, fit_cache=self._fits, name=spec.id)
+            self._jobs[spec.id] = SimJob(
+                spec, p, fixed=spec.kind in self.config.fixed_applications, agent=agent
             )
         self._order = {nid: i for i, nid in enumerate(cluster.node_ids)}
-        self._fits: dict[tuple, object] = {}  # measurement set -> fitted ThroughputParams
         self.oracle = Oracle(self)
         self._admit()
 
@@ -301,28 +286,24 @@ class SimBackend:
         for job in self._jobs.values():
             if not job.submitted or job.completion_time is not None:
                 continue
-            hard = job.hard_max_replicas(cfg.max_replicas)
-            if cfg.explore_factor is None:
-                max_rep = hard
-            else:
-                most = max((k[1] for k in job.measured), default=0)
-                max_rep = min(hard, max(cfg.explore_factor * most, 1))
             out.append(
                 JobView(
-                    job_id=job.spec.name,
-                    submit_time=job.spec.time,
+                    job_id=job.spec.id,
+                    submit_time=job.spec.arrival_s,
                     state="running" if job.placement else "pending",
                     placement=dict(job.placement),
                     restarts=job.restarts,
-                    age=self._now - job.spec.time,
+                    age=self._now - job.spec.arrival_s,
                     min_replicas=0,
-                    max_replicas=max_rep,
-                    submitted_replicas=job.spec.num_replicas,
+                    max_replicas=job.hard_max_replicas(cfg.max_replicas),
+                    submitted_replicas=job.spec.replicas,
                     submitted_batch_size=job.spec.batch_size,
                     goodput_model=self._model(job),
                     restart_delay=cfg.restart_delay,
                     progress=job.progress,
                     attained_service=job.attained,
+                    # what the policy's exploration cap is a multiple of
+                    max_profiled_replicas=job.agent.most_replicas,
                 )
             )
         return out
@@ -331,7 +312,7 @@ class SimBackend:
         for job in self._jobs.values():
             if not job.submitted or job.completion_time is not None:
                 continue
-            jid = job.spec.name
+            jid = job.spec.id
             new = {n: int(k) for n, k in decision.placement.get(jid, {}).items() if k}
             for n in new:
                 if n not in self._order:
@@ -359,7 +340,7 @@ class SimBackend:
             reached = False
             for job in self._jobs.values():
                 if job.placement and job.completion_time is None:
-                    self._step(job, dt, slow.get(job.spec.name, 0.0))
+                    self._step(job, dt, slow.get(job.spec.id, 0.0))
                     reached = reached or job.completion_time is not None
             self._now = end if end - self._now <= dt else self._now + dt
             arrived = self._admit()
@@ -370,7 +351,7 @@ class SimBackend:
     def jcts(self) -> dict[str, float]:
         """Job id -> completion time minus submission time, seconds (completed jobs)."""
         return {
-            j.spec.name: j.completion_time - j.spec.time
+            j.spec.id: j.completion_time - j.spec.arrival_s
             for j in self._jobs.values() if j.completion_time is not None
         }
 
@@ -378,11 +359,11 @@ class SimBackend:
         """One row per job: name, application, submit, completion, jct, restarts, attained."""
         return [
             {
-                "job_id": j.spec.name, "application": j.spec.application, "submit_time": j.spec.time,
+                "job_id": j.spec.id, "application": j.spec.kind, "submit_time": j.spec.arrival_s,
                 "completion_time": j.completion_time,
-                "jct": None if j.completion_time is None else j.completion_time - j.spec.time,
+                "jct": None if j.completion_time is None else j.completion_time - j.spec.arrival_s,
                 "restarts": j.restarts, "attained_service": j.attained,
-                "num_replicas": j.spec.num_replicas, "batch_size": j.spec.batch_size,
+                "num_replicas": j.spec.replicas, "batch_size": j.spec.batch_size,
             }
             for j in self._jobs.values()
         ]
@@ -396,12 +377,12 @@ class SimBackend:
         """Submit the jobs that have arrived by now; True if there were any."""
         arrived = False
         for job in self._jobs.values():
-            if not job.submitted and job.spec.time <= self._now:
+            if not job.submitted and job.spec.arrival_s <= self._now:
                 job.submitted = arrived = True
                 self._emit(
-                    "submit", job.spec.time, job.spec.name,
-                    submitted_replicas=job.spec.num_replicas,
-                    submitted_batch_size=job.spec.batch_size, application=job.spec.application,
+                    "submit", job.spec.arrival_s, job.spec.id,
+                    submitted_replicas=job.spec.replicas,
+                    submitted_batch_size=job.spec.batch_size, application=job.spec.kind,
                     max_replicas=job.hard_max_replicas(self.config.max_replicas),
                 )
         return arrived
@@ -419,23 +400,25 @@ class SimBackend:
         job.rescale_left = self.config.restart_delay
         if not job.started:
             if self.config.start_delay is not None:
-                job.rescale_left = _per_app(self.config.start_delay, job.spec.application)
+                job.rescale_left = _per_app(self.config.start_delay, job.spec.kind)
             job.started = True
-            self._emit("start", self._now, job.spec.name, placement=new)
+            self._emit("start", self._now, job.spec.id, placement=new)
         else:
             job.restarts += 1
-            self._emit("rescale_begin", self._now, job.spec.name, old_placement=old, placement=new)
+            self._emit("rescale_begin", self._now, job.spec.id, old_placement=old, placement=new)
 
     def _set_batch(self, job: SimJob, config: BatchConfig | None) -> None:
-        p = job.profile
+        p, limits = job.profile, job.agent.limits
         k = job.replicas
+        # With split_single, as the real executor runs it (runtime.adapt.executable).
+        split = self.config.split_single
+        if config is not None and config.batch_size > 0 and not job.fixed:
+            run = decided_batch(config, k, limits, split_single=split)  # the rule the real backend applies
+            job.local_bsz, job.accum_steps = run.local_bsz, run.accum_steps
+            return
         if job.fixed:  # not elastic: the submitted batch, whatever the policy chose
             batch = min(job.spec.batch_size, p.max_batch_size)
             local, accum = split_batch(batch, k, p.max_local_bsz, p.min_local_bsz)
-        elif config is not None and config.batch_size > 0:
-            local, accum = config.local_bsz, config.accum_steps
-            if not (p.min_local_bsz <= local <= p.max_local_bsz) or k * local * (accum + 1) != config.batch_size:
-                local, accum = split_batch(config.batch_size, k, p.max_local_bsz, p.min_local_bsz)
         else:
             model = self._model(job)
             if model is not None:
@@ -447,13 +430,8 @@ class SimBackend:
                 local, accum = split_batch(
                     max(p.init_batch_size, p.min_local_bsz * k), k, p.max_local_bsz, p.min_local_bsz
                 )
-        # Never exceed the job's largest batch (artifact caps the atomic batch the same way).
-        local = max(min(local, p.max_batch_size // (k * (accum + 1))), 1)
-        if self.config.split_single:
-            limits = BatchLimits(p.init_batch_size, p.max_batch_size, p.min_local_bsz, p.max_local_bsz)
-            run = executable(k, RunConfig(local, accum), limits)  # the real executor's own rule
-            local, accum = run.local_bsz, run.accum_steps
-        job.local_bsz, job.accum_steps = local, accum
+        run = runnable(local, accum, k, limits, split_single=split)  # never beyond the largest batch
+        job.local_bsz, job.accum_steps = run.local_bsz, run.accum_steps
 
     def _slowdowns(self) -> dict[str, float]:
         if self.config.interference <= 0:
@@ -464,7 +442,7 @@ class SimBackend:
             for n in j.placement:
                 count[n] = count.get(n, 0) + 1
         return {
-            j.spec.name: self.config.interference
+            j.spec.id: self.config.interference
             for j in multi if any(count[n] > 1 for n in j.placement)
         }
 
@@ -474,43 +452,16 @@ class SimBackend:
 
     def _report(self, job: SimJob, placement: tuple[int, ...], step: float, sync: float, sqr: float, var: float) -> None:
         """What the job tells the scheduler: this configuration's times and its gradient stats."""
-        job.grad = (sqr * self._noise(), var * self._noise())
-        job.model = None  # gradient statistics changed
-        key = (len(placement), sum(placement), job.local_bsz)
-        if key not in job.measured:
+        job.agent.update_stats((sqr * self._noise(), var * self._noise()))
+        # The profile's times are those of one micro-batch step: accum_steps 0.
+        key = ConfigKey(len(placement), sum(placement), job.local_bsz, 0)
+        if key not in job.agent:  # a configuration's first report stands
             noise = self._noise()
-            job.measured[key] = (step * noise, min(sync * self._noise(), step * noise))
+            job.agent.add_measurement(key, step * noise, min(sync * self._noise(), step * noise))
 
     def _model(self, job: SimJob) -> GoodputModel | None:
-        if not job.measured or job.grad is None:
-            return None
-        if job.model is not None:
-            return job.model
-        pairs = {k[:2] for k in job.measured}
-        stale = not pairs <= job.fit_pairs or len(job.measured) >= REFIT_GROWTH * job.fit_size
-        if job.fitted_params is None or stale:
-            keys = list(job.measured)
-            # The fit is a pure function of the measurements, and jobs of one
-            # application measured at the same configurations report the same
-            # (noise-free) times: fit each distinct measurement set once.
-            data = tuple((k, job.measured[k]) for k in keys)
-            params = self._fits.get(data)
-            if params is None:
-                vals = np.array([v for _, v in data])
-                arr = np.array(keys)
-                params = fit_throughput(arr[:, 0], arr[:, 1], arr[:, 2], vals[:, 0], vals[:, 1])
-                self._fits[data] = params
-            job.fitted_params = params
-            job.fit_size, job.fit_pairs = len(keys), pairs
-        p = job.profile
-        m0 = p.init_batch_size
-        sqr, var = job.grad
-        job.model = GoodputModel(
-            job.fitted_params,
-            GradientStats(max(sqr, 1e-300), max(var, 0.0), m0),
-            BatchLimits(m0, p.max_batch_size, p.min_local_bsz, p.max_local_bsz),
-        )
-        return job.model
+        """The job's goodput model from what it reported (see :class:`JobAgent`)."""
+        return job.agent.model()
 
     def _step(self, job: SimJob, seconds: float, slowdown: float) -> None:
         """Advance one running job by ``seconds`` of its true behaviour."""
@@ -524,7 +475,7 @@ class SimBackend:
             now += delay
             seconds -= delay
             if job.rescale_left <= 0 and job.restarts > 0:
-                self._emit("rescale_end", now, job.spec.name, placement=job.placement,
+                self._emit("rescale_end", now, job.spec.id, placement=job.placement,
                            duration_s=self.config.restart_delay)
         placement = self._sorted(job.placement)
         while seconds > 0 and job.completion_time is None:
@@ -552,15 +503,15 @@ class SimBackend:
                 now += delta
                 seconds -= delta
                 if job.epoch >= p.max_epochs:
-                    verify = _per_app(self.config.completion_delay, job.spec.application)
+                    verify = _per_app(self.config.completion_delay, job.spec.kind)
                     job.completion_time = now + verify
-                    self._emit("complete", job.completion_time, job.spec.name, verified=False,
+                    self._emit("complete", job.completion_time, job.spec.id, verified=False,
                                metric="epochs", value=job.epoch, restarts=job.restarts,
                                progress=job.progress, model=goodput_model_to_json(self._model(job)),
                                verify_s=verify)
                     job.placement = {}
         if self.config.emit_reports and job.completion_time is None:
             self._emit(
-                "report", now, job.spec.name, throughput=job.last_throughput, goodput=job.last_goodput,
+                "report", now, job.spec.id, throughput=job.last_throughput, goodput=job.last_goodput,
                 progress=job.progress, replicas=k, batch_size=job.batch_size,
             )

@@ -63,8 +63,10 @@ import pandas as pd
 
 from solvers import InvalidProblem
 
+from pollux_opt.records.files import atomic_write_csv, atomic_write_json
 from pollux_opt.runtime.stats import MIN_GRAD_SQR_FRACTION
-from pollux_opt.workloads.adaptdl import WorkloadJob, write_workload
+from pollux_opt.workloads.adaptdl import write_adaptdl_csv
+from pollux_opt.workloads.job import WorkloadJob
 
 __all__ = ["EXPORT_EPOCHS", "ExportedApp", "export_profiles", "find_run_dirs", "run_workload"]
 
@@ -245,12 +247,13 @@ def _read_job(run: Path, job_dir: Path, run_events: list[dict]) -> _JobData | No
 def _mean_rows(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Mean step and sync time per configuration.
 
-    The mean, not the runtime's lower quartile (``_report.STEP_TIME_QUANTILE``,
-    a model of a configuration's own cost) nor the median: a job's training
+    The mean, not the runtime's lower quartile
+    (``pollux_opt.runtime.measurements.STEP_TIME_QUANTILE``, a model of a
+    configuration's own cost) nor the median: a job's training
     time is the sum of its steps, slow ones included, and the simulator should
     reproduce the time jobs took on a shared machine.  Replaying four
     ``demo --quick`` runs, the worst matched error per run was 4-17.5 % with
-    the mean and 12.6-29.5 % with the median (issue 6).
+    the mean and 12.6-29.5 % with the median.
     """
     return (df.groupby(keys, as_index=False)[["trace_step", "trace_sync"]].mean()
             .rename(columns={"trace_step": "step_time", "trace_sync": "sync_time"}))
@@ -311,14 +314,9 @@ def _validation(jobs: list[_JobData], m0: int, max_bsz: int) -> tuple[dict[int, 
     return out, target
 
 
-def _atomic_csv(df: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    df.to_csv(tmp, index=False)
-    tmp.replace(path)
-
-
 def run_workload(run: Path) -> list[WorkloadJob]:
-    """The jobs of a real run (``config.json``) as a simulator workload (application = spec name).
+    """The jobs of a real run (``config.json``) as a simulator workload (the kind
+    names the exported profile: the job's built-in spec name).
 
     Raises:
         InvalidProblem: no readable config.json.
@@ -329,8 +327,8 @@ def run_workload(run: Path) -> list[WorkloadJob]:
     config = json.loads(path.read_text())
     jobs = (config.get("workload") or {}).get("jobs") or []
     return [
-        WorkloadJob(str(j["id"]), float(j.get("arrival_s", 0.0)), str(j["kind"]),
-                    int(j.get("replicas", 1)), int(j["batch_size"]))
+        WorkloadJob(id=str(j["id"]), kind=str(j["kind"]), arrival_s=float(j.get("arrival_s", 0.0)),
+                    replicas=int(j.get("replicas", 1)), batch_size=int(j["batch_size"]))
         for j in jobs
     ]
 
@@ -379,14 +377,14 @@ def export_profiles(run_dirs: Sequence, out_dir, *, apps: Sequence[str] | None =
         folder = out / app
         folder.mkdir(exist_ok=True)
         placements = _mean_rows(warm[warm.placement != ""], ["placement", "local_bsz"])
-        _atomic_csv(placements[_PLACEMENT_COLUMNS], folder / "placements.csv")
+        atomic_write_csv(folder / "placements.csv", placements[_PLACEMENT_COLUMNS])
         scal = _mean_rows(warm, ["num_nodes", "num_replicas", "local_bsz"])
-        _atomic_csv(scal[_SCALABILITY_COLUMNS], folder / "scalability.csv")
+        atomic_write_csv(folder / "scalability.csv", scal[_SCALABILITY_COLUMNS])
         validation, target = _validation(group, m0, max_bsz)
         for old in folder.glob("validation-*.csv"):
             old.unlink()
         for b, df in validation.items():
-            _atomic_csv(df, folder / f"validation-{b}.csv")
+            atomic_write_csv(folder / f"validation-{b}.csv", df)
         restarts = [s for j in group for s in j.launch_seconds]
         starts = [s for j in group for s in j.start_seconds]
         verifies = [s for j in group for s in j.verify_seconds]
@@ -399,11 +397,9 @@ def export_profiles(run_dirs: Sequence, out_dir, *, apps: Sequence[str] | None =
         )
     for run in runs:
         if (run / "config.json").is_file():
-            wl = [j for j in run_workload(run) if j.application in result]
+            wl = [j for j in run_workload(run) if j.kind in result]
             if wl:
-                write_workload(wl, out / f"workload-{run.name}.csv")
+                write_adaptdl_csv(wl, out / f"workload-{run.name}.csv")
     summary = {name: {**vars(a), "jobs": list(a.jobs)} for name, a in result.items()}
-    tmp = out / "export.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out / "export.json")
+    atomic_write_json(out / "export.json", summary, allow_nan=True)
     return result

@@ -7,11 +7,9 @@ log) and ``summary.json`` (from the shared metrics module when present), plus
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import multiprocessing as mp
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
@@ -24,34 +22,24 @@ import pandas as pd
 from solvers import InvalidProblem
 
 from pollux_opt.records import metrics as _metrics
-from pollux_opt.scheduling.policies import adaptive as _policies
+from pollux_opt.scheduling.policies import Requirement, make_policy
 from pollux_opt.records.events import EventLog, jsonable, read_events
-from pollux_opt.model.core import Cluster
+from pollux_opt.records.files import atomic_write_csv, atomic_write_json
+from pollux_opt.model import Cluster
 from pollux_opt.scheduling.loop import run as run_loop
-from pollux_opt.backends.sim.backend import SimBackend, SimConfig
+from pollux_opt.backends.sim.backend import (
+    SIM_DEFAULT_CPUS_PER_NODE,
+    SIM_DEFAULT_INTERVAL_S,
+    SIM_DEFAULT_NODES,
+    SimBackend,
+    SimConfig,
+)
 from pollux_opt.backends.sim.traces import Profile
-from pollux_opt.workloads.adaptdl import WorkloadJob
+from pollux_opt.workloads.job import WorkloadJob
 
-__all__ = ["SIM_POLICIES", "make_policy", "quiet_library_logs", "run_tasks", "simulate", "SimResult"]
+__all__ = ["quiet_library_logs", "run_tasks", "simulate", "SimResult"]
 
 log = logging.getLogger(__name__)
-
-#: Policies the simulator builds itself (they need the simulator's oracle or are
-#: baselines defined in :mod:`pollux_opt.scheduling.policies.baselines`); other names go to the
-#: shared policy registry of :mod:`pollux_opt.scheduling.policies.adaptive`.
-SIM_POLICIES = ("tiresias", "optimus")
-
-
-def make_policy(name: str, backend: SimBackend, **options: Any):
-    """Build policy ``name`` for ``backend`` (Optimus gets the simulator's oracle)."""
-    from pollux_opt.scheduling.policies.baselines import OptimusPolicy, TiresiasPolicy
-
-    if name == "tiresias":
-        return TiresiasPolicy(**options)
-    if name == "optimus":
-        return OptimusPolicy(oracle=backend.oracle, **options)
-    return _policies.make_policy(name, **options)
-
 
 @dataclass(frozen=True)
 class SimResult:
@@ -114,19 +102,13 @@ def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], *, jobs: int = 1,
     return results
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def simulate(
     jobs: Sequence[WorkloadJob],
     profiles: Mapping[str, Profile],
     policy: str | Any,
     *,
     cluster: Cluster | None = None,
-    interval: float = 60.0,
+    interval: float = SIM_DEFAULT_INTERVAL_S,
     config: SimConfig | None = None,
     out_dir=None,
     policy_options: Mapping[str, Any] | None = None,
@@ -138,7 +120,8 @@ def simulate(
     Args:
         jobs: the workload.
         profiles: application -> true profile.
-        policy: policy name (see :func:`make_policy`) or a Policy.
+        policy: a registered policy name (see :data:`pollux_opt.scheduling.policies.POLICIES`;
+            the simulator provides every requirement, e.g. Optimus' oracle) or a Policy.
         cluster: default 16 nodes x 4 (the paper's cluster).
         interval: scheduling interval, seconds.
         config: simulation settings.
@@ -147,7 +130,7 @@ def simulate(
         max_rounds: stop after this many rounds.
         progress: per-round callback of the scheduler loop.
     """
-    cluster = cluster or Cluster.uniform(16, 4)
+    cluster = cluster or Cluster.uniform(SIM_DEFAULT_NODES, SIM_DEFAULT_CPUS_PER_NODE)
     t0 = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
@@ -158,7 +141,9 @@ def simulate(
     events = EventLog(out / "events.jsonl") if out is not None else None
     try:
         backend = SimBackend(jobs, profiles, cluster, events, config)
-        pol = make_policy(policy, backend, **dict(policy_options or {})) if isinstance(policy, str) else policy
+        provides = {Requirement.ORACLE: backend.oracle}
+        pol = (make_policy(policy, provides=provides, **dict(policy_options or {}))
+               if isinstance(policy, str) else policy)
         if events is not None:
             events.emit("run_start", 0.0, None, policy=pol.name, resumed=False, simulated=True,
                         cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes))
@@ -187,9 +172,9 @@ def simulate(
         out_dir=None if out is None else str(out),
     )
     if out is not None:
-        pd.DataFrame(records).to_csv(out / "jobs.csv", index=False)
+        atomic_write_csv(out / "jobs.csv", pd.DataFrame(records))
         summary = _summary(out, result, config or SimConfig(), interval, cluster)
-        _atomic_write(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
+        atomic_write_json(out / "summary.json", summary)
     return result
 
 

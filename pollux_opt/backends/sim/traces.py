@@ -16,11 +16,12 @@ A :class:`Profile` answers what a real job would do at a configuration:
 Sources: :func:`load_trace_profile` (the AdaptDL/Pollux OSDI'21 artifact
 format, see ``shared/traces/adaptdl-osdi21/README.md``), :func:`load_profiles`
 on a folder written by ``pollux-opt profile`` (the same file layout, see
-:mod:`._export`) and
+:mod:`pollux_opt.backends.sim.export`) and
 :class:`ParametricProfile` (synthetic, for scaling studies).
 
 The policy never sees a profile: the simulation backend reports only the
-measurements at placements a job actually ran (see :mod:`._backend`).
+measurements at placements a job actually ran (see
+:mod:`pollux_opt.backends.sim.backend`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,112 @@
+"""The run directory of a real run, and its configuration::
+
+    run_dir/config.json     policy, workload, cluster, interval, start time (written once)
+    run_dir/events.jsonl    the event log (see pollux_opt.records.events)
+    run_dir/summary.json    metrics (pollux_opt.records.metrics), written at the end
+    run_dir/jobs/<id>/      each job's work directory (checkpoints, logs)
+
+``config.json`` is what makes a run resumable: a second run on the same
+directory takes its configuration from it (the clock from its recorded start
+time, so that JCTs include an outage) instead of from its arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from solvers import InvalidProblem
+
+from pollux_opt.backends.local.cpus import default_cluster
+from pollux_opt.model import Cluster, Node
+from pollux_opt.records.files import atomic_write_json
+from pollux_opt.workloads.job import Workload
+
+__all__ = [
+    "CONFIG_FILE", "EVENTS_FILE", "SUMMARY_FILE", "cluster_from_json", "cluster_to_json", "load_run_config",
+    "open_run_config",
+]
+
+CONFIG_FILE = "config.json"
+EVENTS_FILE = "events.jsonl"
+SUMMARY_FILE = "summary.json"
+#: Version of the ``config.json`` layout.
+CONFIG_VERSION = 1
+
+
+def load_run_config(run_dir: str | os.PathLike) -> dict:
+    """The ``config.json`` of a run directory."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.exists():
+        raise InvalidProblem(f"run directory {str(run_dir)!r} has no {CONFIG_FILE}")
+    return json.loads(path.read_text())
+
+
+def cluster_to_json(cluster: Cluster) -> list[dict]:
+    """The cluster as ``[{"id": node id, "cpus": CPUs}, ...]``."""
+    return [{"id": n.id, "cpus": n.cpus} for n in cluster.nodes]
+
+
+def cluster_from_json(data: list[dict]) -> Cluster:
+    """Inverse of :func:`cluster_to_json`."""
+    try:
+        return Cluster(tuple(Node(str(n["id"]), n["cpus"]) for n in data))
+    except (KeyError, TypeError) as exc:
+        raise InvalidProblem(f"bad cluster in run config: {data!r}") from exc
+
+
+def _check_resume(run_dir: Path, cfg: dict, workload: Workload | None, policy: str | None) -> None:
+    if policy is not None and policy != cfg["policy"]:
+        raise InvalidProblem(f"run directory {str(run_dir)!r} holds a {cfg['policy']!r} run, not {policy!r}")
+    if workload is not None and workload.to_json() != cfg["workload"]:
+        raise InvalidProblem(f"run directory {str(run_dir)!r} holds a different workload "
+                             f"({cfg['workload']['name']!r}); use another directory")
+
+
+def open_run_config(
+    run_dir: str | os.PathLike,
+    workload: Workload | None,
+    policy: str | None,
+    *,
+    cluster: Cluster | None,
+    interval: float,
+    pin_cpus: bool,
+    runtime_options: Mapping[str, Any] | None,
+) -> tuple[dict, bool]:
+    """The run's configuration and whether it resumes an earlier run.
+
+    A directory with a ``config.json`` resumes: ``workload`` and ``policy``, if
+    given, must match it.  Otherwise both are required and a new
+    ``config.json`` is written from the arguments (``cluster`` None: this
+    machine, one node), stamped with the current Unix time as the run's start.
+
+    Raises:
+        InvalidProblem: a mismatch with the stored run, a new run without a
+            workload or policy, an unknown policy, or a bad interval.
+    """
+    from pollux_opt.scheduling.policies import make_policy
+
+    run_dir = Path(run_dir)
+    if (run_dir / CONFIG_FILE).exists():
+        cfg = load_run_config(run_dir)
+        _check_resume(run_dir, cfg, workload, policy)
+        return cfg, True
+    if workload is None or policy is None:
+        raise InvalidProblem(f"run directory {str(run_dir)!r} is new: give a workload and a policy")
+    make_policy(policy)  # an unknown name, or a policy that needs the simulator, is refused here
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
+        math.isfinite(interval) and interval > 0
+    ):
+        raise InvalidProblem(f"interval must be a finite number of seconds > 0, got {interval!r}")
+    cluster = cluster or default_cluster()
+    cfg = {
+        "version": CONFIG_VERSION, "policy": policy, "workload": workload.to_json(),
+        "cluster": cluster_to_json(cluster), "interval_s": float(interval), "pin_cpus": bool(pin_cpus),
+        "runtime_options": dict(runtime_options or {}), "started_unix": time.time(),
+    }
+    atomic_write_json(run_dir / CONFIG_FILE, cfg)
+    return cfg, False

@@ -1,0 +1,355 @@
+"""The supervisor of one elastic job (:class:`JobController`): a thread that
+watches the job's worker processes (their pipes and process sentinels),
+applies the scheduler's commands at step boundaries, moves the job through its
+phases (:mod:`~pollux_opt.runtime.phase`), re-fits its throughput model
+(:class:`~pollux_opt.runtime.agent.JobAgent`), records events and persists the
+job's state, so that a job keeps adapting while the scheduler thread is busy.
+
+The scheduler's handle, :class:`~pollux_opt.runtime.job.ElasticJob`, puts
+commands on the queue (:meth:`JobController.submit`) and reads snapshots
+(:meth:`JobController.report`); everything else happens in the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pollux_opt.model import BatchConfig
+from pollux_opt.records.events import jsonable
+from pollux_opt.runtime.adapt import choose_batch, params_to_dict
+from pollux_opt.runtime.allocation import WorkerAllocation
+from pollux_opt.runtime.checkpoint import CheckpointInfo, checkpoint_dir, latest_good, list_checkpoints
+from pollux_opt.runtime.intake import WorkerIntake
+from pollux_opt.runtime.journal import JobJournal
+from pollux_opt.runtime.phase import FollowUp, Phase, check_transition
+from pollux_opt.runtime.pool import WorkerHandle, WorkerPool
+from pollux_opt.runtime.recovery import FaultMonitor, VerificationRun
+from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
+from pollux_opt.runtime.spec import JobSpec
+from pollux_opt.runtime.status import JobStatus
+from pollux_opt.runtime.worker import Assignment
+
+__all__ = ["SUPERVISOR_TICK_S", "JobController"]
+
+logger = logging.getLogger("pollux_opt.runtime")
+
+#: Seconds the supervisor thread waits for worker messages per loop turn (the
+#: latency of reacting to commands and faults; small against a rescale budget of 1 s).
+SUPERVISOR_TICK_S = 0.02
+
+
+class JobController(WorkerIntake):
+    """Supervises the workers of one job (see the module docstring; the
+    handling of worker reports, faults and verification is in
+    :class:`~pollux_opt.runtime.intake.WorkerIntake`).
+
+    Args:
+        job_id, spec, workdir, options: the job.
+        pool: the shared :class:`WorkerPool`, or None for a private one with one
+            spare worker (made when the thread starts, closed at shutdown).
+    """
+
+    def __init__(self, job_id: str, spec: JobSpec, workdir: Path, options: RuntimeOptions,
+                 pool: WorkerPool | None) -> None:
+        self.job_id, self.spec, self.workdir, self.options = job_id, spec, Path(workdir), options
+        self.limits = spec.limits()
+        self.journal = JobJournal(self.workdir)
+        self.status = JobStatus(job_id, spec, options)
+        self._own_pool = pool is None
+        self._pool = pool
+        self._commands: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        # ---- supervisor-thread-only state
+        self._workers: list[WorkerHandle] = []  # the current generation, by rank
+        self._gen = 0
+        self._next: FollowUp | None = None  # what to do once the current transition ends
+        self._launch_kind, self._launch_t0, self._launch_wall = "start", 0.0, 0.0
+        self._resume_from: CheckpointInfo | None = None
+        self._resumed: dict[int, dict] = {}
+        self._paused: dict[int, dict] = {}
+        self._last_pause: dict | None = None
+        self._faults = FaultMonitor()
+        self._verification = VerificationRun(self.workdir, job_id)
+        self._verification_failures = 0
+        self._params_sent = None
+        self._last_adapt = 0.0
+        self.status.restore(self.journal.read_state(), self.journal.read_events())
+        infos = list_checkpoints(checkpoint_dir(self.workdir))
+        if infos:
+            self.status.absorb_meta(infos[0].meta)
+
+    # ============================================================ handle side
+    def report(self) -> JobReport:
+        with self.status.lock:
+            return self.status.report()
+
+    def phase(self) -> Phase:
+        with self.status.lock:
+            return self.status.phase
+
+    def submit(self, kind: str, payload: Any) -> None:
+        """Queue a command (``"alloc"`` with a :class:`WorkerAllocation`, or ``"stop"``)
+        and start the thread if it is not running."""
+        with self.status.lock:
+            self.status.submitted += 1
+        self._commands.put((kind, payload, time.monotonic()))
+        if self._thread is None:
+            if self._pool is None:
+                self._pool = WorkerPool(spares=1)
+            self._thread = threading.Thread(target=self._supervise, name=f"pollux-job-{self.job_id}", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """End the thread and any workers now (no checkpoint)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._commands.put(("close", None, time.monotonic()))
+            self._thread.join()
+        else:
+            self._shutdown()
+
+    # ====================================================== supervisor thread
+    def _supervise(self) -> None:
+        try:
+            while True:
+                if not self._handle_commands():
+                    break
+                self._pump(SUPERVISOR_TICK_S)
+                self._check_workers()
+                self._check_verification()
+                self._maybe_adapt()
+                if self.status.phase.terminal and not self._verification.active:
+                    break  # nothing left to supervise; close() cleans up
+        except Exception as exc:  # noqa: BLE001 - a controller bug must not hang the scheduler
+            logger.exception("supervisor of job %s crashed", self.job_id)
+            if not self.status.phase.terminal:
+                self._fail(f"controller error: {type(exc).__name__}: {exc}")
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        with self.status.lock:
+            workers, self._workers = self._workers, []
+        if workers and self._pool is not None:
+            self._pool.discard(workers)
+        self._verification.kill()
+        if self._own_pool and self._pool is not None:
+            self._pool.close()
+
+    def _handle_commands(self) -> bool:
+        while True:
+            try:
+                kind, payload, t0 = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if kind == "close":
+                return False
+            try:
+                if self.status.phase.terminal:
+                    continue
+                if kind == "alloc":
+                    self._request_alloc(payload, t0)
+                elif kind == "stop":
+                    self._request_stop()
+            finally:
+                with self.status.lock:
+                    self.status.handled += 1
+                    self.status.changed.notify_all()
+
+    def _enter(self, phase: Phase) -> None:
+        """Move to ``phase``: the one place a phase changes, checked against the table."""
+        with self.status.lock:
+            check_transition(self.job_id, self.status.phase, phase)
+            self.status.phase = phase
+            self.status.changed.notify_all()
+
+    # --------------------------------------------------------------- requests
+    def _request_alloc(self, alloc: WorkerAllocation, t0: float) -> None:
+        phase = self.status.phase
+        if phase in (Phase.PENDING, Phase.STOPPED):
+            self._launch(alloc, "start", t0)
+        elif phase is Phase.VERIFYING:
+            self._next = FollowUp(alloc, t0)  # served if the verification does not confirm the target
+        elif phase in (Phase.RUNNING, Phase.LAUNCHING) and alloc.same_workers(self.status.alloc):
+            # The same workers: only the batch may change, at a step boundary, without a restart.
+            self._next = None  # (while launching: asked for what is being launched)
+            self._apply_pin(alloc)
+        elif phase is Phase.RUNNING:
+            self._next = FollowUp(alloc, t0)
+            self._pause()
+        else:  # launching elsewhere, or pausing: the newest request wins once the transition ends
+            pending = self._next
+            # The rescale time counts from the oldest unserved request.
+            self._next = FollowUp(alloc, t0 if pending is None or pending.stop else pending.t0)
+
+    def _request_stop(self) -> None:
+        phase = self.status.phase
+        if phase is Phase.RUNNING:
+            self._next = FollowUp(None, time.monotonic())
+            self._pause()
+        elif phase in (Phase.LAUNCHING, Phase.PAUSING, Phase.VERIFYING):
+            self._next = FollowUp(None, time.monotonic())
+        elif phase is Phase.PENDING:
+            self._record("stopped", {"reason": "request", "step": self.status.step, "never_started": True})
+            self._enter(Phase.STOPPED)
+            self._persist()
+
+    def _apply_pin(self, alloc: WorkerAllocation) -> None:
+        with self.status.lock:
+            self.status.alloc = alloc
+        if alloc.pin is not None and alloc.pin != self.status.config:
+            self._send_batch(alloc.pin)
+
+    def _pause(self) -> None:
+        """Ask the workers to finish their step, checkpoint and leave."""
+        # The paused reports are not cleared here: while running, ranks may already
+        # have paused on their own (target or step limit) and will not report
+        # again; their reports complete this pause.  _launch clears them.
+        self._enter(Phase.PAUSING)
+        self._send(0, ("stop",))
+
+    def _send(self, rank: int, msg: tuple) -> None:
+        try:
+            self._workers[rank].conn.send(msg)
+        except (BrokenPipeError, OSError, IndexError):
+            pass  # a dead worker: _check_workers handles it
+
+    def _send_batch(self, config: BatchConfig) -> None:
+        """Switch the running batch configuration (rank 0 applies it at the next step)."""
+        old = self.status.config
+        with self.status.lock:
+            self.status.config = config
+        params = self.status.agent.params
+        self._send(0, ("batch", config.local_bsz, config.accum_steps, params_to_dict(params)))
+        self._params_sent = params
+        self._record("batch_changed", {
+            "from": None if old is None else [old.local_bsz, old.accum_steps],
+            "to": [config.local_bsz, config.accum_steps], "step": self.status.step,
+        })
+
+    # ------------------------------------------------------------- launching
+    def _batch_for(self, alloc: WorkerAllocation) -> BatchConfig:
+        """The configuration a new generation on ``alloc`` starts with: the pin,
+        else the job's own choice (keeping the current one on the same replica count)."""
+        if alloc.pin is not None:
+            return alloc.pin
+        st = self.status
+        k = alloc.num_replicas
+        current = st.config if (st.alloc is not None and st.alloc.num_replicas == k) else None
+        return choose_batch(
+            self.limits, alloc.num_nodes, k, params=st.agent.params, stats=st.agent.grad_stats,
+            stats_steps=st.agent.stats_steps, fixed_batch_size=self.options.fixed_batch_size, current=current,
+        )
+
+    def _launch(self, alloc: WorkerAllocation, kind: str, t0: float) -> None:
+        """Start a new generation of workers on ``alloc`` from the newest good checkpoint."""
+        info = latest_good(checkpoint_dir(self.workdir), on_corrupt=self._on_corrupt)
+        if info is not None:
+            with self.status.lock:
+                self.status.absorb_meta(info.meta)
+        k, n = alloc.num_replicas, alloc.num_nodes
+        config = self._batch_for(alloc)
+        reuse = [w for w in self._workers if w.alive()][:k]
+        surplus = [w for w in self._workers if w not in reuse]
+        if surplus:
+            self._pool.release(surplus)
+        workers = reuse + (self._pool.acquire(k - len(reuse), job_key=self.job_id) if len(reuse) < k else [])
+        self._gen += 1
+        self._launch_wall = time.time()
+        store = None
+        if k > 1:
+            rdzv = self.workdir / "rendezvous"
+            rdzv.mkdir(exist_ok=True)
+            store = rdzv / f"gen-{self._gen}"
+            store.unlink(missing_ok=True)
+        params = params_to_dict(self.status.agent.params)
+        for rank, w in enumerate(workers):
+            w.job_key = self.job_id
+            a = Assignment(
+                job_id=self.job_id, spec_json=self.spec.to_json(), workdir=str(self.workdir), generation=self._gen,
+                rank=rank, world=k, num_nodes=n, store_path=None if store is None else str(store),
+                checkpoint_meta=None if info is None else str(info.meta_path), local_bsz=config.local_bsz,
+                accum_steps=config.accum_steps, options=self.options, params=params,
+                cpu=None if alloc.cpus is None else alloc.cpus[rank],
+            )
+            try:
+                w.conn.send(("run", a))
+            except (BrokenPipeError, OSError):
+                pass  # noticed as a lost worker
+        with self.status.lock:
+            self._workers = workers
+            self.status.worker_pids = tuple(w.pid for w in workers)
+            self.status.alloc, self.status.config = alloc, config
+            if self.status.first_start is None:
+                self.status.first_start = time.time()
+            self._enter(Phase.LAUNCHING)
+        self._resumed, self._paused = {}, {}
+        self._faults.reset()
+        self._resume_from = info
+        self._launch_kind, self._launch_t0 = kind, t0
+        self._next = None
+        self._persist()
+
+    def _on_corrupt(self, info: CheckpointInfo) -> None:
+        self._record("checkpoint_corrupt", {"step": info.step, "path": str(info.path)})
+
+    def _release_all(self) -> None:
+        with self.status.lock:
+            workers, self._workers = self._workers, []
+        self._pool.release(workers)
+
+    def _fail(self, error: str, details: dict | None = None) -> None:
+        """End the job as failed: record why, then end its workers (never left blocked)."""
+        self._record("failed", dict(details or {}, error=error))
+        with self.status.lock:
+            workers, self._workers = self._workers, []
+            self.status.error = error
+            self._enter(Phase.FAILED)
+        if workers:
+            self._pool.discard(workers)
+        self._persist()
+
+    # ------------------------------------------------------------ adaptation
+    def _maybe_adapt(self) -> None:
+        """Re-fit the throughput model and, unless the allocation pins the batch,
+        re-choose the batch for the current allocation (every ``adapt_interval_s``)."""
+        if self.status.phase is not Phase.RUNNING:
+            return
+        now = time.monotonic()
+        if now - self._last_adapt < self.options.adapt_interval_s:
+            return
+        self._last_adapt = now
+        agent = self.status.agent
+        params = agent.refit()
+        alloc = self.status.alloc
+        if alloc is None or alloc.pin is not None:
+            return
+        new = choose_batch(
+            self.limits, alloc.num_nodes, alloc.num_replicas, params=params, stats=agent.grad_stats,
+            stats_steps=agent.stats_steps, fixed_batch_size=self.options.fixed_batch_size,
+            current=self.status.config,
+        )
+        if new != self.status.config:
+            self._send_batch(new)
+        elif params is not self._params_sent:
+            # Refresh the fitted model rank 0 stores in its checkpoints.
+            self._send(0, ("batch", new.local_bsz, new.accum_steps, params_to_dict(params)))
+        self._params_sent = params
+
+    # ----------------------------------------------------------- persistence
+    def _record(self, kind: str, details: dict) -> None:
+        event = Event(time.time(), kind, jsonable(details))
+        with self.status.lock:
+            self.status.events.append(event)
+            self.status.changed.notify_all()
+        logger.info("job %s: %s %s", self.job_id, kind, details)
+        self.journal.append_event(event)
+
+    def _persist(self) -> None:
+        with self.status.lock:
+            data = self.status.persistent()
+        self.journal.write_state(data)

@@ -1,0 +1,132 @@
+"""What an elastic job knows about itself (:class:`JobStatus`): written by its
+supervisor thread, read by the scheduler's thread as :class:`JobReport`
+snapshots, persisted in ``state.json`` and restored from it and from the
+newest checkpoint."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+
+from pollux_opt.model import BatchConfig
+from pollux_opt.runtime.adapt import params_from_dict, params_to_dict
+from pollux_opt.runtime.agent import JobAgent
+from pollux_opt.runtime.allocation import WorkerAllocation
+from pollux_opt.runtime.measurements import profile_from_json
+from pollux_opt.runtime.phase import Phase
+from pollux_opt.runtime.report import Event, JobReport, JobState, RuntimeOptions
+from pollux_opt.runtime.spec import JobSpec
+
+__all__ = ["JobStatus"]
+
+
+class JobStatus:
+    """The state of one job that other threads may read, guarded by ``lock``.
+
+    ``changed`` is notified (lock held) whenever a report, phase, event or
+    handled command changes what :meth:`ElasticJob.wait` checks, so that a
+    waiter checks then rather than on a timer.  The :class:`JobAgent` (the
+    job's measurements and fitted model) is written by the supervisor thread
+    only.
+    """
+
+    def __init__(self, job_id: str, spec: JobSpec, options: RuntimeOptions) -> None:
+        self.job_id, self.spec, self.options = job_id, spec, options
+        self.limits = spec.limits()
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.phase = Phase.PENDING
+        self.events: list[Event] = []
+        self.error: str | None = None
+        self.final_metric: float | None = None
+        self.rescale_times: list[float] = []  # seconds
+        self.start_times: list[float] = []  # seconds
+        self.restarts = 0
+        self.first_start: float | None = None  # Unix seconds
+        self.step = 0
+        self.progress = 0.0
+        self.samples = 0
+        self.metric: float | None = None
+        self.train_size: int | None = None  # reported by the workers
+        self.alloc: WorkerAllocation | None = None
+        self.config: BatchConfig | None = None  # the batch configuration running (or last run)
+        self.worker_pids: tuple[int, ...] = ()
+        self.agent = JobAgent(self.limits, fixed_batch=options.fixed_batch_size is not None, name=job_id)
+        self.submitted = 0  # commands put on the supervisor's queue
+        self.handled = 0  # commands the supervisor has taken off it
+
+    # ------------------------------------------------------------------ restore
+    def restore(self, saved: dict, events: list[Event]) -> None:
+        """Take ``state.json`` (as :meth:`persistent` wrote it) and the event log."""
+        if saved:
+            self.phase = Phase.restored(JobState(saved.get("state", "pending")))
+            self.error = saved.get("error")
+            self.final_metric = saved.get("final_metric")
+            self.rescale_times = list(saved.get("rescale_times", []))
+            self.start_times = list(saved.get("start_times", []))
+            self.restarts = int(saved.get("num_restarts", 0))
+            self.first_start = saved.get("first_start")
+        self.events = list(events)
+
+    def absorb_meta(self, meta: dict) -> None:
+        """Take the training state recorded in a checkpoint's metadata."""
+        self.step = int(meta.get("step", 0))
+        self.progress = float(meta.get("progress", 0.0))
+        self.samples = int(meta.get("samples", 0))
+        self.metric = meta.get("metric")
+        stats = meta.get("stats")
+        self.agent.restore(
+            profile_from_json(meta.get("profile")), params_from_dict(meta.get("params")),
+            None if stats is None else (float(stats[0]), float(stats[1])), int(meta.get("stats_steps", 0)),
+        )
+        config = meta.get("config")
+        if config:
+            self.config = BatchConfig(int(config[0]), int(config[1]))
+
+    def take_position(self, info: dict) -> None:
+        """Take the training position of a worker report (step, progress, samples, metric)."""
+        self.step, self.progress, self.samples = info["step"], info["progress"], info["samples"]
+        if info.get("metric") is not None:
+            self.metric = info["metric"]
+
+    # ------------------------------------------------------------------ output
+    def persistent(self) -> dict:
+        """What ``state.json`` holds (JSON-safe after :func:`~pollux_opt.records.events.jsonable`)."""
+        return {
+            "job_id": self.job_id, "state": self.phase.state.value, "error": self.error,
+            "final_metric": self.final_metric, "rescale_times": self.rescale_times,
+            "start_times": self.start_times, "num_restarts": self.restarts,
+            "first_start": self.first_start, "step": self.step, "progress": self.progress,
+            "placement": None if self.alloc is None else dict(self.alloc.placement),
+            "params": params_to_dict(self.agent.params), "time": time.time(),
+        }
+
+    def report(self) -> JobReport:
+        """A consistent snapshot (call with ``lock`` held)."""
+        state = self.phase.state
+        alloc = self.alloc if state.holds_workers else None
+        config = self.config or BatchConfig(0, 0)
+        replicas = alloc.num_replicas if alloc else 0
+        agent = self.agent
+        return JobReport(
+            job_id=self.job_id, kind=self.spec.name, state=state, step=self.step,
+            progress=self.progress, samples=self.samples,
+            epoch=self.samples / self.train_size if self.train_size else math.nan,
+            metric_name=self.spec.metric, target=self.spec.target,
+            higher_is_better=self.spec.higher_is_better, metric=self.metric,
+            final_metric=self.final_metric, placement=dict(alloc.placement) if alloc else {},
+            num_replicas=replicas, num_nodes=alloc.num_nodes if alloc else 0,
+            local_bsz=config.local_bsz, accum_steps=config.accum_steps,
+            batch_size=config.total_batch(replicas) if replicas else 0,
+            fixed_batch_size=self.options.fixed_batch_size,
+            measurements=agent.measurements, throughput_params=agent.params, grad_stats=agent.grad_stats,
+            limits=self.limits,
+            restart_delay=float(np.median(self.rescale_times)) if self.rescale_times else None,
+            rescale_times=tuple(self.rescale_times), start_times=tuple(self.start_times),
+            num_restarts=self.restarts,
+            age=0.0 if self.first_start is None else time.time() - self.first_start,
+            worker_pids=self.worker_pids if alloc else (), error=self.error, events=tuple(self.events),
+        )

@@ -1,0 +1,190 @@
+"""A workload: training jobs with arrival times and the configurations their users submitted.
+
+One :class:`WorkloadJob` type serves real runs and simulations alike:
+
+* real runs (:mod:`pollux_opt.backends.local`): ``kind`` names a registered
+  runtime job (e.g. ``"stdlib-charlm"``), optionally with changed spec fields
+  (``spec``, such as the target) and the fields of its quick variant
+  (``quick_spec``); a :class:`Workload` groups them under a name, and
+  :func:`pollux_opt.workloads.load.load_workload` reads one by name or from a
+  JSON file::
+
+      {"name": "my-set", "description": "...",
+       "jobs": [{"id": "lm-1", "kind": "stdlib-charlm", "arrival_s": 0,
+                 "replicas": 1, "batch_size": 128,
+                 "max_replicas": 4, "spec": {"target": 1.8}}]}
+
+* simulations (:mod:`pollux_opt.backends.sim`): ``kind`` names a profile
+  (an application of the AdaptDL traces, e.g. ``"cifar10"``); the AdaptDL
+  workload CSVs are read into these jobs by
+  :func:`pollux_opt.workloads.adaptdl.read_adaptdl_csv`.
+
+The submitted ``replicas`` and ``batch_size`` are what the non-adaptive
+policies run (``fixed``; ``dynamic`` keeps the batch size; the AdaptDL CSVs
+hold the users' tuned configurations).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from solvers import InvalidProblem
+
+__all__ = ["QUICK_TIME_SCALE", "Workload", "WorkloadJob", "builtin_spec"]
+
+#: Factor applied to arrival times in quick variants (project choice: keeps the
+#: arrival order and the overlap of jobs while shortening the run).
+QUICK_TIME_SCALE = 0.5
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_FIELDS = ("id", "kind", "arrival_s", "replicas", "batch_size", "min_replicas", "max_replicas", "spec", "quick_spec")
+_REQUIRED = _FIELDS[:5]
+
+
+def builtin_spec(kind: str):
+    """The registered :class:`~pollux_opt.runtime.spec.JobSpec` named ``kind``."""
+    from pollux_opt.runtime.registry import get_job
+
+    return get_job(kind)
+
+
+def _int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int (numpy integers included) if it is one >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise InvalidProblem(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class WorkloadJob:
+    """One job of a workload.
+
+    Attributes:
+        id: unique id within the workload (letters, digits, '.', '_', '-').
+        kind: what the job is: a registered runtime job (real runs, e.g.
+            ``"stdlib-charlm"``) or a profile name (simulations, e.g. ``"cifar10"``).
+        arrival_s: submission time, seconds after the run starts.
+        replicas: CPUs (simulations: GPUs) the user submitted the job with.
+        batch_size: total batch size (samples) the user submitted it with.
+        min_replicas: smallest replica count the job accepts when running (>= 1).
+        max_replicas: largest replica count it accepts (None: the cluster's size).
+        spec: changed :class:`~pollux_opt.runtime.spec.JobSpec` fields (real
+            runs, e.g. ``{"target": 1.8}``).
+        quick_spec: spec fields used instead of ``spec`` in the quick variant.
+    """
+
+    id: str
+    kind: str
+    arrival_s: float
+    replicas: int
+    batch_size: int
+    min_replicas: int = 1
+    max_replicas: int | None = None
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    quick_spec: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not _ID_RE.match(self.id):
+            raise InvalidProblem(f"job id must be letters, digits, '.', '_' or '-', got {self.id!r}")
+        if not isinstance(self.kind, str) or not self.kind:
+            raise InvalidProblem(f"job {self.id!r}: kind must be a job name, got {self.kind!r}")
+        a = self.arrival_s
+        if isinstance(a, bool) or not isinstance(a, numbers.Real) or not math.isfinite(a) or a < 0:
+            raise InvalidProblem(f"job {self.id!r}: arrival_s must be a finite number >= 0, got {a!r}")
+        object.__setattr__(self, "arrival_s", float(a))
+        for name in ("replicas", "batch_size", "min_replicas"):
+            object.__setattr__(self, name, _int(f"job {self.id!r}: {name}", getattr(self, name), 1))
+        if self.max_replicas is not None:
+            object.__setattr__(self, "max_replicas",
+                               _int(f"job {self.id!r}: max_replicas", self.max_replicas, self.min_replicas))
+        for name in ("spec", "quick_spec"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, Mapping):
+                raise InvalidProblem(f"job {self.id!r}: {name} must be a mapping of JobSpec fields, got {v!r}")
+        object.__setattr__(self, "spec", dict(self.spec))
+        if self.quick_spec is not None:
+            object.__setattr__(self, "quick_spec", dict(self.quick_spec))
+
+    def job_spec(self):
+        """The :class:`~pollux_opt.runtime.spec.JobSpec` this job runs (the kind's spec with ``spec`` applied)."""
+        base = builtin_spec(self.kind)
+        return base.replace(**self.spec) if self.spec else base
+
+    def to_json(self) -> dict:
+        out = {
+            "id": self.id, "kind": self.kind, "arrival_s": self.arrival_s, "replicas": self.replicas,
+            "batch_size": self.batch_size, "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas, "spec": dict(self.spec),
+        }
+        if self.quick_spec is not None:
+            out["quick_spec"] = dict(self.quick_spec)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "WorkloadJob":
+        if not isinstance(data, Mapping):
+            raise InvalidProblem(f"a workload job must be an object, got {data!r}")
+        unknown = sorted(set(data) - set(_FIELDS))
+        if unknown:
+            raise InvalidProblem(f"workload job {data.get('id')!r}: unknown field(s) {unknown}")
+        missing = [k for k in _REQUIRED if k not in data]
+        if missing:
+            raise InvalidProblem(f"workload job {data.get('id')!r}: missing field(s) {missing}")
+        return cls(**{k: (v if k != "spec" else (v or {})) for k, v in data.items()})
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named set of jobs (ids unique), see the module docstring."""
+
+    name: str
+    jobs: tuple[WorkloadJob, ...]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "jobs", tuple(self.jobs))
+        if not self.jobs:
+            raise InvalidProblem(f"workload {self.name!r} has no jobs")
+        seen: set[str] = set()
+        for job in self.jobs:
+            if not isinstance(job, WorkloadJob):
+                raise InvalidProblem(f"workload jobs must be WorkloadJob, got {job!r}")
+            if job.id in seen:
+                raise InvalidProblem(f"workload {self.name!r}: duplicate job id {job.id!r}")
+            seen.add(job.id)
+
+    def quick(self) -> "Workload":
+        """The quick variant: arrivals scaled by :data:`QUICK_TIME_SCALE`, ``quick_spec`` fields used."""
+        jobs = tuple(
+            replace(j, arrival_s=j.arrival_s * QUICK_TIME_SCALE,
+                    spec=j.spec if j.quick_spec is None else j.quick_spec, quick_spec=None)
+            for j in self.jobs
+        )
+        return Workload(f"{self.name}-quick", jobs, self.description + " (quick variant)")
+
+    def check(self) -> None:
+        """Resolve every job's spec (raises InvalidProblem on an unknown kind or bad field)."""
+        for job in self.jobs:
+            try:
+                job.job_spec()
+            except TypeError as exc:
+                raise InvalidProblem(f"workload job {job.id!r}: bad spec field: {exc}") from exc
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "description": self.description, "jobs": [j.to_json() for j in self.jobs]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Workload":
+        if not isinstance(data, Mapping):
+            raise InvalidProblem(f"a workload must be a JSON object, got {type(data).__name__}")
+        if "jobs" not in data or not isinstance(data["jobs"], list):
+            raise InvalidProblem("a workload needs a 'jobs' list")
+        return cls(
+            name=str(data.get("name", "workload")),
+            jobs=tuple(WorkloadJob.from_json(j) for j in data["jobs"]),
+            description=str(data.get("description", "")),
+        )
