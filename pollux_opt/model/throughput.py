@@ -22,7 +22,7 @@ Accumulation micro-batches never synchronise.  In Pollux's model they cost
 is measured as its step time less its sync time, so ``t_c`` also holds the
 work done once per step (the optimizer update, zeroing gradients, Python
 overhead), which a micro-batch does not repeat: on CPU, for small models,
-that is a large part of a step (issue 4: 35-45 % of a millisecond step of
+that is a large part of a step (35-45 % of a millisecond step of
 ratings-mf and synth-regress), so ``alpha_a`` is fitted separately once steps
 both with and without accumulation have been measured.
 
@@ -31,7 +31,7 @@ node (``K > N``) also share its caches, memory bandwidth and cores: the
 collectives' helper threads of one replica run on the cores that the other
 replicas compute on, and a replica that loses its core for a moment keeps
 all others waiting at the all-reduce.  On the 2-core development machine
-(issue 4) the two-replica steps of digits-cnn, synth-regress and ratings-mf
+the two-replica steps of digits-cnn, synth-regress and ratings-mf
 grew with the local batch 1.2, 1.4 and 1.7 times as fast as one-replica
 steps, which no constant sync time can fit.  ``kappa`` is that slowdown
 of a co-located replica's compute (its effective compute time, the wait for

@@ -70,7 +70,7 @@ GAMMA_STARTS = (1.0, 2.5, 6.0)
 #: squares alone may put it all into beta (a sync time growing by 1 s per
 #: replica in a simulated job), which keeps a job off idle CPUs; a fit the data
 #: determine hardly moves (one residual against the data's many).  On the
-#: eight AdaptDL workloads (issue 6) weights 0.05, 0.1 and 0.3 gave average
+#: eight AdaptDL workloads weights 0.05, 0.1 and 0.3 gave average
 #: JCTs within 0.3 % of each other.
 RETROGRESSION_PRIOR_WEIGHT = 0.1
 
@@ -93,7 +93,7 @@ COMPUTE_INIT_FRACTION = 1e-3
 #: other down unless the rows say so (kappa and the sync latency both lengthen
 #: co-located steps; with few rows the split is weakly determined).  Same
 #: weight and reasoning as :data:`RETROGRESSION_PRIOR_WEIGHT`.  Project choice:
-#: on 16 pooled profiling passes of ratings-mf (issue 4) the prior halves the
+#: on 16 pooled profiling passes of ratings-mf the prior halves the
 #: fitted kappa (0.85 -> 0.48) and moves held-out MAPE from 4.2 to 3.4 %.
 COLOCATION_PRIOR_WEIGHT = 0.1
 

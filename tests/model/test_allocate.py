@@ -1,4 +1,4 @@
-"""Domain layer: allocate(), instance files, the CLI and their error messages (issue 2)."""
+"""Domain layer: allocate(), instance files, the CLI and their error messages."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from solvers import evaluate, violations
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
-ISSUE_EXAMPLE = {
+EXAMPLE_INSTANCE = {
     "version": 1,
     "cluster": {"nodes": [{"id": "n0", "cpus": 4}, {"id": "n1", "cpus": 4}]},
     "jobs": [
@@ -60,7 +60,7 @@ ISSUE_EXAMPLE = {
 
 
 def _instance(**job_overrides) -> dict:
-    data = json.loads(json.dumps(ISSUE_EXAMPLE))
+    data = json.loads(json.dumps(EXAMPLE_INSTANCE))
     data["jobs"][0].update(job_overrides)
     return data
 
@@ -79,8 +79,8 @@ def _model() -> GoodputModel:
     )
 
 
-def test_issue2_example_instance_parses_and_solves():
-    inst = parse_instance(ISSUE_EXAMPLE)
+def test_example_instance_parses_and_solves():
+    inst = parse_instance(EXAMPLE_INSTANCE)
     alloc = allocate(inst.cluster, inst.jobs, inst.options)
     assert alloc.status is Status.OPTIMAL
     # Moving from 1 to 2 replicas pays f = 120 / 150; 1.8 * 0.8 = 1.44 > 1.0 (staying put).
@@ -99,7 +99,7 @@ def test_minimal_fields_use_defaults():
 
 
 def test_version_1_file_uses_the_options_restart_delay():
-    inst = parse_instance(ISSUE_EXAMPLE)
+    inst = parse_instance(EXAMPLE_INSTANCE)
     assert inst.jobs[0].restart_delay is None
     problem = to_problem(inst.cluster, inst.jobs, inst.options)
     assert problem.restart_factor.tolist() == [restart_factor(120.0, 0, 30.0)]
@@ -135,9 +135,9 @@ def test_instance_round_trip_writes_version_2():
     assert data["version"] == 2 == FORMAT_VERSION
     assert data["jobs"][0]["restart_delay"] == 7.5
     assert parse_instance(json.loads(json.dumps(data))) == inst
-    plain = instance_to_json(parse_instance(ISSUE_EXAMPLE))  # version 1 in, version 2 out
+    plain = instance_to_json(parse_instance(EXAMPLE_INSTANCE))  # version 1 in, version 2 out
     assert plain["version"] == 2 and "restart_delay" not in plain["jobs"][0]
-    assert parse_instance(plain) == parse_instance(ISSUE_EXAMPLE)
+    assert parse_instance(plain) == parse_instance(EXAMPLE_INSTANCE)
 
 
 def test_restart_factor_formula():
@@ -168,7 +168,7 @@ def test_goodput_model_job_gets_batch_config():
     assert "t" not in alloc.batch
 
 
-def test_issue6_spread_penalty_prefers_compact_placements_of_model_jobs():
+def test_spread_penalty_prefers_compact_placements_of_model_jobs():
     """A goodput model tells one node from several, not 2 nodes from 4: the
     spread penalty discounts each extra node, so the solver packs the job."""
     cluster = Cluster.uniform(4, 4)
@@ -214,8 +214,8 @@ def test_every_solver_reachable_through_allocate(solver):
 @pytest.mark.parametrize(
     "data, match",
     [
-        ({**ISSUE_EXAMPLE, "cluster": {"nodes": [{"id": "n0", "cpus": 0}]}}, r"cluster\.nodes\[0\]\.cpus must be an integer > 0, got 0"),
-        ({**ISSUE_EXAMPLE, "cluster": {"nodes": [{"id": "n0", "cpus": -2}]}}, r"cpus must be an integer > 0, got -2"),
+        ({**EXAMPLE_INSTANCE, "cluster": {"nodes": [{"id": "n0", "cpus": 0}]}}, r"cluster\.nodes\[0\]\.cpus must be an integer > 0, got 0"),
+        ({**EXAMPLE_INSTANCE, "cluster": {"nodes": [{"id": "n0", "cpus": -2}]}}, r"cpus must be an integer > 0, got -2"),
         (_instance(min_replicas=3, max_replicas=2), r"job 'a': min_replicas=3 > max_replicas=2"),
         (_instance(speedup_table=[[1, 1, float("nan")]]), r"job 'a': speedup at \(num_nodes=1, num_replicas=1\) must be finite and >= 0, got nan"),
         (_instance(speedup_table=[[1, 1, float("inf")]]), r"must be finite and >= 0, got inf"),
@@ -229,21 +229,21 @@ def test_every_solver_reachable_through_allocate(solver):
         (_instance(weight=0), r"job 'a': weight must be > 0, got 0"),
         (_instance(age=-1), r"job 'a': age must be >= 0, got -1"),
         (_instance(bogus=1), r"jobs\[0\]: unknown field 'bogus'"),
-        ({**ISSUE_EXAMPLE, "jobs": ISSUE_EXAMPLE["jobs"] * 2}, r"duplicate job id 'a'"),
-        ({**ISSUE_EXAMPLE, "cluster": {"nodes": [{"id": "n0", "cpus": 4}] * 2}}, r"duplicate node id 'n0'"),
-        ({**ISSUE_EXAMPLE, "options": {"p": float("nan")}}, r"p must be a finite number, got nan"),
-        ({**ISSUE_EXAMPLE, "options": {"p": float("inf")}}, r"p must be a finite number, got inf"),
-        ({**ISSUE_EXAMPLE, "options": {"colour": "red"}}, r"unknown option 'colour'"),
-        ({**ISSUE_EXAMPLE, "options": {"mip_gap": 2}}, r"mip_gap must be a finite number in \[0, 1\), got 2"),
-        ({**ISSUE_EXAMPLE, "options": {"time_limit": 0}}, r"time_limit must be a number of seconds > 0 or None, got 0"),
-        ({**ISSUE_EXAMPLE, "options": {"restart_delay": -1}}, r"restart_delay must be a finite number of seconds >= 0, got -1"),
-        ({**ISSUE_EXAMPLE, "options": {"max_nodes_per_job": 0}}, r"max_nodes_per_job must be an integer >= 1, got 0"),
-        ({**ISSUE_EXAMPLE, "options": {"spread_penalty": -0.1}},
+        ({**EXAMPLE_INSTANCE, "jobs": EXAMPLE_INSTANCE["jobs"] * 2}, r"duplicate job id 'a'"),
+        ({**EXAMPLE_INSTANCE, "cluster": {"nodes": [{"id": "n0", "cpus": 4}] * 2}}, r"duplicate node id 'n0'"),
+        ({**EXAMPLE_INSTANCE, "options": {"p": float("nan")}}, r"p must be a finite number, got nan"),
+        ({**EXAMPLE_INSTANCE, "options": {"p": float("inf")}}, r"p must be a finite number, got inf"),
+        ({**EXAMPLE_INSTANCE, "options": {"colour": "red"}}, r"unknown option 'colour'"),
+        ({**EXAMPLE_INSTANCE, "options": {"mip_gap": 2}}, r"mip_gap must be a finite number in \[0, 1\), got 2"),
+        ({**EXAMPLE_INSTANCE, "options": {"time_limit": 0}}, r"time_limit must be a number of seconds > 0 or None, got 0"),
+        ({**EXAMPLE_INSTANCE, "options": {"restart_delay": -1}}, r"restart_delay must be a finite number of seconds >= 0, got -1"),
+        ({**EXAMPLE_INSTANCE, "options": {"max_nodes_per_job": 0}}, r"max_nodes_per_job must be an integer >= 1, got 0"),
+        ({**EXAMPLE_INSTANCE, "options": {"spread_penalty": -0.1}},
          r"spread_penalty must be a finite number >= 0 or None, got -0\.1"),
-        ({**ISSUE_EXAMPLE, "options": {"spread_penalty": 0.5, "max_nodes_per_job": 3}},
+        ({**EXAMPLE_INSTANCE, "options": {"spread_penalty": 0.5, "max_nodes_per_job": 3}},
          r"spread_penalty must be >= 0 and below 1 / \(max_nodes_per_job - 1\) = 0\.5, got 0\.5"),
-        ({**ISSUE_EXAMPLE, "version": 3}, r"version must be one of \[1, 2\], got 3"),
-        ({**ISSUE_EXAMPLE, "version": True}, r"version must be one of \[1, 2\], got True"),
+        ({**EXAMPLE_INSTANCE, "version": 3}, r"version must be one of \[1, 2\], got 3"),
+        ({**EXAMPLE_INSTANCE, "version": True}, r"version must be one of \[1, 2\], got True"),
         (_instance(restart_delay=10.0), r"jobs\[0\]: unknown field 'restart_delay' in a version 1 file "
                                         r"\(per-job restart delays need version 2\)"),
         (_instance_v2(restart_delay=-5), r"job 'a': restart_delay must be a finite number of seconds >= 0, got -5"),
@@ -256,20 +256,20 @@ def test_every_solver_reachable_through_allocate(solver):
         (_instance(max_replicas=None), r"max_replicas must be an integer >= 0, got None"),
     ],
 )
-def test_issue2_bad_input_is_named(data, match):
+def test_bad_input_is_named(data, match):
     with pytest.raises(InvalidProblem, match=match):
         inst = parse_instance(data)
         allocate(inst.cluster, inst.jobs, inst.options)
 
 
 def test_unknown_solver_is_named():
-    inst = parse_instance(ISSUE_EXAMPLE)
+    inst = parse_instance(EXAMPLE_INSTANCE)
     with pytest.raises(InvalidProblem, match=r"unknown solver 'nope'; choose one of"):
         allocate(inst.cluster, inst.jobs, inst.options, solver="nope")
 
 
 def test_unknown_override_is_named():
-    inst = parse_instance(ISSUE_EXAMPLE)
+    inst = parse_instance(EXAMPLE_INSTANCE)
     with pytest.raises(InvalidProblem, match=r"unknown option 'speed'"):
         allocate(inst.cluster, inst.jobs, speed=3)
 
@@ -292,7 +292,7 @@ def test_malformed_json_is_named(tmp_path):
 # -------------------------------------------------------------------- CLI
 def test_cli_allocate_prints_pinned_keys(tmp_path, capsys):
     path = tmp_path / "inst.json"
-    path.write_text(json.dumps(ISSUE_EXAMPLE))
+    path.write_text(json.dumps(EXAMPLE_INSTANCE))
     assert main(["allocate", str(path)]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("placement", "objective", "bound", "gap", "status", "build_seconds", "solve_seconds"):

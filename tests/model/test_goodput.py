@@ -150,9 +150,9 @@ def test_fit_accumulation_rows_only_keep_pollux_alpha_a():
     np.testing.assert_allclose(step_time(fitted, nodes, replicas, bsz, accum), step, rtol=1e-6)
 
 
-# --------------------------------------------- issue 4: accumulation micro-batches
+# --------------------------------------------- accumulation micro-batches
 
-def test_issue4_accumulation_micro_batch_skips_once_per_step_work():
+def test_accumulation_micro_batch_skips_once_per_step_work():
     t_c, t_a = 0.02 + 0.004 * 32, 0.005 + 0.004 * 32
     sync = sync_time(ONCE_PER_STEP, 1, 2)
     expected = 3 * t_a + (t_c**2.5 + sync**2.5) ** (1 / 2.5)
@@ -161,7 +161,7 @@ def test_issue4_accumulation_micro_batch_skips_once_per_step_work():
     assert TRUTH.alpha_a is None and TRUTH.accum_alpha == TRUTH.alpha_c
 
 
-def test_issue4_fit_recovers_alpha_a_and_predicts_accumulation():
+def test_fit_recovers_alpha_a_and_predicts_accumulation():
     rng = np.random.default_rng(4)
     rows = [(1, k, m, s) for k in (1, 2, 4) for m in (8, 32, 128) for s in (0, 1)]
     nodes, replicas, bsz, accum, step, sync = _measure(ONCE_PER_STEP, rows, rng, noise=0.02)
@@ -186,7 +186,7 @@ def test_throughput_params_alpha_a_validation_and_dict():
     assert params_from_dict(params_to_dict(ONCE_PER_STEP)) == ONCE_PER_STEP
 
 
-# ------------------------------------------- issue 4: co-located replicas' compute
+# ------------------------------------------- co-located replicas' compute
 
 #: TRUTH where replicas sharing a node compute 40 % slower.
 COLOCATED = ThroughputParams(
@@ -194,7 +194,7 @@ COLOCATED = ThroughputParams(
 )
 
 
-def test_issue4_colocation_slowdown_scales_compute_of_shared_nodes_only():
+def test_colocation_slowdown_scales_compute_of_shared_nodes_only():
     nodes, replicas = np.array([1, 1, 2, 2]), np.array([1, 2, 2, 4])
     slowdown = np.array([1.0, 1.4, 1.0, 1.4])  # K > N: replicas share a node
     t_c = (0.02 + 0.004 * 32) * slowdown  # alpha_a is alpha_c: t_a == t_c
@@ -209,7 +209,7 @@ def test_issue4_colocation_slowdown_scales_compute_of_shared_nodes_only():
     assert goodput_model_from_json(goodput_model_to_json(model)) == model
 
 
-def test_issue4_fit_recovers_kappa_and_predicts_two_replica_steps():
+def test_fit_recovers_kappa_and_predicts_two_replica_steps():
     rng = np.random.default_rng(5)
     rows = [(1, k, m, 0) for k in (1, 2) for m in (8, 32, 128)] + [(1, 1, 32, 1)]
     nodes, replicas, bsz, accum, step, sync = _measure(COLOCATED, rows, rng, noise=0.02)
@@ -223,7 +223,7 @@ def test_issue4_fit_recovers_kappa_and_predicts_two_replica_steps():
     assert np.min(step_time(TRUTH, *held_out[:, :3]) / truth[:3]) < 0.80
 
 
-def test_issue4_fit_prior_kappa_zero_without_both_kinds_of_rows():
+def test_fit_prior_kappa_zero_without_both_kinds_of_rows():
     rng = np.random.default_rng(6)
     # Co-located rows of one local batch only: kappa and alpha_n are not separable.
     nodes, replicas, bsz, _, step, sync = _measure(COLOCATED, [(1, 1, 8, 0), (1, 1, 64, 0), (1, 2, 32, 0)], rng)
@@ -238,7 +238,7 @@ def test_issue4_fit_prior_kappa_zero_without_both_kinds_of_rows():
     assert fit_throughput(nodes, replicas, bsz, step, sync).kappa < 1e-3
 
 
-def test_issue4_two_replica_cpu_rows_need_kappa():
+def test_two_replica_cpu_rows_need_kappa():
     """Rows of ratings-mf on the 2-core development machine, 16 profiling passes
     pooled (geometric mean of each pass's lower-quartile step, 4 digits), with
     the experiment's split (``experiments/runtime_measurements.py``): two-replica
@@ -285,7 +285,7 @@ def test_fit_prior_no_intra_node_rows_ties_intra_to_inter():
     assert fitted.alpha_r == pytest.approx(TRUTH.alpha_r, rel=0.2)
 
 
-def test_issue6_retrogression_prior_extrapolates_one_spread_flat():
+def test_retrogression_prior_extrapolates_one_spread_flat():
     """One multi-node size measured (2 nodes, 3 replicas) beside single-node
     rows, as a growing job reports in the simulator (rows of a workload-8 job,
     4 digits): the inter-node sync time fixes ``alpha_r + beta_r`` but not the
