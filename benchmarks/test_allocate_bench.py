@@ -90,7 +90,7 @@ def _anchor_files() -> list[Path]:
 @pytest.mark.skipif(not ANCHORS.is_dir(), reason=f"measured Pollux rounds not found at {ANCHORS}")
 @pytest.mark.parametrize("path", _anchor_files(), ids=lambda p: p.stem)
 def test_milp_anchor_round(benchmark, path):
-    from pollux_opt import parse_instance, to_problem
+    from pollux_opt.model import parse_instance, to_problem
 
     data = json.loads(path.read_text())
     inst = parse_instance(data["instance"])

@@ -40,15 +40,47 @@ def _cmd_allocate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from pollux_opt.backends.local import default_cluster, run_real
+    from pollux_opt.backends.local import default_cluster, run_workload
     from pollux_opt.workloads import load_workload
 
     workload = load_workload(args.workload, quick=args.quick) if args.workload else None
-    cluster = default_cluster(args.nodes, args.cpus) if (args.nodes or args.cpus) else None
+    cluster = _cluster(args)
     interval = args.interval if args.interval is not None else _default_interval(args.quick)
-    summary = run_real(args.out, workload, args.policy, cluster=cluster, interval=interval,
+    summary = run_workload(args.out, workload, args.policy, cluster=cluster, interval=interval,
                        progress=not args.quiet)
     _print_table({args.out: summary})
+    return 0
+
+
+def _cluster(args: argparse.Namespace):
+    """The cluster ``--nodes`` / ``--cpus`` ask for (0 is an error, not "unset"); None if neither."""
+    from pollux_opt.backends.local import default_cluster
+
+    if args.nodes is None and args.cpus is None:
+        return None
+    return default_cluster(1 if args.nodes is None else args.nodes, args.cpus)
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from pollux_opt.runtime import get_job, job_names
+    from pollux_opt.scheduling.policies import registered_policies
+    from pollux_opt.workloads import WORKLOAD_SETS
+
+    rows: list[tuple[str, str, str]] = []
+    if args.what in ("all", "policies"):
+        for name, info in sorted(registered_policies().items()):
+            needs = f" (needs: {', '.join(r.value for r in info.needs)})" if info.needs else ""
+            rows.append(("policy", name, info.description + needs))
+    if args.what in ("all", "jobs"):
+        for name in job_names():
+            spec = get_job(name)
+            rows.append(("job", name, f"M0 {spec.init_batch_size}, max batch {spec.max_batch_size}"))
+    if args.what in ("all", "workloads"):
+        for name, workload in sorted(WORKLOAD_SETS.items()):
+            rows.append(("workload", name, workload.description))
+    width = max(len(name) for _, name, _ in rows)
+    for kind, name, text in rows:
+        print(f"{kind:<9} {name:<{width}}  {text}")
     return 0
 
 
@@ -103,12 +135,18 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pollux_opt.backends.local import default_cluster, run_demo
 
-    cluster = default_cluster(args.nodes, args.cpus) if (args.nodes or args.cpus) else None
+    cluster = _cluster(args)
     summaries = run_demo(args.out, args.workload, quick=args.quick, interval=args.interval,
                          cluster=cluster, progress=not args.quiet)
     _print_table(summaries)
     print(f"plots and comparison.json in {args.out}")
     return 0
+
+
+def _version() -> str:
+    from pollux_opt import __version__
+
+    return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Goodput-optimized scheduling of deep-learning training jobs (Pollux) with an exact allocator.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("allocate", help="solve one allocation instance (JSON) and print the answer as JSON")
@@ -153,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
     p.add_argument("--quiet", action="store_true", help="no live progress table")
     p.set_defaults(handler=_cmd_demo)
+
+    p = sub.add_parser("list", help="list the registered policies, job kinds and workload sets")
+    p.add_argument("what", nargs="?", default="all", choices=["all", "policies", "jobs", "workloads"])
+    p.set_defaults(handler=_cmd_list)
 
     from pollux_opt.cli.simulate import add_profile_parser, add_simulate_parser
 

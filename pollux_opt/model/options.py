@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Mapping
 
-from solvers import InvalidProblem
+# The relative MIP gap at which the exact solver stops is the solvers' own default.
+from solvers import DEFAULT_MIP_GAP, InvalidProblem
 
 from pollux_opt.model.domains import Boolean, Integer, Real, check_fields, domain_field
 
@@ -24,10 +25,6 @@ DEFAULT_P = -1.0
 DEFAULT_RESTART_DELAY = 30.0
 #: Largest number of nodes a job may span (Pollux's reference caps at 16).
 DEFAULT_MAX_NODES_PER_JOB = 16
-#: Relative MIP gap at which the exact solver stops.  The same value as the
-#: solvers' own default (``DEFAULT_MIP_GAP`` in :mod:`solvers`' MILP solver); to
-#: be imported from there so that it is defined once.
-DEFAULT_MIP_GAP = 1e-4
 #: Relative speedup discount per node beyond the first for jobs whose speedups
 #: come from a goodput model (project choice).  Pollux's model tells one node
 #: from several but not 2 nodes from 14, so every spread of K replicas looks

@@ -18,7 +18,7 @@ pytest.importorskip("torch", reason="real jobs need the CPU build of torch (pip 
 pytest.importorskip("sklearn", reason="the digits job needs scikit-learn (pip install 'pollux-opt[jobs]')")
 
 from pollux_opt.records.events import read_events  # noqa: E402
-from pollux_opt.backends.local import default_cluster, run_real  # noqa: E402
+from pollux_opt.backends.local import default_cluster, run_workload  # noqa: E402
 from pollux_opt.workloads import Workload, WorkloadJob  # noqa: E402
 
 #: Two tiny jobs: easy targets, so that each trains for a few seconds.
@@ -31,7 +31,7 @@ TINY = Workload("tiny", (
 
 def test_two_tiny_real_jobs_under_pollux(tmp_path):
     t0 = time.monotonic()
-    summary = run_real(tmp_path, TINY, "pollux", cluster=default_cluster(1, min(2, os.cpu_count() or 1)),
+    summary = run_workload(tmp_path, TINY, "pollux", cluster=default_cluster(1, min(2, os.cpu_count() or 1)),
                        interval=5.0, progress=False, backend_kwargs={"report_every_s": 1.0})
     elapsed = time.monotonic() - t0
     jobs = {j["id"]: j for j in summary["jobs"]}

@@ -10,19 +10,21 @@ import numpy as np
 import pytest
 
 from pollux_opt import (
-    BatchLimits,
     Cluster,
     GoodputModel,
-    GradientStats,
     InvalidProblem,
     Job,
     Node,
     Options,
     Status,
-    ThroughputParams,
     allocate,
-    instance_to_json,
     load_instance,
+)
+from pollux_opt.model import (
+    BatchLimits,
+    GradientStats,
+    ThroughputParams,
+    instance_to_json,
     parse_instance,
     restart_factor,
     to_problem,

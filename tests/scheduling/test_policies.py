@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from pollux_opt import Cluster, InvalidProblem, Options, restart_factor, to_problem
+from pollux_opt import Cluster, InvalidProblem, Options
+from pollux_opt.model import restart_factor, to_problem
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.scheduling.policies import (
     POLICIES,

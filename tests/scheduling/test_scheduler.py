@@ -15,7 +15,7 @@ from pollux_opt import Cluster, InvalidProblem
 from pollux_opt.records.events import EventLog, read_events
 from pollux_opt.model import GradientStats, ThroughputParams
 from pollux_opt.scheduling.policies import FixedPolicy, PolluxPolicy, TiresiasPolicy
-from pollux_opt.backends.local import JobHandle, RealBackend, run_real
+from pollux_opt.backends.local import JobHandle, RealBackend, run_workload
 from pollux_opt.runtime.report import Event, JobReport, JobState, Measurements
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView, run
 from pollux_opt.workloads import Workload, WorkloadJob
@@ -326,9 +326,9 @@ def _run(tmp_path, policy, clock, workload=WORKLOAD, **kw):
     import pollux_opt.backends.local.backend as rb
 
     old = rb.time.time
-    rb.time.time = clock.time  # run_real's own timestamps
+    rb.time.time = clock.time  # run_workload's own timestamps
     try:
-        return run_real(tmp_path, workload, policy, cluster=Cluster.uniform(1, 2), interval=10.0,
+        return run_workload(tmp_path, workload, policy, cluster=Cluster.uniform(1, 2), interval=10.0,
                         progress=False, pin_cpus=False, backend_kwargs=fake_kwargs(clock), **kw)
     finally:
         rb.time.time = old
@@ -364,7 +364,7 @@ def test_run_real_accepts_the_policies_that_need_nothing_simulator_only(tmp_path
     assert "tiresias" in policy_names() and "optimus" not in policy_names()
     with pytest.raises(InvalidProblem, match=r"policy 'optimus' needs the simulator's step oracle .*"
                                              r"run it with `pollux-opt simulate`"):
-        run_real(tmp_path / "o", WORKLOAD, "optimus", progress=False)
+        run_workload(tmp_path / "o", WORKLOAD, "optimus", progress=False)
     assert not (tmp_path / "o" / "config.json").exists()  # refused before the run starts
 
 
@@ -394,7 +394,7 @@ def test_resume_after_a_kill(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rb.time, "time", clock.time)
     with pytest.raises(Killed):
-        run_real(tmp_path, workload, "fixed", cluster=Cluster.uniform(1, 2), interval=10.0, progress=False,
+        run_workload(tmp_path, workload, "fixed", cluster=Cluster.uniform(1, 2), interval=10.0, progress=False,
                  pin_cpus=False, backend_kwargs=kwargs)
     before = read_events(tmp_path / "events.jsonl")
     assert any(e["type"] == "complete" and e["job_id"] == "a" for e in before)
@@ -407,7 +407,7 @@ def test_resume_after_a_kill(tmp_path, monkeypatch):
     clock.sleep(5.0)  # the outage
     monkeypatch.undo()
     monkeypatch.setattr(rb.time, "time", clock.time)
-    summary = run_real(tmp_path, progress=False, backend_kwargs=fake_kwargs(clock))
+    summary = run_workload(tmp_path, progress=False, backend_kwargs=fake_kwargs(clock))
     events = read_events(tmp_path / "events.jsonl")
     assert events[: len(before)] == before
     per_job = Counter((e["job_id"], e["type"]) for e in events)
@@ -434,13 +434,13 @@ def test_run_real_rejects_mismatched_resume_and_new_runs_without_a_workload(tmp_
     clock = FakeClock()
     _run(tmp_path, "fixed", clock, workload=Workload("one", (WorkloadJob("a", "digits-cnn", 0.0, 1, 32),)))
     with pytest.raises(InvalidProblem, match=r"holds a 'fixed' run, not 'pollux'"):
-        run_real(tmp_path, None, "pollux", progress=False)
+        run_workload(tmp_path, None, "pollux", progress=False)
     with pytest.raises(InvalidProblem, match=r"holds a different workload \('one'\)"):
-        run_real(tmp_path, WORKLOAD, None, progress=False)
+        run_workload(tmp_path, WORKLOAD, None, progress=False)
     with pytest.raises(InvalidProblem, match=r"is new: give a workload and a policy"):
-        run_real(tmp_path / "new", None, "fixed", progress=False)
+        run_workload(tmp_path / "new", None, "fixed", progress=False)
     with pytest.raises(InvalidProblem, match=r"unknown policy 'x'"):
-        run_real(tmp_path / "new", WORKLOAD, "x", progress=False)
+        run_workload(tmp_path / "new", WORKLOAD, "x", progress=False)
 
 
 # ------------------------------------------------------------- workloads and CLI

@@ -373,7 +373,7 @@ def _anchor_files() -> list[Path]:
 
 
 def _load_anchor(path: Path):
-    from pollux_opt import parse_instance, to_problem
+    from pollux_opt.model import parse_instance, to_problem
 
     data = json.loads(path.read_text())
     inst = parse_instance(data["instance"])

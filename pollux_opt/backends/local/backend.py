@@ -6,7 +6,7 @@ default the runtime's ``ElasticJob``, sharing one warm ``WorkerPool``): it
 submits jobs as they arrive, reads what they report into the unified event log
 and the policy's views (:mod:`~pollux_opt.backends.local.polling`), pins their
 replicas to CPUs (:mod:`~pollux_opt.backends.local.cpus`) and applies the
-policy's decisions.  :func:`pollux_opt.backends.local.run.run_real` runs one
+policy's decisions.  :func:`pollux_opt.backends.local.run.run_workload` runs one
 policy on one workload with it in a run directory.
 
 **Recovery.**  A backend created on a run directory whose event log already

@@ -25,7 +25,7 @@ class ConsoleProgress:
         self.policy, self.workload, self.cluster = policy, workload, cluster
         self.console = Console(stderr=True)
         self._live = None
-        #: returns the number of finished jobs (set by run_real to the backend's count)
+        #: returns the number of finished jobs (set by run_workload to the backend's count)
         self.done_fn: Callable[[], int] | None = None
 
     def __enter__(self) -> "ConsoleProgress":

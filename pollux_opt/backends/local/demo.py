@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from pollux_opt.backends.local.rundir import CONFIG_FILE, EVENTS_FILE
-from pollux_opt.backends.local.run import DEFAULT_INTERVAL_S, run_real
+from pollux_opt.backends.local.run import DEFAULT_INTERVAL_S, run_workload
 from pollux_opt.model import Cluster
 from pollux_opt.records.events import read_events
 from pollux_opt.records.files import atomic_write_json
@@ -51,7 +51,7 @@ def run_demo(
     for name in policies:
         run_dir = out / name
         existing = (run_dir / CONFIG_FILE).exists()
-        summaries[name] = run_real(
+        summaries[name] = run_workload(
             run_dir, None if existing else wl, None if existing else name,
             cluster=cluster, interval=interval, progress=progress,
         )

@@ -1,4 +1,4 @@
-"""One real run: a policy on a workload of real jobs, in a run directory (:func:`run_real`)."""
+"""One real run: a policy on a workload of real jobs, in a run directory (:func:`run_workload`)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from pollux_opt.records.events import EventLog, read_events
 from pollux_opt.records.files import atomic_write_json
 from pollux_opt.workloads.job import Workload
 
-__all__ = ["DEFAULT_INTERVAL_S", "run_real"]
+__all__ = ["DEFAULT_INTERVAL_S", "run_workload"]
 
 #: Default round interval of real runs, seconds (the project's choice for jobs
 #: of minutes; Pollux reallocates every 60 s).
 DEFAULT_INTERVAL_S = 30.0
 
 
-def run_real(
+def run_workload(
     run_dir: str | os.PathLike,
     workload: Workload | None = None,
     policy: str | None = None,

@@ -68,7 +68,7 @@ from pollux_opt.runtime.stats import MIN_GRAD_SQR_FRACTION
 from pollux_opt.workloads.adaptdl import write_adaptdl_csv
 from pollux_opt.workloads.job import WorkloadJob
 
-__all__ = ["EXPORT_EPOCHS", "ExportedApp", "export_profiles", "find_run_dirs", "run_workload"]
+__all__ = ["EXPORT_EPOCHS", "ExportedApp", "export_profiles", "find_run_dirs", "workload_of_run"]
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ def _validation(jobs: list[_JobData], m0: int, max_bsz: int) -> tuple[dict[int, 
     return out, target
 
 
-def run_workload(run: Path) -> list[WorkloadJob]:
+def workload_of_run(run: Path) -> list[WorkloadJob]:
     """The jobs of a real run (``config.json``) as a simulator workload (the kind
     names the exported profile: the job's built-in spec name).
 
@@ -397,7 +397,7 @@ def export_profiles(run_dirs: Sequence, out_dir, *, apps: Sequence[str] | None =
         )
     for run in runs:
         if (run / "config.json").is_file():
-            wl = [j for j in run_workload(run) if j.kind in result]
+            wl = [j for j in workload_of_run(run) if j.kind in result]
             if wl:
                 write_adaptdl_csv(wl, out / f"workload-{run.name}.csv")
     summary = {name: {**vars(a), "jobs": list(a.jobs)} for name, a in result.items()}

@@ -1,0 +1,51 @@
+"""The command line's own commands: version, listings, and cluster flags."""
+
+from __future__ import annotations
+
+import pytest
+
+import pollux_opt
+from pollux_opt.cli import main
+from pollux_opt.runtime import job_names
+from pollux_opt.scheduling.policies import registered_policies
+from pollux_opt.workloads import WORKLOAD_SETS
+
+
+def test_version_prints_the_installed_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pollux-opt {pollux_opt.__version__}"
+
+
+def test_list_names_every_registered_policy_job_kind_and_workload_set(capsys):
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = {(line.split()[0], line.split()[1]) for line in lines}
+    expected = (
+        {("policy", name) for name in registered_policies()}
+        | {("job", name) for name in job_names()}
+        | {("workload", name) for name in WORKLOAD_SETS}
+    )
+    assert listed == expected
+    assert any(line.startswith("policy") and "optimus" in line and "needs: oracle" in line for line in lines)
+
+
+def test_list_one_kind(capsys):
+    assert main(["list", "policies"]) == 0
+    kinds = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
+    assert kinds == {"policy"}
+
+
+@pytest.mark.parametrize("flags", [["--nodes", "0"], ["--cpus", "0"]])
+def test_zero_nodes_or_cpus_is_an_error_not_the_default(flags, tmp_path, capsys):
+    code = main(["run", "--workload", "mixed", "--policy", "pollux", "--out", str(tmp_path / "r"), *flags])
+    assert code == 2
+    assert "must be an integer" in capsys.readouterr().err
+    assert not (tmp_path / "r" / "config.json").exists()
+
+
+def test_top_level_api_is_small_and_lazy():
+    assert len(pollux_opt.__all__) <= 16
+    for name in pollux_opt.__all__:
+        assert getattr(pollux_opt, name) is not None
