@@ -236,6 +236,77 @@ def allocation_timeline(events: Sequence[dict]):
     return pd.DataFrame(rows, columns=["t", "job_id", "cpus"]).sort_values("t", kind="stable")
 
 
+def _stat(fn, arr: np.ndarray) -> float:
+    """``fn`` over the finite entries of ``arr``; nan if there are none."""
+    arr = arr[np.isfinite(arr)]
+    return float(fn(arr)) if arr.size else math.nan
+
+
+def _cluster_cpus(starts: Sequence[dict], cluster_cpus: int | None) -> int:
+    if cluster_cpus is None:
+        cluster_cpus = next((e.get("cluster_cpus") for e in starts if e.get("cluster_cpus")), None)
+    if cluster_cpus is None:
+        raise InvalidProblem("cluster_cpus must be given when the log has no run_start event with it")
+    if isinstance(cluster_cpus, bool) or not isinstance(cluster_cpus, (int, np.integer)) or cluster_cpus < 1:
+        raise InvalidProblem(f"cluster_cpus must be an integer >= 1, got {cluster_cpus!r}")
+    return cluster_cpus
+
+
+def _job_row(job: JobTrack, times: np.ndarray, counts: np.ndarray, cluster_cpus: int,
+             node_cpus: int | None) -> dict:
+    """One job's entry of the summary: JCT and its finish-time fairness rho
+    against an isolated run on ``cluster_cpus / (average active jobs)`` CPUs."""
+    jct = job.end - job.submit if job.completed else math.nan
+    n_avg = rho = jct_iso = share = math.nan
+    if job.completed and jct > 0:
+        n_avg = _average_step(times, counts.astype(float), job.submit, job.end)
+        n_avg = max(n_avg, 1.0)
+        share = cluster_cpus / n_avg
+        batch = job.submitted_batch_size
+        if job.model is not None and batch and math.isfinite(job.progress):
+            r = isolated_rate(job.model, share, int(batch), job.max_replicas, node_cpus)
+            if math.isfinite(r) and r > 0:
+                jct_iso = job.startup_s + job.progress / r + job.verify_s
+                rho = jct / jct_iso
+    return {
+        "id": job.id,
+        "submit_s": job.submit,
+        "end_s": job.end,
+        "jct_s": jct,
+        "completed": job.completed,
+        "verified": job.verified,
+        "failed": job.failed,
+        "final_metric": job.final_metric,
+        "restarts": job.restarts,
+        "cpu_seconds": job.cpu_seconds,
+        "avg_active_jobs": n_avg,
+        "share_cpus": share,
+        "jct_isolated_s": jct_iso,
+        "rho": rho,
+    }
+
+
+def _round_metrics(events: Sequence[dict], window: float) -> dict:
+    """Scheduler overhead and solver time per allocation round."""
+    rounds = [e for e in events if e["type"] == "allocation"]
+    overhead = np.array([_num(e.get("overhead_s")) + (_num(e.get("poll_s")) if e.get("poll_s") is not None else 0.0)
+                         for e in rounds], dtype=float)
+    solver = np.array([_num(e.get("solver_s")) for e in rounds], dtype=float)
+    intervals = np.array([_num(e.get("interval_s")) for e in rounds], dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pct = 100.0 * overhead / intervals
+    return {
+        "rounds": len(rounds),
+        "mean_overhead_s": _stat(np.mean, overhead),
+        "max_overhead_s": _stat(np.max, overhead),
+        "mean_solver_s": _stat(np.mean, solver),
+        "overhead_pct_of_interval": _stat(np.mean, pct),
+        "max_overhead_pct_of_interval": _stat(np.max, pct),
+        "mean_load1": _stat(np.mean, np.array([_num(e.get("load1")) for e in rounds], dtype=float)),
+        "overhead_pct_of_wall": 100.0 * float(np.nansum(overhead)) / window if window > 0 else math.nan,
+    }
+
+
 def summarize(events: Sequence[dict], cluster_cpus: int | None = None, *, node_cpus: int | None = None) -> dict:
     """The ``summary.json`` dictionary of a run, from its events alone.
 
@@ -256,12 +327,7 @@ def summarize(events: Sequence[dict], cluster_cpus: int | None = None, *, node_c
         if "t" not in e or "type" not in e:
             raise InvalidProblem(f"event needs 't' and 'type', got {e!r}")
     starts = [e for e in events if e["type"] == "run_start"]
-    if cluster_cpus is None:
-        cluster_cpus = next((e.get("cluster_cpus") for e in starts if e.get("cluster_cpus")), None)
-    if cluster_cpus is None:
-        raise InvalidProblem("cluster_cpus must be given when the log has no run_start event with it")
-    if isinstance(cluster_cpus, bool) or not isinstance(cluster_cpus, (int, np.integer)) or cluster_cpus < 1:
-        raise InvalidProblem(f"cluster_cpus must be an integer >= 1, got {cluster_cpus!r}")
+    cluster_cpus = _cluster_cpus(starts, cluster_cpus)
     if node_cpus is None:
         node_cpus = next((e.get("node_cpus") for e in starts if e.get("node_cpus")), None)
     policy, interval = _cluster_info(events)
@@ -274,37 +340,8 @@ def summarize(events: Sequence[dict], cluster_cpus: int | None = None, *, node_c
     for job in jobs.values():  # close open holdings at the end of the log
         job.account(t1)
     times, counts = _active_count(jobs, t1)
-
-    out_jobs = []
-    for job in sorted(jobs.values(), key=lambda j: (j.submit, j.id)):
-        jct = job.end - job.submit if job.completed else math.nan
-        n_avg = rho = jct_iso = share = math.nan
-        if job.completed and jct > 0:
-            n_avg = _average_step(times, counts.astype(float), job.submit, job.end)
-            n_avg = max(n_avg, 1.0)
-            share = cluster_cpus / n_avg
-            batch = job.submitted_batch_size
-            if job.model is not None and batch and math.isfinite(job.progress):
-                r = isolated_rate(job.model, share, int(batch), job.max_replicas, node_cpus)
-                if math.isfinite(r) and r > 0:
-                    jct_iso = job.startup_s + job.progress / r + job.verify_s
-                    rho = jct / jct_iso
-        out_jobs.append({
-            "id": job.id,
-            "submit_s": job.submit,
-            "end_s": job.end,
-            "jct_s": jct,
-            "completed": job.completed,
-            "verified": job.verified,
-            "failed": job.failed,
-            "final_metric": job.final_metric,
-            "restarts": job.restarts,
-            "cpu_seconds": job.cpu_seconds,
-            "avg_active_jobs": n_avg,
-            "share_cpus": share,
-            "jct_isolated_s": jct_iso,
-            "rho": rho,
-        })
+    out_jobs = [_job_row(job, times, counts, cluster_cpus, node_cpus)
+                for job in sorted(jobs.values(), key=lambda j: (j.submit, j.id))]
     jcts = np.array([j["jct_s"] for j in out_jobs if j["completed"]], dtype=float)
     rhos = np.array([j["rho"] for j in out_jobs if math.isfinite(j["rho"])], dtype=float)
     window = t1 - t0
@@ -313,18 +350,7 @@ def summarize(events: Sequence[dict], cluster_cpus: int | None = None, *, node_c
     avg_goodput = (
         _average_step(gp["t"].to_numpy(), gp["goodput"].to_numpy(), t0, t1) if len(gp) and window > 0 else math.nan
     )
-    rounds = [e for e in events if e["type"] == "allocation"]
-    overhead = np.array([_num(e.get("overhead_s")) + (_num(e.get("poll_s")) if e.get("poll_s") is not None else 0.0)
-                         for e in rounds], dtype=float)
-    solver = np.array([_num(e.get("solver_s")) for e in rounds], dtype=float)
-    intervals = np.array([_num(e.get("interval_s")) for e in rounds], dtype=float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        pct = 100.0 * overhead / intervals
-
-    def stat(fn, arr):
-        arr = arr[np.isfinite(arr)]
-        return float(fn(arr)) if arr.size else math.nan
-
+    rounds = _round_metrics(events, window)
     summary = {
         "policy": policy,
         "cluster_cpus": int(cluster_cpus),
@@ -332,25 +358,19 @@ def summarize(events: Sequence[dict], cluster_cpus: int | None = None, *, node_c
         "num_completed": int(sum(j["completed"] for j in out_jobs)),
         "num_failed": int(sum(j["failed"] for j in out_jobs)),
         "jobs": out_jobs,
-        "avg_jct_s": stat(np.mean, jcts),
-        "p50_jct_s": stat(np.median, jcts),
-        "p99_jct_s": stat(lambda a: np.percentile(a, 99), jcts),
+        "avg_jct_s": _stat(np.mean, jcts),
+        "p50_jct_s": _stat(np.median, jcts),
+        "p99_jct_s": _stat(lambda a: np.percentile(a, 99), jcts),
         "makespan_s": window if out_jobs else math.nan,
         "avg_goodput": avg_goodput,
         "utilization": cpu_s / (cluster_cpus * window) if window > 0 else math.nan,
         "cpu_seconds": cpu_s,
-        "worst_rho": stat(np.max, rhos),
+        "worst_rho": _stat(np.max, rhos),
         "frac_rho_gt_1": float(np.mean(rhos > 1.0)) if rhos.size else math.nan,
         "jain_index": jain_index([1.0 / r for r in rhos if r > 0]),
-        "rounds": len(rounds),
+        "rounds": rounds.pop("rounds"),
         "interval_s": interval,
-        "mean_overhead_s": stat(np.mean, overhead),
-        "max_overhead_s": stat(np.max, overhead),
-        "mean_solver_s": stat(np.mean, solver),
-        "overhead_pct_of_interval": stat(np.mean, pct),
-        "max_overhead_pct_of_interval": stat(np.max, pct),
-        "mean_load1": stat(np.mean, np.array([_num(e.get("load1")) for e in rounds], dtype=float)),
-        "overhead_pct_of_wall": 100.0 * float(np.nansum(overhead)) / window if window > 0 else math.nan,
+        **rounds,
     }
     return jsonable(summary)
 
