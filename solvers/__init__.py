@@ -18,17 +18,38 @@ from typing import Any, Callable
 
 from .errors import InvalidProblem
 from .milp.options import DEFAULT_MIP_GAP
-from .problem import EPS, Problem, evaluate, job_values, power_mean, utility, violations
+from .objective import GEOMETRIC_P, UtilityScale
+from .problem import (
+    EPS,
+    MAX_CPUS,
+    MAX_REPLICAS,
+    MAX_SPEEDUP,
+    P_RANGE,
+    WEIGHT_RANGE,
+    Problem,
+    evaluate,
+    job_values,
+    power_mean,
+    utility,
+    violations,
+)
 from .result import Result, Status
 
 __all__ = [
     "DEFAULT_MIP_GAP",
     "EPS",
+    "GEOMETRIC_P",
     "InvalidProblem",
+    "MAX_CPUS",
+    "MAX_REPLICAS",
+    "MAX_SPEEDUP",
+    "P_RANGE",
     "Problem",
     "Result",
     "SOLVERS",
     "Status",
+    "UtilityScale",
+    "WEIGHT_RANGE",
     "evaluate",
     "job_values",
     "power_mean",

@@ -2,9 +2,10 @@
 
 Optimus (Peng et al., EuroSys 2018) allocates resources one unit at a time to
 the job whose estimated gain is largest.  Here the gain of a job is the change
-of its term ``w_j u(x_j)`` of the pinned objective (``u`` from
-:func:`solvers.utility`, monotone in the power mean), so each step is the
-greedy step on the objective itself:
+of its term ``w_j u(x_j)`` of the pinned objective (``u`` on the problem's
+:class:`solvers.UtilityScale`: :func:`solvers.utility` itself on ordinary
+instances; monotone in the power mean), so each step is the greedy step on
+the objective itself:
 
 * each job's *candidates* are its allowed (nodes, replicas) pairs with more
   replicas than it holds now that fit the free capacity left by the other jobs
@@ -20,7 +21,8 @@ greedy step on the objective itself:
 Gains are kept in a lazy priority queue: a popped entry computed before the last
 change is recomputed and pushed back unless it still beats the next entry; when
 the queue empties, every job is recomputed once more before stopping, so the
-answer is a fixed point where no single step gains.
+answer is a fixed point where no single step gains.  The time limit is checked
+before every step and every ``CLOCK_EVERY`` jobs while candidates are computed.
 
 The greedy runs twice -- from nothing, and from the jobs' current placements
 that are allowed and jointly feasible -- and returns the better answer, never
@@ -36,7 +38,8 @@ import time
 import numpy as np
 
 from .checks import check_problem, check_time_limit
-from .problem import Problem, evaluate, utility, violations
+from .objective import EPS, UtilityScale
+from .problem import Problem, evaluate, violations
 from .result import Result, Status
 
 __all__ = ["solve_greedy"]
@@ -45,43 +48,62 @@ __all__ = ["solve_greedy"]
 #: so that float round-off cannot make the greedy cycle or add useless CPUs.
 GAIN_TOLERANCE = 1e-12
 
+#: Jobs between two looks at the clock while candidates are computed job by
+#: job (each costs some tens of microseconds, so the time limit is overrun by
+#: milliseconds at most).
+CLOCK_EVERY = 256
+
+
+def _scale(problem: Problem, current_speedup: np.ndarray) -> tuple[UtilityScale, np.ndarray]:
+    """The utility scale (:class:`~solvers.objective.UtilityScale`) and its weights float64[J].
+
+    Plain ``u`` and weights on ordinary instances; the Box-Cox form where the
+    plain one's gains would vanish (tiny |p|, speedups far from 1).
+    """
+    f = np.where(problem.has_current, problem.restart_factor, 1.0)
+    best = np.full(problem.num_jobs, -np.inf)  # each job's best y over pairs that fit the cluster
+    fits = problem.fits_cluster(problem.cfg_replicas, problem.cfg_nodes)
+    job = problem.cfg_job[fits]
+    np.maximum.at(best, job, problem.cfg_speedup[fits] * f[job] + EPS)
+    best = np.fmax(best, current_speedup + EPS)
+    scale = UtilityScale.of(problem.p, best, problem.weight)
+    weight = problem.weight if scale.weight_scale == 1 else problem.weight * scale.weight_scale
+    return scale, weight
+
 
 class _Greedy:
     """Mutable working state of one greedy run (private; one instance per run)."""
 
-    def __init__(self, problem: Problem, deadline: float) -> None:
+    def __init__(self, problem: Problem, deadline: float, shared: "_Shared") -> None:
         self.problem = problem
         self.deadline = deadline
         j, n = problem.num_jobs, problem.num_nodes
         self.x = np.zeros((j, n), dtype=np.int64)
         self.free = problem.capacity.copy()
         self.multi = np.zeros(n, dtype=np.int64)  # multi-node jobs on each node
-        self.term = np.full(j, np.nan)  # w_j u(x_j) of each job's row
         self.steps = 0
         self.timed_out = False
-        # Allowed pairs of each job, ordered by (replicas, nodes) for the tie rule.
-        self.cfgs = []
-        for job in range(j):
-            sl = slice(problem.cfg_start[job], problem.cfg_start[job + 1])
-            a, r, s = problem.cfg_nodes[sl], problem.cfg_replicas[sl], problem.cfg_speedup[sl]
-            order = np.lexsort((a, r))
-            self.cfgs.append((a[order], r[order], s[order]))
-        cur = problem.current
-        self.cur_nodes = (cur > 0).sum(axis=1)
-        self.cur_reps = cur.sum(axis=1)
-        for job in range(j):
-            self.term[job] = self._term(job, self._value(job, self.x[job]))
+        self.shared = shared
+        self.cur_nodes, self.cur_reps = shared.cur_nodes, shared.cur_reps
+        # w_j u(x_j) of each job's row (all empty now).
+        self.term = shared.weight * np.full(j, float(shared.scale(0.0)))
+
+    def cfgs(self, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(nodes, replicas, speedup) of job j's allowed pairs, ordered by (replicas, nodes)."""
+        sl = slice(self.shared.start[j], self.shared.start[j + 1])
+        return self.shared.nodes[sl], self.shared.reps[sl], self.shared.speedup[sl]
 
     # ------------------------------------------------------------------ values
     def _term(self, j: int, value: float) -> float:
-        return float(self.problem.weight[j] * utility(value, self.problem.p))
+        return float(self.shared.weight[j] * self.shared.scale(value))
 
     def _value(self, j: int, row: np.ndarray) -> float:
         """x_j of job j placed as ``row`` (0 if empty; row must be allowed)."""
         reps = int(row.sum())
         if reps == 0:
             return 0.0
-        s = float(self.problem.speedup_table[j, int((row > 0).sum()), reps])
+        a, r, s = self.cfgs(j)
+        s = float(s[np.flatnonzero((a == int((row > 0).sum())) & (r == reps))[0]])
         moved = self.problem.has_current[j] and np.any(row != self.problem.current[j])
         return s * (self.problem.restart_factor[j] if moved else 1.0)
 
@@ -100,7 +122,7 @@ class _Greedy:
     def candidate(self, j: int) -> tuple[float, np.ndarray] | None:
         """(gain per added CPU, new row) of job j's best step, or None if none gains."""
         p = self.problem
-        a, r, s = self.cfgs[j]
+        a, r, s = self.cfgs(j)
         held = int(self.x[j].sum())
         more = r > held
         if not more.any():
@@ -127,7 +149,7 @@ class _Greedy:
                 fits[at] = True
         if not fits.any():
             return None
-        terms = p.weight[j] * utility(value, p.p)
+        terms = self.shared.weight[j] * self.shared.scale(value)
         gain = np.where(fits, (terms - self.term[j]) / (r - held), -np.inf)
         best = int(np.argmax(gain))
         if not gain[best] * (r[best] - held) > GAIN_TOLERANCE:
@@ -146,11 +168,7 @@ class _Greedy:
             return False
         if self.cur_nodes[j] > 1 and p.interference_avoidance and np.any(multi[row > 0] > 0):
             return False
-        return bool(
-            self.cur_nodes[j] <= p.table_shape[0]
-            and self.cur_reps[j] <= p.table_shape[1]
-            and not np.isnan(p.speedup_table[j, self.cur_nodes[j], self.cur_reps[j]])
-        )
+        return bool(not np.isnan(self.shared.cur_speedup[j]))
 
     def _place(self, a: int, r: int, free: np.ndarray, eligible: np.ndarray) -> np.ndarray:
         """A row with r replicas on a nodes (best fit for one node, freest nodes otherwise)."""
@@ -167,12 +185,20 @@ class _Greedy:
         return row
 
     # -------------------------------------------------------------------- loop
+    def _late(self) -> bool:
+        """True (and marks the run timed out) once the deadline has passed."""
+        if time.perf_counter() >= self.deadline:
+            self.timed_out = True
+        return self.timed_out
+
     def run(self) -> None:
         """Lazy-greedy loop (module docstring) until no step gains or time runs out."""
         version = 0
         while True:
             heap: list[tuple[float, int, int, np.ndarray]] = []
             for j in range(self.problem.num_jobs):
+                if j % CLOCK_EVERY == 0 and self._late():
+                    return
                 cand = self.candidate(j)
                 if cand is not None:
                     heap.append((-cand[0], j, version, cand[1]))
@@ -180,8 +206,7 @@ class _Greedy:
             if not heap:
                 return
             while heap:
-                if time.perf_counter() >= self.deadline:
-                    self.timed_out = True
+                if self._late():
                     return
                 neg_gain, j, seen, row = heapq.heappop(heap)
                 if seen != version:
@@ -200,7 +225,35 @@ class _Greedy:
                     heapq.heappush(heap, (-cand[0], j, version, cand[1]))
 
 
-def _kept_current(problem: Problem) -> np.ndarray:
+def _pair_order(problem: Problem) -> np.ndarray:
+    """``np.lexsort((cfg_nodes, cfg_replicas, cfg_job))``, by one argsort of a combined key when it fits int64."""
+    a, r = problem.table_shape
+    if problem.num_jobs * (r + 1) * (a + 1) >= 2**62:
+        return np.lexsort((problem.cfg_nodes, problem.cfg_replicas, problem.cfg_job))
+    key = (problem.cfg_job * (r + 1) + problem.cfg_replicas) * (a + 1) + problem.cfg_nodes
+    return np.argsort(key, kind="stable")
+
+
+class _Shared:
+    """What both greedy runs read: the pairs sorted per job, the current shapes, the utility scale."""
+
+    def __init__(self, problem: Problem) -> None:
+        # Pairs ordered by (job, replicas, nodes): per job the tie rule's order
+        # (a stable sort, so as sorting each job's slice alone).
+        order = _pair_order(problem)
+        self.nodes = problem.cfg_nodes[order]
+        self.reps = problem.cfg_replicas[order]
+        self.speedup = problem.cfg_speedup[order]
+        self.start = problem.cfg_start
+        cur = problem.current
+        self.cur_nodes = (cur > 0).sum(axis=1)
+        self.cur_reps = cur.sum(axis=1)
+        # Speedup of each job's current shape (nan if it holds nothing or the shape is not allowed).
+        self.cur_speedup = problem.lookup_speedup(np.arange(problem.num_jobs), self.cur_nodes, self.cur_reps)
+        self.scale, self.weight = _scale(problem, np.where(problem.has_current, self.cur_speedup, np.nan))
+
+
+def _kept_current(problem: Problem, shared: _Shared) -> np.ndarray:
     """The current placement restricted to jobs whose rows are allowed and jointly feasible.
 
     Jobs are kept in index order; a multi-node job that would share a node with
@@ -208,12 +261,9 @@ def _kept_current(problem: Problem) -> np.ndarray:
     """
     x = np.zeros_like(problem.current)
     taken = np.zeros(problem.num_nodes, dtype=bool)
-    a_max, r_max = problem.table_shape
-    for j in np.flatnonzero(problem.has_current):
+    for j in np.flatnonzero(problem.has_current & ~np.isnan(shared.cur_speedup)):
         row = problem.current[j]
-        nodes, reps = int((row > 0).sum()), int(row.sum())
-        if nodes > a_max or reps > r_max or np.isnan(problem.speedup_table[j, nodes, reps]):
-            continue
+        nodes = int(shared.cur_nodes[j])
         if nodes > 1 and problem.interference_avoidance:
             if np.any(taken[row > 0]):
                 continue
@@ -248,9 +298,10 @@ def solve_greedy(problem: Problem, *, time_limit: float | None = None) -> Result
     answers: list[tuple[str, np.ndarray]] = []
     if not violations(problem, problem.current):
         answers.append(("keep", problem.current.copy()))
+    shared = _Shared(problem)
     steps, timed_out = 0, False
-    for name, seed in (("current", _kept_current(problem)), ("empty", None)):
-        run = _Greedy(problem, deadline)
+    for name, seed in (("current", _kept_current(problem, shared)), ("empty", None)):
+        run = _Greedy(problem, deadline, shared)
         if seed is not None:
             for j in np.flatnonzero(seed.sum(axis=1)):
                 run.set_row(int(j), seed[j])

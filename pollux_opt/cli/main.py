@@ -2,7 +2,10 @@
 
 Subcommands register themselves in :func:`build_parser`; each handler takes the
 parsed arguments and returns an exit status.  Bad input (``InvalidProblem``)
-prints its message to stderr and exits 2, never a traceback.
+prints its message to stderr and exits 2, never a traceback.  Ctrl-C or
+SIGTERM during ``run`` or ``demo`` checkpoints and stops the jobs, prints one
+line and exits 128 + the signal number (130 for Ctrl-C); the same command
+then resumes (see :mod:`pollux_opt.backends.local.signals`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from typing import Sequence
 
@@ -19,6 +23,8 @@ __all__ = ["main", "build_parser"]
 
 #: Exit status for bad input (as argparse uses for usage errors).
 EXIT_INVALID = 2
+#: Exit status after Ctrl-C (128 + SIGINT, the shell's convention).
+EXIT_INTERRUPTED = 130
 
 
 def _cmd_allocate(args: argparse.Namespace) -> int:
@@ -47,7 +53,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     interval = args.interval if args.interval is not None else _default_interval(args.quick)
     summary = run_workload(args.out, workload, args.policy, cluster=cluster, interval=interval,
-                       progress=not args.quiet)
+                           progress=not args.quiet, repair=args.repair_log)
     _print_table({args.out: summary})
     return 0
 
@@ -177,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
     p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
     p.add_argument("--quiet", action="store_true", help="no live progress table")
+    p.add_argument("--repair-log", action="store_true",
+                   help="move unreadable lines of the run's events.jsonl to events.jsonl.rejected, then resume")
     p.set_defaults(handler=_cmd_run)
 
     p = sub.add_parser("compare", help="print a side-by-side table of run summaries")
@@ -214,9 +222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidProblem as exc:
         print(f"pollux-opt: error: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    except KeyboardInterrupt:
-        print("pollux-opt: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        # A stop signal after the jobs were checkpointed (RunInterrupted), or a
+        # second one that stopped at once: one line, never a traceback, also
+        # not from yet another Ctrl-C during the interpreter's teardown.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"pollux-opt: {exc or 'interrupted'}", file=sys.stderr)
+        return getattr(exc, "exit_status", EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

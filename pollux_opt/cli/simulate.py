@@ -44,8 +44,10 @@ def add_simulate_parser(sub) -> None:
                    help="start the next round early once a job arrives or finishes, checking this often "
                         "(seconds), as a real run does; default: fixed rounds, as Pollux's simulator")
     p.add_argument("--fixed-apps", nargs="*", default=None, metavar="APP",
-                   help="applications whose jobs keep their submitted replicas and batch size under every "
-                        "policy (default: ncf, as Pollux's simulator; give none to make every job elastic)")
+                   help="applications whose jobs are not elastic: under every policy they run at their "
+                        "profile's tuned configuration (one replica at the tuned batch size), whatever the "
+                        "workload row says (default: ncf, as Pollux's simulator; give none to make every job "
+                        "elastic)")
     p.add_argument("--out", required=True, help="output folder (one run dir per workload)")
     p.add_argument("--jobs", type=int, default=1, help="workloads simulated in parallel processes")
     p.set_defaults(handler=cmd_simulate)
@@ -98,6 +100,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from pollux_opt.backends.sim.run import run_tasks
+    from pollux_opt.records.files import safe_name
 
     if args.jobs < 1:
         raise InvalidProblem(f"--jobs must be >= 1, got {args.jobs}")
@@ -111,7 +114,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     single = len(args.workload) == 1
     tasks = []
     for w in args.workload:
-        run_dir = out if single else out / Path(w).stem
+        run_dir = out if single else out / safe_name("workload file name", Path(w).stem)
         tasks.append({
             "workload": w, "profiles": args.profiles, "policy": args.policy, "nodes": args.nodes,
             "cpus_per_node": args.cpus_per_node, "interval": args.interval,

@@ -6,21 +6,24 @@ from dataclasses import dataclass
 
 from solvers import InvalidProblem
 
+from pollux_opt.model.domains import REQUIRED, Integer, Text, check, check_fields, domain_field
+
 __all__ = ["Node", "Cluster"]
+
+#: A node's replica slots, and the number of nodes of a uniform cluster.
+POSITIVE_COUNT = Integer(gt=0)
 
 
 @dataclass(frozen=True)
 class Node:
     """A node with ``cpus`` allocatable cores (or GPUs: the unit is a replica slot)."""
 
-    id: str
-    cpus: int
+    id: str = domain_field(REQUIRED, Text())
+    cpus: int = domain_field(REQUIRED, POSITIVE_COUNT)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id:
-            raise InvalidProblem(f"node id must be a non-empty string, got {self.id!r}")
-        if isinstance(self.cpus, bool) or not isinstance(self.cpus, int) or self.cpus <= 0:
-            raise InvalidProblem(f"node {self.id!r}: cpus must be an integer > 0, got {self.cpus!r}")
+        check_fields(self, prefix="node ", names=("id",))
+        check_fields(self, prefix=f"node {self.id!r}: ")
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,7 @@ class Cluster:
     @classmethod
     def uniform(cls, num_nodes: int, cpus_per_node: int, prefix: str = "n") -> "Cluster":
         """``num_nodes`` identical nodes named ``n0, n1, ...``."""
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes <= 0:
-            raise InvalidProblem(f"num_nodes must be an integer > 0, got {num_nodes!r}")
+        num_nodes = check("num_nodes", num_nodes, POSITIVE_COUNT)
         return cls(tuple(Node(f"{prefix}{i}", cpus_per_node) for i in range(num_nodes)))
 
     @property

@@ -1,8 +1,8 @@
 """Field domains, declared once per field and checked by one function.
 
 Configuration dataclasses (:class:`~pollux_opt.model.options.Options`, the
-simulator's and the runtime's options, workload jobs) declare each numeric or
-boolean field's domain next to the field::
+cluster's nodes and the jobs, the simulator's and the runtime's options, job
+specs, workload jobs) declare each field's domain next to the field::
 
     @dataclass(frozen=True)
     class Options:
@@ -15,7 +15,15 @@ boolean field's domain next to the field::
 A bad value raises :class:`solvers.InvalidProblem` (a ``ValueError``) naming
 the field and the value, in the one phrasing every error of the project uses:
 ``options.p must be a finite number, got nan``.  ``bool`` is never accepted as
-a number (``True`` is an ``int`` to Python, never a replica count to a user).
+a number (``True`` is an ``int`` to Python, never a replica count to a user);
+an admitted integer comes back (and is stored) as a Python ``int``.
+
+Domains: :class:`Integer`, :class:`Real` (bounds, unit), :class:`Boolean`,
+:class:`Text` (a non-empty string, optionally matching a pattern; :data:`NAME`),
+:class:`Choice` (one of listed values) and :class:`Keyed` (a value, or a
+``{name: value}`` mapping of values, checked entry by entry).  A field without
+a default declares ``domain_field(REQUIRED, domain)``.  Function arguments are
+checked with :func:`check` against a module-level domain constant.
 """
 
 from __future__ import annotations
@@ -23,15 +31,31 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from solvers import InvalidProblem
 
-__all__ = ["Boolean", "Domain", "Integer", "Real", "check", "check_fields", "domain_field"]
+__all__ = [
+    "NAME",
+    "REQUIRED",
+    "Boolean",
+    "Choice",
+    "Domain",
+    "Integer",
+    "Keyed",
+    "Real",
+    "Text",
+    "check",
+    "check_fields",
+    "domain_field",
+]
 
 #: Metadata key under which :func:`domain_field` stores a field's domain.
 DOMAIN_KEY = "domain"
+#: The ``default`` of :func:`domain_field` for a field that has none.
+REQUIRED = dataclasses.MISSING
 
 
 def _bound_text(ge: float | None, gt: float | None, le: float | None, lt: float | None) -> str:
@@ -48,9 +72,9 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(x)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Domain:
-    """Base: which values a field takes; ``none`` admits ``None``."""
+    """Base: which values a field takes; ``none`` (keyword-only) admits ``None``."""
 
     none: bool = False
 
@@ -62,6 +86,18 @@ class Domain:
 
     def describe(self) -> str:
         return f"{self.text()} or None" if self.none else self.text()
+
+    def normal(self, value: Any) -> Any:
+        """The admitted ``value`` in its canonical type (itself unless overridden)."""
+        return value
+
+    def checked(self, name: str, value: Any, prefix: str) -> Any:
+        """:func:`check`'s work: ``value`` (normalised) or :class:`InvalidProblem`."""
+        if value is None and self.none:
+            return None
+        if value is None or not self.accepts(value):
+            raise InvalidProblem(f"{prefix}{name} must be {self.describe()}, got {_shown(value)}")
+        return self.normal(value)
 
 
 @dataclass(frozen=True)
@@ -95,6 +131,10 @@ class Integer(_Bounded):
         return (
             isinstance(value, numbers.Integral) and not isinstance(value, bool) and self._in_bounds(int(value))
         )
+
+    def normal(self, value: Any) -> int:
+        """A Python ``int`` (a numpy integer is not JSON-serialisable)."""
+        return int(value)
 
 
 @dataclass(frozen=True)
@@ -135,17 +175,79 @@ class Boolean(Domain):
         return isinstance(value, bool)
 
 
+@dataclass(frozen=True)
+class Text(Domain):
+    """A non-empty ``str``; with ``pattern``, one that the regular expression
+    matches in full.  ``what`` describes the admitted strings in messages."""
+
+    pattern: str | None = None
+    what: str = "a non-empty string"
+
+    def text(self) -> str:
+        return self.what
+
+    def accepts(self, value: Any) -> bool:
+        return (
+            isinstance(value, str)
+            and value != ""
+            and (self.pattern is None or re.fullmatch(self.pattern, value) is not None)
+        )
+
+
+#: Names of jobs and job kinds: safe as file names and in CSV and JSON.
+NAME = Text(
+    pattern=r"[A-Za-z0-9][A-Za-z0-9._-]*", what="letters, digits, '.', '_' or '-' (not starting with a symbol)"
+)
+
+
+@dataclass(frozen=True)
+class Choice(Domain):
+    """One of ``values``, of the same type as the value it equals (so ``True`` is
+    not the choice ``1``, nor ``2.0`` the choice ``2``)."""
+
+    values: tuple
+
+    def text(self) -> str:
+        return f"one of {list(self.values)}"
+
+    def accepts(self, value: Any) -> bool:
+        return any(type(value) is type(v) and value == v for v in self.values)
+
+
+@dataclass(frozen=True)
+class Keyed(Domain):
+    """A value of ``item``, or a mapping of names to values of ``item``.  A
+    mapping is checked entry by entry, naming the entry (``delay['ncf']``);
+    any other value as an ``item``, in the item's words."""
+
+    item: Domain
+
+    def text(self) -> str:
+        return f"{self.item.text()} or a mapping of names to such values"
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, Mapping):
+            return all(self.item.accepts(v) or (v is None and self.item.none) for v in value.values())
+        return self.item.accepts(value)
+
+    def checked(self, name: str, value: Any, prefix: str) -> Any:
+        if value is None and self.none:
+            return None
+        if isinstance(value, Mapping):
+            for key, entry in value.items():
+                self.item.checked(f"{name}[{key!r}]", entry, prefix)
+            return value
+        return self.item.checked(name, value, prefix)
+
+
 def check(name: str, value: Any, domain: Domain, *, prefix: str = "") -> Any:
-    """``value`` itself if the domain admits it, else :class:`InvalidProblem`.
+    """``value`` if the domain admits it (an integer as a Python ``int``), else
+    :class:`InvalidProblem`.
 
     Raises:
         InvalidProblem: ``"{prefix}{name} must be {domain}, got {value!r}"``.
     """
-    if value is None and domain.none:
-        return None
-    if value is None or not domain.accepts(value):
-        raise InvalidProblem(f"{prefix}{name} must be {domain.describe()}, got {_shown(value)}")
-    return value
+    return domain.checked(name, value, prefix)
 
 
 def _shown(value: Any) -> str:
@@ -157,14 +259,20 @@ def _shown(value: Any) -> str:
 
 
 def domain_field(default: Any, domain: Domain, **kwargs: Any) -> Any:
-    """A dataclass field with ``default`` and its ``domain`` in the metadata."""
+    """A dataclass field with ``default`` (:data:`REQUIRED`: none) and its
+    ``domain`` in the metadata."""
     return dataclasses.field(default=default, metadata={DOMAIN_KEY: domain}, **kwargs)
 
 
-def check_fields(obj: Any, *, prefix: str = "") -> None:
-    """Check every field of the dataclass ``obj`` that declares a domain, in
-    declaration order."""
+def check_fields(obj: Any, *, prefix: str = "", names: tuple[str, ...] | None = None) -> None:
+    """Check every field of the dataclass ``obj`` that declares a domain (only
+    those in ``names`` if given), in declaration order; an integer field holding
+    a numpy integer is set to the equal ``int`` (frozen dataclasses included)."""
     for f in dataclasses.fields(obj):
         domain = f.metadata.get(DOMAIN_KEY)
-        if domain is not None:
-            check(f.name, getattr(obj, f.name), domain, prefix=prefix)
+        if domain is None or (names is not None and f.name not in names):
+            continue
+        value = getattr(obj, f.name)
+        normal = check(f.name, value, domain, prefix=prefix)
+        if type(normal) is not type(value):
+            object.__setattr__(obj, f.name, normal)

@@ -23,6 +23,7 @@ field, so every job uses ``options.restart_delay``.  See
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,8 @@ from typing import Any, Mapping
 
 from solvers import InvalidProblem
 
-from pollux_opt.model.cluster import Cluster, Node
+from pollux_opt.model.cluster import POSITIVE_COUNT, Cluster, Node
+from pollux_opt.model.domains import Choice, Integer, Real, Text, check
 from pollux_opt.model.job import Job
 from pollux_opt.model.options import Options
 
@@ -46,6 +48,15 @@ _JOB_FIELDS_V1 = frozenset(
     {"id", "speedup_table", "min_replicas", "max_replicas", "placement", "restarts", "age", "weight"}
 )
 _JOB_FIELDS = {1: _JOB_FIELDS_V1, 2: _JOB_FIELDS_V1 | {"restart_delay"}}
+#: The ``version`` field: one of the versions read (``true`` is not version 1).
+_VERSION = Choice(READ_VERSIONS)
+#: Node and job ids: strings, as documented (``null`` is not the id ``"None"``).
+_ID = Text()
+#: The entries of a speedup table row ``[num_nodes, num_replicas, speedup]``:
+#: integers and a number, checked in full (bounds, finiteness) by :class:`Job`,
+#: which names the pair.
+_ROW_COUNT = Integer()
+_ROW_SPEEDUP = Real(finite=False)
 
 
 @dataclass(frozen=True)
@@ -71,9 +82,8 @@ def _parse_table(rows: Any, where: str) -> dict[tuple[int, int], float]:
         if (
             not isinstance(row, list)
             or len(row) != 3
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in row[:2])
-            or isinstance(row[2], bool)
-            or not isinstance(row[2], (int, float))
+            or not all(_ROW_COUNT.accepts(x) for x in row[:2])
+            or not (_ROW_SPEEDUP.accepts(row[2]) or (isinstance(row[2], float) and math.isnan(row[2])))
         ):
             raise InvalidProblem(
                 f"{where}.speedup_table[{i}] must be [num_nodes, num_replicas, speedup], got {row!r}"
@@ -96,11 +106,10 @@ def _parse_cluster(data: Mapping) -> Cluster:
     for i, nd in enumerate(nodes_data):
         if not isinstance(nd, dict):
             raise InvalidProblem(f"cluster.nodes[{i}] must be an object, got {nd!r}")
-        nid = _require(nd, "id", f"cluster.nodes[{i}]")
-        cpus = _require(nd, "cpus", f"cluster.nodes[{i}]")
-        if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus <= 0:
-            raise InvalidProblem(f"cluster.nodes[{i}].cpus must be an integer > 0, got {cpus!r}")
-        nodes.append(Node(str(nid), cpus))
+        where = f"cluster.nodes[{i}]"
+        nid = check("id", _require(nd, "id", where), _ID, prefix=f"{where}.")
+        cpus = check("cpus", _require(nd, "cpus", where), POSITIVE_COUNT, prefix=f"{where}.")
+        nodes.append(Node(nid, cpus))
     return Cluster(tuple(nodes))
 
 
@@ -117,7 +126,7 @@ def _parse_job(jd: Any, where: str, version: int) -> Job:
         raise InvalidProblem(f"{where}.placement must be an object {{node: replicas}}, got {placement!r}")
     kwargs = {k: jd[k] for k in ("min_replicas", "restarts", "age", "weight", "restart_delay") if k in jd}
     return Job(
-        id=str(_require(jd, "id", where)),
+        id=check("id", _require(jd, "id", where), _ID, prefix=f"{where}."),
         speedup=_parse_table(_require(jd, "speedup_table", where), where),
         max_replicas=_require(jd, "max_replicas", where),
         placement={str(n): k for n, k in placement.items()},
@@ -136,9 +145,7 @@ def parse_instance(data: Any) -> Instance:
     """
     if not isinstance(data, dict):
         raise InvalidProblem(f"instance must be a JSON object, got {type(data).__name__}")
-    version = data.get("version", FORMAT_VERSION)
-    if isinstance(version, bool) or version not in READ_VERSIONS:
-        raise InvalidProblem(f"version must be one of {list(READ_VERSIONS)}, got {version!r}")
+    version = check("version", data.get("version", FORMAT_VERSION), _VERSION)
     unknown = set(data) - {"version", "cluster", "jobs", "options"}
     if unknown:
         raise InvalidProblem(f"unknown top-level field {sorted(unknown)[0]!r}")

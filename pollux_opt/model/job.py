@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from solvers import InvalidProblem
 
+from pollux_opt.model.domains import REQUIRED, Integer, Real, Text, check, check_fields, domain_field
 from pollux_opt.model.goodput import GoodputModel
 
 __all__ = ["Job", "restart_factor"]
+
+#: Replica counts (of a job's limits, of its placement on a node) and restarts.
+COUNT = Integer(ge=0)
+#: A job's weight in the power mean.
+WEIGHT = Real(gt=0)
+#: A speedup of an explicit table (0: the pair gains nothing).
+SPEEDUP = Real(ge=0)
+#: The entries of a speedup table's key ``(num_nodes, num_replicas)``.
+_PAIR_ENTRY = Integer()
 
 
 @dataclass(frozen=True)
@@ -37,68 +46,47 @@ class Job:
             None: ``Options.restart_delay``.
     """
 
-    id: str
+    id: str = domain_field(REQUIRED, Text())
     speedup: Mapping[tuple[int, int], float] | GoodputModel
-    max_replicas: int
-    min_replicas: int = 0
+    max_replicas: int = domain_field(REQUIRED, COUNT)
+    min_replicas: int = domain_field(0, COUNT)
     placement: Mapping[str, int] = field(default_factory=dict)
-    restarts: int = 0
-    age: float = 0.0
-    weight: float = 1.0
+    restarts: int = domain_field(0, COUNT)
+    age: float = domain_field(0.0, Real(ge=0))
+    weight: float = domain_field(1.0, WEIGHT)
     base: tuple[int, int] = (1, 1)
     fixed_batch_size: int | None = None
-    restart_delay: float | None = None
+    restart_delay: float | None = domain_field(None, Real(ge=0, unit="seconds", none=True))
 
     def __post_init__(self) -> None:
-        name = f"job {self.id!r}"
-        if not isinstance(self.id, str) or not self.id:
-            raise InvalidProblem(f"job id must be a non-empty string, got {self.id!r}")
-        for attr in ("max_replicas", "min_replicas", "restarts"):
-            v = getattr(self, attr)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise InvalidProblem(f"{name}: {attr} must be an integer >= 0, got {v!r}")
+        check_fields(self, prefix="job ", names=("id",))
+        prefix = f"job {self.id!r}: "
+        check_fields(self, prefix=prefix)
         if self.min_replicas > self.max_replicas:
             raise InvalidProblem(
-                f"{name}: min_replicas={self.min_replicas} > max_replicas={self.max_replicas}"
+                f"{prefix}min_replicas={self.min_replicas} > max_replicas={self.max_replicas}"
             )
-        for attr in ("age", "weight"):
-            v = getattr(self, attr)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise InvalidProblem(f"{name}: {attr} must be a finite number, got {v!r}")
-        if self.age < 0:
-            raise InvalidProblem(f"{name}: age must be >= 0, got {self.age!r}")
-        if self.weight <= 0:
-            raise InvalidProblem(f"{name}: weight must be > 0, got {self.weight!r}")
-        d = self.restart_delay
-        if d is not None and (
-            isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d < 0
-        ):
-            raise InvalidProblem(f"{name}: restart_delay must be a finite number of seconds >= 0, got {d!r}")
         if not isinstance(self.speedup, GoodputModel):
-            table = dict(self.speedup)
-            for key, s in table.items():
-                if (
-                    not isinstance(key, tuple)
-                    or len(key) != 2
-                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in key)
-                ):
-                    raise InvalidProblem(f"{name}: speedup key must be (num_nodes, num_replicas), got {key!r}")
-                nn, k = key
-                if nn < 1 or k < nn:
-                    raise InvalidProblem(
-                        f"{name}: speedup pair (num_nodes={nn}, num_replicas={k}) needs 1 <= num_nodes <= num_replicas"
-                    )
-                if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s < 0:
-                    raise InvalidProblem(
-                        f"{name}: speedup at (num_nodes={nn}, num_replicas={k}) must be finite and >= 0, got {s!r}"
-                    )
-            object.__setattr__(self, "speedup", table)
-        placement = dict(self.placement)
-        for node, k in placement.items():
-            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-                raise InvalidProblem(f"{name}: placement on node {node!r} must be an integer >= 0, got {k!r}")
+            object.__setattr__(self, "speedup", _speedup_table(self.speedup, prefix))
+        placement = {node: check(f"placement on node {node!r}", k, COUNT, prefix=prefix)
+                     for node, k in dict(self.placement).items()}
         object.__setattr__(self, "placement", {n: k for n, k in placement.items() if k > 0})
         object.__setattr__(self, "base", tuple(self.base))
+
+
+def _speedup_table(speedup: Mapping, prefix: str) -> dict[tuple[int, int], float]:
+    """``speedup`` as a dict, its keys and speedups checked (``prefix`` names the job)."""
+    table = dict(speedup)
+    for key, s in table.items():
+        if not isinstance(key, tuple) or len(key) != 2 or not all(_PAIR_ENTRY.accepts(x) for x in key):
+            raise InvalidProblem(f"{prefix}speedup key must be (num_nodes, num_replicas), got {key!r}")
+        nn, k = key
+        if nn < 1 or k < nn:
+            raise InvalidProblem(
+                f"{prefix}speedup pair (num_nodes={nn}, num_replicas={k}) needs 1 <= num_nodes <= num_replicas"
+            )
+        check(f"speedup at (num_nodes={nn}, num_replicas={k})", s, SPEEDUP, prefix=prefix)
+    return table
 
 
 def restart_factor(age: float, restarts: int, delay: float) -> float:

@@ -8,7 +8,7 @@ from typing import Mapping
 # The relative MIP gap at which the exact solver stops is the solvers' own default.
 from solvers import DEFAULT_MIP_GAP, InvalidProblem
 
-from pollux_opt.model.domains import Boolean, Integer, Real, check_fields, domain_field
+from pollux_opt.model.domains import Boolean, Integer, Real, Text, check_fields, domain_field
 
 __all__ = [
     "DEFAULT_MAX_NODES_PER_JOB",
@@ -66,7 +66,7 @@ class Options:
     restart_delay: float = domain_field(DEFAULT_RESTART_DELAY, Real(ge=0, unit="seconds"))
     interference_avoidance: bool = domain_field(True, Boolean())
     max_nodes_per_job: int = domain_field(DEFAULT_MAX_NODES_PER_JOB, Integer(ge=1))
-    solver: str = "milp"
+    solver: str = domain_field("milp", Text(what="a name"))
     time_limit: float | None = domain_field(None, Real(gt=0, finite=False, unit="seconds", none=True))
     mip_gap: float = domain_field(DEFAULT_MIP_GAP, Real(ge=0, lt=1))
     seed: int | None = domain_field(None, Integer(none=True))
@@ -78,8 +78,6 @@ class Options:
             widest = max(self.max_nodes_per_job - 1, 1)
             default = min(DEFAULT_SPREAD_PENALTY, (1 - MIN_SPREAD_DISCOUNT) / widest)
             object.__setattr__(self, "spread_penalty", default)
-        if not isinstance(self.solver, str):
-            raise InvalidProblem(f"solver must be a name, got {self.solver!r}")
         # A cross-field bound: the discount of the widest spread stays below 1.
         m, sp = self.max_nodes_per_job, self.spread_penalty
         if not sp * (m - 1) < 1:

@@ -7,7 +7,7 @@
 :mod:`~pollux_opt.records.files` (the one atomic file writer).
 """
 
-from pollux_opt.records.events import EventLog, iter_events, jsonable, read_events
+from pollux_opt.records.events import EventLog, iter_events, jsonable, read_events, repair_log
 from pollux_opt.records.files import atomic_write_bytes, atomic_write_csv, atomic_write_json, atomic_write_text
 from pollux_opt.records.metrics import compare_table, summarize
 from pollux_opt.records.plots import plot_all
@@ -15,5 +15,5 @@ from pollux_opt.records.replay import JobTrack, replay
 
 __all__ = [
     "EventLog", "JobTrack", "atomic_write_bytes", "atomic_write_csv", "atomic_write_json", "atomic_write_text",
-    "compare_table", "iter_events", "jsonable", "plot_all", "read_events", "replay", "summarize",
+    "compare_table", "iter_events", "jsonable", "plot_all", "read_events", "repair_log", "replay", "summarize",
 ]

@@ -38,11 +38,17 @@ Semantics the metrics rely on (a backend must follow them):
 * ``allocation`` carries ``objective``, ``solver_s`` (policy's wall time),
   ``overhead_s`` (the round's scheduler wall time outside the jobs' work) and
   ``interval_s``; ``run_start`` carries ``policy`` and ``cluster_cpus``.
+* ``run_stop``: the scheduler stopped before every job had finished (a signal;
+  ``reason`` names it), after checkpointing and stopping the jobs listed in
+  ``stopped`` (resumable); the next ``run_start`` of the log resumes the run.
 
 A scheduler killed in the middle of a write leaves at most one torn last
 line; :func:`read_events` skips it (with a warning), and :class:`EventLog`
 truncates it before appending again, so a resumed run keeps one consistent
-history.
+history.  A line anywhere else that is not a JSON object (the file was
+damaged or edited) makes the reader refuse the log, naming the file and line;
+:func:`repair_log` (``pollux-opt run --repair-log``) moves such lines into
+``<log>.rejected`` and keeps every readable event, in order.
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ from typing import Any, Iterator
 
 from solvers import InvalidProblem
 
+from pollux_opt.model.domains import Choice, Real, check
+from pollux_opt.records.files import atomic_write_text
+
 __all__ = [
     "EVENT_TYPES",
     "EVENT_FIELDS",
@@ -63,6 +72,7 @@ __all__ = [
     "EventLog",
     "read_events",
     "iter_events",
+    "repair_log",
     "goodput_model_to_json",
     "goodput_model_from_json",
     "jsonable",
@@ -73,6 +83,7 @@ log = logging.getLogger(__name__)
 #: Event types, in the order of a job's life.
 EVENT_TYPES = (
     "run_start",        # cluster: the scheduler (re)started; fields: policy, resumed
+    "run_stop",         # cluster: the scheduler stopped early, jobs checkpointed; fields: reason, stopped
     "submit",           # job arrived; fields: submitted_replicas, submitted_batch_size, workload
     "start",            # job's first start; fields: placement, batch_size
     "allocation",       # cluster: a decision; fields: placement, objective, solver_s, overhead_s, status
@@ -89,6 +100,7 @@ EVENT_TYPES = (
 #: Fields each event type must carry besides t, job_id and type.
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "run_start": ("policy",),
+    "run_stop": ("reason",),
     "submit": ("submitted_replicas", "submitted_batch_size"),
     "start": ("placement",),
     "allocation": ("placement", "objective", "solver_s"),
@@ -106,7 +118,10 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 PLACEMENT_EVENTS = frozenset({"start", "rescale_begin", "rescale_end", "restart_after_fault"})
 
 #: Event types that are about the whole cluster (job_id null).
-CLUSTER_EVENTS = frozenset({"run_start", "allocation"})
+CLUSTER_EVENTS = frozenset({"run_start", "run_stop", "allocation"})
+#: An event's ``type`` and its time ``t`` (seconds since the run started).
+_EVENT_TYPE = Choice(EVENT_TYPES)
+_EVENT_TIME = Real(unit="seconds")
 
 
 def jsonable(value: Any) -> Any:
@@ -125,12 +140,8 @@ def jsonable(value: Any) -> Any:
 
 
 def _check(event: dict) -> None:
-    etype = event.get("type")
-    if etype not in EVENT_TYPES:
-        raise InvalidProblem(f"event type must be one of {EVENT_TYPES}, got {etype!r}")
-    t = event.get("t")
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-        raise InvalidProblem(f"event t must be a finite number of seconds, got {t!r}")
+    etype = check("type", event.get("type"), _EVENT_TYPE, prefix="event ")
+    check("t", event.get("t"), _EVENT_TIME, prefix="event ")
     job_id = event.get("job_id")
     if etype in CLUSTER_EVENTS:
         if job_id is not None:
@@ -188,8 +199,29 @@ class EventLog:
         self.close()
 
 
+#: Suffix of the file :func:`repair_log` moves unreadable lines into.
+REJECTED_SUFFIX = ".rejected"
+#: How to recover from an unreadable line, for the reader's error message.
+_REPAIR_HINT = ("to keep every readable event and set the unreadable lines aside (into {name}{suffix}), "
+                "rerun with --repair-log (pollux-opt run) or call pollux_opt.records.events.repair_log")
+
+
+def _parse_line(line: str) -> dict | str:
+    """The event on ``line``, or why it is not one."""
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return f"is not JSON: {exc}"
+    return event if isinstance(event, dict) else "is not a JSON object"
+
+
 def iter_events(path: str | os.PathLike) -> Iterator[dict]:
-    """Events of a log file in order; a torn (non-JSON) last line is skipped."""
+    """Events of a log file in order; a torn (non-JSON) last line is skipped.
+
+    Raises:
+        InvalidProblem: another line is not a JSON object (naming the file, the
+            line and how to recover: :func:`repair_log`).
+    """
     path = Path(path)
     if not path.exists():
         raise InvalidProblem(f"event log {str(path)!r} does not exist")
@@ -197,16 +229,43 @@ def iter_events(path: str | os.PathLike) -> Iterator[dict]:
     for i, line in enumerate(lines):
         if not line.strip():
             continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == len(lines) - 1:
-                log.warning("event log %s: skipping torn last line", path)
-                return
-            raise InvalidProblem(f"event log {str(path)!r} line {i + 1} is not JSON: {exc}") from exc
-        if not isinstance(event, dict):
-            raise InvalidProblem(f"event log {str(path)!r} line {i + 1} is not an object")
-        yield event
+        event = _parse_line(line)
+        if isinstance(event, dict):
+            yield event
+        elif i == len(lines) - 1 and event.startswith("is not JSON"):
+            log.warning("event log %s: skipping torn last line", path)
+        else:
+            hint = _REPAIR_HINT.format(name=path.name, suffix=REJECTED_SUFFIX)
+            raise InvalidProblem(f"event log {str(path)!r} line {i + 1} {event}; {hint}")
+
+
+def repair_log(path: str | os.PathLike) -> int:
+    """Move the lines of the log ``path`` that are not JSON objects into
+    ``<path>.rejected`` (appended, each as ``<line number>: <line>``) and keep
+    every other line, in order; returns how many were moved (0: nothing to do).
+
+    Events on the moved lines are lost to the metrics (a lost ``complete`` is
+    written again when the resumed run finds the job completed, at that time).
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept, rejected = [], []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        (kept if isinstance(_parse_line(line), dict) else rejected).append((i + 1, line))
+    if not rejected:
+        return 0
+    with open(path.with_name(path.name + REJECTED_SUFFIX), "a", encoding="utf-8") as fh:
+        fh.writelines(f"{number}: {line}\n" for number, line in rejected)
+        fh.flush()
+        os.fsync(fh.fileno())
+    atomic_write_text(path, "".join(f"{line}\n" for _, line in kept))
+    log.warning("event log %s: moved %d unreadable line(s) (%s) to %s%s", path, len(rejected),
+                ", ".join(str(n) for n, _ in rejected), path.name, REJECTED_SUFFIX)
+    return len(rejected)
 
 
 def read_events(path: str | os.PathLike) -> list[dict]:

@@ -17,6 +17,11 @@ If any step fails the temporary file is removed and the target is left as it
 was.  :func:`atomic_write_text`, :func:`atomic_write_json` and
 :func:`atomic_write_csv` encode and call it.
 
+Every name that becomes a path component (job ids, job kinds and spec names,
+workload names, exported application names, run subfolders) passes
+:func:`safe_name` first, so that a name read from a file (``"../victim"``,
+``"/etc"``, ``".."``) can never reach outside the folder it is joined to.
+
 This module lives in :mod:`pollux_opt.records` (what runs write to disk), which
 the runtime, the backends and the workloads already depend on, so it adds no
 dependency between layers.
@@ -30,7 +35,36 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_csv", "atomic_write_json", "atomic_write_text"]
+from solvers import InvalidProblem
+
+from pollux_opt.model.domains import NAME, check
+
+__all__ = ["MAX_NAME_CHARS", "atomic_write_bytes", "atomic_write_csv", "atomic_write_json", "atomic_write_text",
+           "safe_name"]
+
+#: Longest name :func:`safe_name` admits: Linux's NAME_MAX (bytes of one path
+#: component; a safe name is ASCII, one byte a character).
+MAX_NAME_CHARS = 255
+
+
+def safe_name(kind: str, value: Any) -> str:
+    """``value`` if it is safe as one path component, else :class:`~solvers.InvalidProblem`.
+
+    Safe: the :data:`~pollux_opt.model.domains.NAME` pattern (letters, digits,
+    '.', '_' and '-', starting with a letter or digit: no separator, never
+    ``"."`` or ``".."``), at most :data:`MAX_NAME_CHARS` characters.
+
+    Args:
+        kind: what the name is, for the message (``"job id"``, ``"spec.name"``).
+        value: the name.
+
+    Raises:
+        InvalidProblem: ``"{kind} must be letters, digits, ... , got '../victim'"``.
+    """
+    check(kind, value, NAME)
+    if len(value) > MAX_NAME_CHARS:
+        raise InvalidProblem(f"{kind} must be at most {MAX_NAME_CHARS} characters, got {len(value)}")
+    return value
 
 
 def _fsync_dir(directory: Path) -> None:

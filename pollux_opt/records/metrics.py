@@ -62,6 +62,7 @@ import numpy as np
 
 from solvers import InvalidProblem
 
+from pollux_opt.model.domains import Integer, Real, check
 from pollux_opt.records.events import goodput_model_from_json, jsonable
 from pollux_opt.records.replay import JobTrack, replay
 
@@ -74,6 +75,11 @@ __all__ = [
     "compare_table",
     "COMPARE_COLUMNS",
 ]
+
+#: The CPUs of the cluster a run's summary is computed for.
+_CLUSTER_CPUS = Integer(ge=1)
+#: A progress value an event reports (a non-finite one is skipped).
+_PROGRESS = Real()
 
 
 def _num(x) -> float:
@@ -201,7 +207,7 @@ def goodput_timeline(events: Sequence[dict]):
         if e["type"] == "complete":
             base[jid] = _base_rate(e.get("model"))
         p = e.get("progress")
-        if isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p):
+        if _PROGRESS.accepts(p):
             samples.setdefault(jid, []).append((t, float(p)))
     deltas: dict[float, float] = {}
     for jid, pts in samples.items():
@@ -247,9 +253,7 @@ def _cluster_cpus(starts: Sequence[dict], cluster_cpus: int | None) -> int:
         cluster_cpus = next((e.get("cluster_cpus") for e in starts if e.get("cluster_cpus")), None)
     if cluster_cpus is None:
         raise InvalidProblem("cluster_cpus must be given when the log has no run_start event with it")
-    if isinstance(cluster_cpus, bool) or not isinstance(cluster_cpus, (int, np.integer)) or cluster_cpus < 1:
-        raise InvalidProblem(f"cluster_cpus must be an integer >= 1, got {cluster_cpus!r}")
-    return cluster_cpus
+    return check("cluster_cpus", cluster_cpus, _CLUSTER_CPUS)
 
 
 def _job_row(job: JobTrack, times: np.ndarray, counts: np.ndarray, cluster_cpus: int,

@@ -41,6 +41,9 @@ Signatures:
 * ``JobSpec(name, builder, init_batch_size, max_batch_size, target, ...)``,
   ``register_job(spec)``, ``training_job(**fields)`` (decorator), ``get_job(name)``,
   ``job_names()``; builders return :class:`JobParts`
+* ``declare_builder_modules(modules)``: let workload files and resumed
+  ``job.json`` files name builders of these modules (what a file may run: the
+  trust model of :mod:`pollux_opt.runtime.spec`)
 * ``RuntimeOptions(fixed_batch_size=None, checkpoint_interval_s=10, ...)``:
   ``fixed_batch_size`` is the "fixed" mode (user's total batch, no
   adaptation) needed by the throughput-only and fixed baseline policies.
@@ -89,8 +92,13 @@ configuration keys), :mod:`~pollux_opt.runtime.agent`, :mod:`~pollux_opt.runtime
   SHA-256 checked on load and fallback to the previous good one), re-form the
   group, resume; its wall time is measured and reported as the restart delay.
 * A killed worker makes the job restart from its newest good checkpoint
-  (event ``worker_lost`` then ``restarted``); a raising job fails with the
-  error, peers are ended rather than left blocked.
+  (event ``worker_lost`` then ``restarted``): for a killed peer of rank 0 that
+  is the last completed step, which rank 0 checkpoints when its collective
+  fails; a killed rank 0 repeats the steps since its previous checkpoint (at
+  most ``checkpoint_interval_s`` of training).  A raising job fails with the
+  error, peers are ended rather than left blocked.  Pool processes ignore
+  SIGINT and end themselves once their scheduler is gone
+  (:mod:`~pollux_opt.runtime.lifeline`).
 
 Work directory layout (everything a job writes)::
 
@@ -111,7 +119,7 @@ from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.profiling import heldout_error, profile_throughput
 from pollux_opt.runtime.registry import get_job, job_names, register_job, training_job
 from pollux_opt.runtime.report import Event, JobReport, JobState, Measurements, RuntimeOptions
-from pollux_opt.runtime.spec import LR_SCALING_RULES, BuildContext, JobParts, JobSpec
+from pollux_opt.runtime.spec import LR_SCALING_RULES, BuildContext, JobParts, JobSpec, declare_builder_modules
 from pollux_opt.runtime.lazy_torch import TORCH_MISSING
 
 __all__ = [
@@ -127,6 +135,7 @@ __all__ = [
     "Measurements",
     "RuntimeOptions",
     "WorkerPool",
+    "declare_builder_modules",
     "get_job",
     "heldout_error",
     "job_names",

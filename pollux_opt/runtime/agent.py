@@ -25,6 +25,7 @@ from typing import Mapping
 from solvers import InvalidProblem
 
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.model.domains import Real, check
 from pollux_opt.runtime.measurements import ConfigKey, Measurements
 
 __all__ = ["MIN_GRAD_SQR", "REFIT_GROWTH", "JobAgent", "goodput_model", "neutral_stats"]
@@ -38,6 +39,9 @@ logger = logging.getLogger(__name__)
 #: new configuration, which here gave the same average JCT on the eight AdaptDL
 #: workloads (2758 vs 2753 s) in 35 % more time.
 REFIT_GROWTH = 1.5
+#: Growth factors of the measurements between refits (None: a fit is stale
+#: whenever the measurements changed).
+_REFIT_GROWTHS = Real(ge=1, finite=False, none=True)
 
 #: Floor of a reported |G|^2, so that a job whose gradient noise swamps its
 #: estimate still has a valid (very noisy) :class:`GradientStats`.  The runtime's
@@ -89,8 +93,7 @@ class JobAgent:
         fixed_batch: bool = False,
         name: str = "",
     ) -> None:
-        if refit_growth is not None and not refit_growth >= 1.0:
-            raise InvalidProblem(f"refit_growth must be None or a number >= 1, got {refit_growth!r}")
+        check("refit_growth", refit_growth, _REFIT_GROWTHS)
         self.limits = limits
         self.name = name
         self.refit_growth = refit_growth

@@ -6,15 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from solvers import InvalidProblem
 
 from pollux_opt.model import BatchConfig, BatchLimits
+from pollux_opt.model.domains import Integer, check
 from pollux_opt.runtime.adapt import check_allocation
 from pollux_opt.runtime.report import normalize_placement
 
 __all__ = ["WorkerAllocation", "parse_allocation"]
+
+#: A CPU id a replica is pinned to.
+_CPU_ID = Integer(ge=0)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ def parse_allocation(
     k = sum(placement.values())
     if cpus is not None:
         cpus = tuple(cpus)
-        if len(cpus) != k or any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0 for c in cpus):
+        if len(cpus) != k or not all(_CPU_ID.accepts(c) for c in cpus):
             raise InvalidProblem(f"cpus must list one CPU id >= 0 per replica ({k}), got {cpus!r}")
         cpus = tuple(int(c) for c in cpus)
     if local_bsz is None and accum_steps is None:
@@ -68,12 +70,6 @@ def parse_allocation(
         return WorkerAllocation(placement, cpus, None)
     m = limits.min_local_bsz if local_bsz is None else local_bsz
     s = 0 if accum_steps is None else accum_steps
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not (
-        limits.min_local_bsz <= m <= limits.max_local_bsz
-    ):
-        raise InvalidProblem(
-            f"local_bsz must be an integer in [{limits.min_local_bsz}, {limits.max_local_bsz}], got {local_bsz!r}"
-        )
-    if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 0 <= s <= limits.max_accum_steps:
-        raise InvalidProblem(f"accum_steps must be an integer in [0, {limits.max_accum_steps}], got {accum_steps!r}")
-    return WorkerAllocation(placement, cpus, BatchConfig(int(m), int(s)))
+    m = check("local_bsz", m, Integer(ge=limits.min_local_bsz, le=limits.max_local_bsz))
+    s = check("accum_steps", s, Integer(ge=0, le=limits.max_accum_steps))
+    return WorkerAllocation(placement, cpus, BatchConfig(m, s))

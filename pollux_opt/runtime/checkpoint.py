@@ -15,6 +15,16 @@ checkpoint exists only once both are complete.  A reader takes the newest
 checkpoint whose metadata parses and whose ``.pt`` hashes to the recorded
 digest; a corrupt one is renamed to ``*.corrupt`` (kept for inspection) and the
 previous one is used instead.
+
+**One writer.**  Rank 0 of a job's current generation, the only process that
+writes its checkpoints, holds an exclusive ``fcntl.flock`` on
+``checkpoints/writer.lock`` while it trains (:class:`WriterLock`), and a
+controller about to choose the checkpoint to resume from waits until no one
+holds it (:func:`wait_for_writer`).  This matters after a scheduler was
+killed: its rank 0 may still be writing its last step (it checkpoints once it
+notices) when a new scheduler resumes the job.  The kernel drops the lock of
+a process that ends, however it ends.  Where ``fcntl`` is missing (Windows)
+there is no lock.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import json
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +45,7 @@ from pollux_opt.records.files import atomic_write_json as _atomic_write_json
 
 __all__ = [
     "CheckpointInfo",
+    "WriterLock",
     "atomic_write_bytes",
     "atomic_write_json",
     "checkpoint_dir",
@@ -43,12 +55,17 @@ __all__ = [
     "prune",
     "save_checkpoint",
     "verify",
+    "wait_for_writer",
 ]
 
 logger = logging.getLogger(__name__)
 
 _META_RE = re.compile(r"^ckpt-(\d+)\.json$")
 _HASH_CHUNK = 1 << 20
+#: The lock file of :class:`WriterLock`, in the checkpoint directory.
+WRITER_LOCK_FILE = "writer.lock"
+#: Seconds between two tries of a held writer lock.
+_LOCK_POLL_S = 0.05
 
 
 def checkpoint_dir(workdir: Path) -> Path:
@@ -193,3 +210,50 @@ def prune(directory: Path, keep: int) -> None:
         elif entry.suffix == ".pt" and entry.name not in known:
             if not entry.with_suffix(".json").exists():
                 entry.unlink(missing_ok=True)
+
+
+class WriterLock:
+    """The exclusive lock on a job's checkpoints that its writer holds (see the module docstring)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.path = checkpoint_dir(workdir) / WRITER_LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self, timeout_s: float) -> bool:
+        """Take the lock, waiting up to ``timeout_s`` seconds; False if it stayed held
+        (or there is no ``fcntl``): the caller goes on without it."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            return False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._fd = fd
+                return True
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(_LOCK_POLL_S)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor drops the flock
+            self._fd = None
+
+
+def wait_for_writer(workdir: Path, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds until no process writes ``workdir``'s
+    checkpoints; True if none does (or there is no ``fcntl``), False if one still held the lock."""
+    lock = WriterLock(workdir)
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:  # pragma: no cover - Windows
+        return True
+    held = lock.acquire(timeout_s)
+    lock.release()
+    return held

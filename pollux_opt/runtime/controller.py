@@ -8,6 +8,13 @@ job's state, so that a job keeps adapting while the scheduler thread is busy.
 The scheduler's handle, :class:`~pollux_opt.runtime.job.ElasticJob`, puts
 commands on the queue (:meth:`JobController.submit`) and reads snapshots
 (:meth:`JobController.report`); everything else happens in the thread.
+
+**A reached target is never trained past.**  A final checkpoint (the one rank
+0 writes when an evaluation reaches the target) that no fresh-process check
+has rejected is verified, never resumed: a job re-opened with one (its
+scheduler was killed while the job verified, or just before) starts in phase
+``verifying`` and checks it at once, and a launch that finds one (a worker
+died between the final checkpoint and the pause) verifies it instead.
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ from pollux_opt.model import BatchConfig
 from pollux_opt.records.events import jsonable
 from pollux_opt.runtime.adapt import choose_batch, params_to_dict
 from pollux_opt.runtime.allocation import WorkerAllocation
-from pollux_opt.runtime.checkpoint import CheckpointInfo, checkpoint_dir, latest_good, list_checkpoints
+from pollux_opt.runtime.checkpoint import (
+    CheckpointInfo, checkpoint_dir, latest_good, list_checkpoints, wait_for_writer,
+)
 from pollux_opt.runtime.intake import WorkerIntake
 from pollux_opt.runtime.journal import JobJournal
 from pollux_opt.runtime.phase import FollowUp, Phase, check_transition
@@ -32,7 +41,7 @@ from pollux_opt.runtime.recovery import FaultMonitor, VerificationRun
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 from pollux_opt.runtime.status import JobStatus
-from pollux_opt.runtime.worker import Assignment
+from pollux_opt.runtime.worker import WRITER_WAIT_S, Assignment
 
 __all__ = ["SUPERVISOR_TICK_S", "JobController"]
 
@@ -82,6 +91,13 @@ class JobController(WorkerIntake):
         infos = list_checkpoints(checkpoint_dir(self.workdir))
         if infos:
             self.status.absorb_meta(infos[0].meta)
+        if infos and infos[0].final and not self.status.phase.terminal:
+            info = latest_good(checkpoint_dir(self.workdir), on_corrupt=self._on_corrupt)
+            if self._awaits_verification(info):
+                # A restored phase, not a transition: the check resumes as soon as the thread runs.
+                self.status.phase = Phase.VERIFYING
+                self.status.absorb_meta(info.meta)
+                self._queue("verify", info)
 
     # ============================================================ handle side
     def report(self) -> JobReport:
@@ -95,6 +111,9 @@ class JobController(WorkerIntake):
     def submit(self, kind: str, payload: Any) -> None:
         """Queue a command (``"alloc"`` with a :class:`WorkerAllocation`, or ``"stop"``)
         and start the thread if it is not running."""
+        self._queue(kind, payload)
+
+    def _queue(self, kind: str, payload: Any) -> None:
         with self.status.lock:
             self.status.submitted += 1
         self._commands.put((kind, payload, time.monotonic()))
@@ -155,6 +174,8 @@ class JobController(WorkerIntake):
                     self._request_alloc(payload, t0)
                 elif kind == "stop":
                     self._request_stop()
+                elif kind == "verify":
+                    self._resume_verification(payload)
             finally:
                 with self.status.lock:
                     self.status.handled += 1
@@ -246,11 +267,18 @@ class JobController(WorkerIntake):
         )
 
     def _launch(self, alloc: WorkerAllocation, kind: str, t0: float) -> None:
-        """Start a new generation of workers on ``alloc`` from the newest good checkpoint."""
+        """Start a new generation of workers on ``alloc`` from the newest good
+        checkpoint (or verify it instead, if it is an unchecked final one)."""
+        if not wait_for_writer(self.workdir, WRITER_WAIT_S):
+            logger.warning("job %s: a previous worker still writes checkpoints after %.0f s; resuming anyway",
+                           self.job_id, WRITER_WAIT_S)
         info = latest_good(checkpoint_dir(self.workdir), on_corrupt=self._on_corrupt)
         if info is not None:
             with self.status.lock:
                 self.status.absorb_meta(info.meta)
+        if self._awaits_verification(info):
+            self._verify_final(info, alloc)
+            return
         k, n = alloc.num_replicas, alloc.num_nodes
         config = self._batch_for(alloc)
         reuse = [w for w in self._workers if w.alive()][:k]
@@ -292,6 +320,29 @@ class JobController(WorkerIntake):
         self._resume_from = info
         self._launch_kind, self._launch_t0 = kind, t0
         self._next = None
+        self._persist()
+
+    def _awaits_verification(self, info: CheckpointInfo | None) -> bool:
+        """``info`` is a final checkpoint that no fresh-process check has rejected."""
+        return info is not None and info.final and not self._verification.rejected(info)
+
+    def _verify_final(self, info: CheckpointInfo, alloc: WorkerAllocation) -> None:
+        """Verify the final checkpoint ``info`` instead of launching ``alloc``:
+        the job reached its target before a fault ended that generation."""
+        self._release_all()
+        with self.status.lock:
+            self.status.alloc = alloc  # where a job driven on its own trains on if the check fails
+        self._next = None
+        self._record("target_reached", {"step": info.step, "metric": info.meta.get("metric"),
+                                        "from_checkpoint": True})
+        self._verification.start(self._pool, info)
+        self._enter(Phase.VERIFYING)
+        self._persist()
+
+    def _resume_verification(self, info: CheckpointInfo) -> None:
+        """Check the final checkpoint ``info`` of a job re-opened in phase ``verifying``."""
+        self._record("verification_resumed", {"step": info.step, "metric": info.meta.get("metric")})
+        self._verification.start(self._pool, info)
         self._persist()
 
     def _on_corrupt(self, info: CheckpointInfo) -> None:

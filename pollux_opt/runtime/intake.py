@@ -20,11 +20,15 @@ from multiprocessing.connection import wait as wait_connections
 from pollux_opt.runtime.checkpoint import checkpoint_dir, latest_good
 from pollux_opt.runtime.phase import Phase
 
-__all__ = ["MAX_VERIFICATION_FAILURES", "WorkerIntake"]
+__all__ = ["MAX_VERIFICATION_FAILURES", "SURVIVOR_EXIT_S", "WorkerIntake"]
 
 #: Verification failures (metric not reproduced in a fresh process) tolerated
 #: before a job is failed instead of resumed.
 MAX_VERIFICATION_FAILURES = 2
+#: Most seconds the other workers of a generation that lost one get to end by
+#: themselves (their collectives fail at once; rank 0 then checkpoints its last
+#: completed step, milliseconds for the built-in jobs) before they are killed.
+SURVIVOR_EXIT_S = 5.0
 
 #: Event recorded when a launch of each kind has all its workers training.
 _RESUMED_EVENT = {"rescale": "rescaled", "start": "started", "restart": "restarted"}
@@ -181,6 +185,12 @@ class WorkerIntake:
             return
         rank, w = lost
         phase = self.status.phase
+        if phase in (Phase.RUNNING, Phase.PAUSING):
+            # Training survivors checkpoint the last completed step before they exit;
+            # forming ones may wait in the rendezvous for the lost peer (nothing to save).
+            self._await_survivors(rank)
+            if not self.status.phase.has_workers:
+                return
         self._record("worker_lost", {
             "rank": rank, "pid": w.pid, "exitcode": w.process.exitcode, "step": self.status.step,
             "phase": phase.value, "peers_reporting_failed_collectives": sorted(self._faults.collective_errors),
@@ -205,6 +215,20 @@ class WorkerIntake:
                      "restart", time.monotonic())
         if follow is not None and follow.stop:
             self._next = follow  # the stop still stands once the restarted workers train
+
+    def _await_survivors(self, lost_rank: int) -> None:
+        """Wait up to :data:`SURVIVOR_EXIT_S` for the workers other than
+        ``lost_rank`` to end by themselves, then take what they reported last
+        (their final step rows; an error of their own may fail the job here)."""
+        deadline = time.monotonic() + SURVIVOR_EXIT_S
+        for rank, w in enumerate(self._workers):
+            if rank != lost_rank:
+                w.process.join(max(deadline - time.monotonic(), 0.0))
+        for w in list(self._workers):
+            if w in self._workers:
+                self._drain(self._workers.index(w))
+            if not self.status.phase.has_workers:
+                return
 
     # ---------------------------------------------------------- verification
     def _start_verification(self) -> None:

@@ -13,15 +13,19 @@ from typing import Any, Callable, Mapping, Sequence
 
 from solvers import InvalidProblem
 
+from pollux_opt.model.domains import Text, check
 from pollux_opt.runtime.allocation import parse_allocation
 from pollux_opt.runtime.controller import JobController
 from pollux_opt.runtime.journal import JOB_FILE, STEP_COLUMNS, JobJournal
 from pollux_opt.runtime.lazy_torch import check_torch
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.report import JobReport, JobState, RuntimeOptions
-from pollux_opt.runtime.spec import JobSpec, workdir_path
+from pollux_opt.runtime.spec import JobSpec, check_declared_builder, workdir_path
 
 __all__ = ["STEP_COLUMNS", "WAIT_POLL_S", "ElasticJob"]
+
+#: A job's id (its work directory's name by default).
+_JOB_ID = Text()
 
 #: Longest pause, seconds, between two checks of :meth:`ElasticJob.wait`; it
 #: also checks at once after each worker report, state change, event and
@@ -86,8 +90,7 @@ class ElasticJob:
         saved = self._journal.read_job()
         if saved is None:
             job_id = self.workdir.name if job_id is None else job_id
-            if not isinstance(job_id, str) or not job_id:
-                raise InvalidProblem(f"job_id must be a non-empty string, got {job_id!r}")
+            check("job_id", job_id, _JOB_ID)
             self._journal.write_job(job_id, spec.to_json(), options)
             return job_id
         if saved["spec"] != spec.to_json():
@@ -110,16 +113,18 @@ class ElasticJob:
 
         Its state is restored from disk: completed and failed jobs stay so;
         a job that was running is ``stopped`` and resumes from its newest good
-        checkpoint on :meth:`start`.
+        checkpoint on :meth:`start`; a job whose newest checkpoint is an
+        unchecked final one (it reached its target) is ``verifying`` and checks
+        that checkpoint at once, without training further.  The builder that ``job.json`` names must be
+        from a declared module (the trust model of :mod:`pollux_opt.runtime.spec`).
         """
         path = workdir_path(workdir)
         saved = JobJournal(path).read_job()
         if saved is None:
             raise InvalidProblem(f"workdir {str(path)!r} holds no job (no {JOB_FILE})")
-        return cls(
-            JobSpec.from_json(saved["spec"]), path, job_id=saved["job_id"],
-            options=RuntimeOptions(**saved["options"]), pool=pool,
-        )
+        spec = JobSpec.from_json(saved["spec"])
+        check_declared_builder(spec.builder, where=f"{JOB_FILE} in {str(path)!r}")
+        return cls(spec, path, job_id=saved["job_id"], options=RuntimeOptions(**saved["options"]), pool=pool)
 
     # ====================================================================== API
     def start(

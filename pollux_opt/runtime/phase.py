@@ -60,7 +60,9 @@ class Phase(str, enum.Enum):
     @classmethod
     def restored(cls, state: JobState) -> "Phase":
         """The phase of a job re-opened from its work directory in ``state``: one
-        that was running went away with its previous controller and is stopped."""
+        that was running went away with its previous controller and is stopped
+        (the controller makes it ``verifying`` instead when its newest checkpoint
+        is an unchecked final one)."""
         if state in (JobState.RUNNING, JobState.RESCALING, JobState.VERIFYING):
             return cls.STOPPED
         return cls(state.value)
@@ -82,13 +84,15 @@ _STATE = {
 #: and PAUSING may re-launch (a fault, a rescale, or a final checkpoint
 #: missing at the target), verify (the target was reached) or stop (a request
 #: or the step limit); VERIFYING may re-launch when the target is not confirmed.
+#: A launch that finds an unchecked final checkpoint verifies it instead, so
+#: PENDING, STOPPED and LAUNCHING may verify too.
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.PENDING: frozenset({Phase.LAUNCHING, Phase.STOPPED, Phase.FAILED}),
-    Phase.LAUNCHING: frozenset({Phase.RUNNING, Phase.LAUNCHING, Phase.FAILED}),
+    Phase.PENDING: frozenset({Phase.LAUNCHING, Phase.VERIFYING, Phase.STOPPED, Phase.FAILED}),
+    Phase.LAUNCHING: frozenset({Phase.RUNNING, Phase.LAUNCHING, Phase.VERIFYING, Phase.FAILED}),
     Phase.RUNNING: frozenset({Phase.PAUSING, Phase.LAUNCHING, Phase.VERIFYING, Phase.STOPPED, Phase.FAILED}),
     Phase.PAUSING: frozenset({Phase.LAUNCHING, Phase.VERIFYING, Phase.STOPPED, Phase.FAILED}),
     Phase.VERIFYING: frozenset({Phase.COMPLETED, Phase.LAUNCHING, Phase.STOPPED, Phase.FAILED}),
-    Phase.STOPPED: frozenset({Phase.LAUNCHING, Phase.FAILED}),
+    Phase.STOPPED: frozenset({Phase.LAUNCHING, Phase.VERIFYING, Phase.FAILED}),
     Phase.COMPLETED: frozenset(),
     Phase.FAILED: frozenset(),
 }

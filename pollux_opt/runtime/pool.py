@@ -5,6 +5,12 @@ Spawning a worker costs about two seconds of one core (interpreter start and
 ``spares`` idle workers ready, and workers released by a job (scale-down,
 stop) stay idle with that job's model and data still built, so the same job
 scaling up again reuses them without rebuilding.
+
+Every process a pool starts runs under
+:func:`~pollux_opt.runtime.lifeline.pool_process_main`: it ignores SIGINT (the
+scheduler stops it) and ends itself once the process that made the pool is
+gone; the fork server imports :mod:`~pollux_opt.runtime.forkserver_boot`
+first.  A new pool removes the temporary folders ended pools left behind.
 """
 
 from __future__ import annotations
@@ -18,14 +24,19 @@ from multiprocessing.connection import Connection
 
 from solvers import InvalidProblem
 
+from pollux_opt.model.domains import Choice, Integer, check
+from pollux_opt.runtime.lifeline import own_temp_dir, pool_process_main, process_identity, sweep_temp_dirs
 from pollux_opt.runtime.worker import worker_main
 
 __all__ = ["WorkerHandle", "WorkerPool"]
 
 logger = logging.getLogger("pollux_opt.runtime")
 
-#: Modules the fork server imports before forking workers (torch is the slow one).
-FORKSERVER_PRELOAD = ("torch", "torch.distributed", "pollux_opt.runtime.worker", "pollux_opt.runtime.verify")
+#: The fork server's preload list: one module, which imports torch and the
+#: workers' code under a parent-death signal (see its docstring).
+FORKSERVER_PRELOAD = ("pollux_opt.runtime.forkserver_boot",)
+#: Idle workers a pool keeps (spares, and at most ``max_idle``).
+_IDLE_WORKERS = Integer(ge=0)
 
 #: Seconds a terminated worker gets to exit before it is killed.
 TERMINATE_GRACE_S = 2.0
@@ -67,18 +78,20 @@ class WorkerPool:
     """
 
     def __init__(self, spares: int = 1, *, max_idle: int | None = None, start_method: str | None = None) -> None:
-        if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
-            raise InvalidProblem(f"spares must be an integer >= 0, got {spares!r}")
-        max_idle = max(spares, 2) if max_idle is None else max_idle
-        if isinstance(max_idle, bool) or not isinstance(max_idle, int) or max_idle < spares:
-            raise InvalidProblem(f"max_idle must be an integer >= spares ({spares}), got {max_idle!r}")
+        spares = check("spares", spares, _IDLE_WORKERS)
+        max_idle = check("max_idle", max(spares, 2) if max_idle is None else max_idle, _IDLE_WORKERS)
+        if max_idle < spares:
+            raise InvalidProblem(f"max_idle must be >= spares ({spares}), got {max_idle!r}")
         methods = mp.get_all_start_methods()
         if start_method is None:
             start_method = "forkserver" if "forkserver" in methods else "spawn"
-        if start_method not in methods or start_method == "fork":
-            allowed = [m for m in methods if m != "fork"]
-            raise InvalidProblem(f"start_method must be one of {allowed}, got {start_method!r}")
+        # Forking a process that runs supervisor threads is unsafe.
+        check("start_method", start_method, Choice(tuple(m for m in methods if m != "fork")))
         self._ctx = mp.get_context(start_method)
+        sweep_temp_dirs()
+        own_temp_dir()
+        #: This process, which the pool's processes watch (they end once it is gone).
+        self.owner = process_identity()
         if start_method == "forkserver":
             # The server imports these once; every worker is forked with them loaded.
             self._ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
@@ -93,7 +106,8 @@ class WorkerPool:
     # ------------------------------------------------------------------ spawning
     def _spawn(self) -> WorkerHandle:
         parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=worker_main, args=(child,), name="pollux-worker", daemon=True)
+        process = self._ctx.Process(target=pool_process_main, args=(self.owner, worker_main, (child,)),
+                                    name="pollux-worker", daemon=True)
         process.start()
         child.close()
         self._spawned += 1
@@ -104,7 +118,8 @@ class WorkerPool:
         """Start ``target(*args)`` in a new process of the pool's start method
         (forked from the fork server: torch imported, no job's state); not a
         pool worker.  ``target`` must be a top-level function, ``args`` picklable."""
-        process = self._ctx.Process(target=target, args=args, name=name, daemon=True)
+        process = self._ctx.Process(target=pool_process_main, args=(self.owner, target, args), name=name,
+                                    daemon=True)
         process.start()
         return process
 

@@ -18,6 +18,8 @@ import numpy as np
 from solvers import InvalidProblem
 
 from pollux_opt.model import ThroughputParams, step_time
+from pollux_opt.model.domains import Integer, check
+from pollux_opt.records.files import safe_name
 from pollux_opt.runtime.job import ElasticJob
 from pollux_opt.runtime.measurements import ConfigKey
 from pollux_opt.runtime.pool import WorkerPool
@@ -28,6 +30,8 @@ __all__ = ["heldout_error", "profile_throughput"]
 
 #: A target no metric reaches (profiling must not complete the job).
 _UNREACHABLE = 1e300
+#: Measured steps per configuration and pass, and passes over the configurations.
+_REPEATS = Integer(ge=1)
 
 
 def profile_throughput(
@@ -72,16 +76,14 @@ def profile_throughput(
     """
     if not configs:
         raise InvalidProblem("configs must list at least one (num_replicas, local_bsz, accum_steps)")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise InvalidProblem(f"steps must be an integer >= 1, got {steps!r}")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise InvalidProblem(f"rounds must be an integer >= 1, got {rounds!r}")
+    steps = check("steps", steps, _REPEATS)
+    rounds = check("rounds", rounds, _REPEATS)
     probe = spec.replace(
         target=_UNREACHABLE if spec.higher_is_better else -_UNREACHABLE, eval_every=_UNREACHABLE
     )
     options = RuntimeOptions(checkpoint_interval_s=3600.0, adapt_interval_s=3600.0, warmup_steps=2)
     with tempfile.TemporaryDirectory(prefix="pollux-profile-") as tmp:
-        job = ElasticJob(probe, Path(workdir) if workdir is not None else Path(tmp) / spec.name,
+        job = ElasticJob(probe, Path(workdir) if workdir is not None else Path(tmp) / safe_name("spec.name", spec.name),
                          options=options, pool=pool)
         try:
             visits = [(r, cfg) for r in range(1, rounds + 1) for cfg in configs]

@@ -99,6 +99,18 @@ class VerificationRun:
         """What the finished check wrote (see :func:`~pollux_opt.runtime.verify.verify_checkpoint`)."""
         return json.loads((self.workdir / VERIFICATION_FILE).read_text())
 
+    def rejected(self, info: CheckpointInfo) -> bool:
+        """True if the last finished check was of ``info`` and did not confirm the
+        target (then the job trains on from it rather than checking it again)."""
+        try:
+            record = self.record()
+        except (OSError, ValueError):
+            return False
+        if not isinstance(record, dict):
+            return False
+        checked = Path(str(record.get("checkpoint", ""))).name
+        return checked == info.meta_path.name and record.get("reached") is False
+
     def kill(self) -> None:
         if self._proc is not None and self._proc.is_alive():
             self._proc.kill()

@@ -2,7 +2,8 @@
 
 Worker processes never consult the registry: a :class:`JobSpec` carries its
 builder's import path and travels whole.  The registry only maps names to
-specs for convenience (``ElasticJob("digits-cnn", workdir)``).
+specs for convenience (``ElasticJob("digits-cnn", workdir)``).  Registering a
+job declares its builder's module (the trust model of :mod:`pollux_opt.runtime.spec`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Callable
 
 from solvers import InvalidProblem
 
-from pollux_opt.runtime.spec import JobSpec
+from pollux_opt.runtime.spec import JobSpec, builder_module, declare_builder_modules
 from pollux_opt.runtime.builtin_jobs import BUILTIN_JOBS
 
 __all__ = ["get_job", "job_names", "register_job", "training_job"]
@@ -44,6 +45,7 @@ def _store(spec: JobSpec, replace: bool) -> JobSpec:
         if spec.name in _JOBS and not replace and _JOBS[spec.name] != spec:
             raise InvalidProblem(f"a job named {spec.name!r} is already registered; pass replace=True to replace it")
         _JOBS[spec.name] = spec
+    declare_builder_modules([builder_module(spec.builder)])  # the code that registered it declares its module
     return spec
 
 

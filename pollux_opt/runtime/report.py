@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
-
-import numpy as np
 
 from solvers import InvalidProblem
 
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.model.domains import Boolean, Integer, Real, check, check_fields, domain_field
 from pollux_opt.runtime.agent import goodput_model
 from pollux_opt.runtime.measurements import Measurements
 
@@ -58,10 +56,14 @@ class JobState(str, enum.Enum):
         return self in (JobState.RUNNING, JobState.RESCALING)
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise InvalidProblem(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
+#: Replicas and nodes of a placement given as counts.
+_POSITIVE_COUNT = Integer(ge=1)
+#: Replicas of a placement on one node (0: none there).
+_REPLICAS_ON_NODE = Integer(ge=0)
+#: Step counts and batch sizes the runtime options may set (None: unset).
+_OPTIONAL_POSITIVE = Integer(ge=1, none=True)
+#: Wall seconds between the runtime's periodic actions, and its gloo timeout.
+_PERIOD_S = Real(gt=0)
 
 
 def normalize_placement(
@@ -76,10 +78,9 @@ def normalize_placement(
     if isinstance(replicas, Mapping):
         placement = {}
         for node, count in replicas.items():
-            if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
-                raise InvalidProblem(f"placement[{node!r}] must be an integer >= 0, got {count!r}")
+            count = check(f"placement[{node!r}]", count, _REPLICAS_ON_NODE)
             if count:
-                placement[str(node)] = int(count)
+                placement[str(node)] = count
         if not placement:
             raise InvalidProblem(f"placement must give at least one replica, got {dict(replicas)!r}")
         if num_nodes is not None and num_nodes != len(placement):
@@ -88,8 +89,8 @@ def normalize_placement(
                 f"({len(placement)} nodes); leave num_nodes out when giving a placement"
             )
         return placement
-    total = _positive_int("num_replicas", replicas)
-    nodes = 1 if num_nodes is None else _positive_int("num_nodes", num_nodes)
+    total = check("num_replicas", replicas, _POSITIVE_COUNT)
+    nodes = 1 if num_nodes is None else check("num_nodes", num_nodes, _POSITIVE_COUNT)
     if nodes > total:
         raise InvalidProblem(f"num_nodes must be <= num_replicas ({total}), got {nodes}")
     base, extra = divmod(total, nodes)
@@ -128,40 +129,20 @@ class RuntimeOptions:
             target and may belong to another job by now).
     """
 
-    fixed_batch_size: int | None = None
-    checkpoint_interval_s: float = 10.0
-    checkpoint_every_steps: int | None = None
-    keep_checkpoints: int = 3
-    adapt_interval_s: float = 2.0
-    report_interval_s: float = 0.2
-    step_limit: int | None = None
-    max_restarts: int = 3
-    collective_timeout_s: float = 300.0
-    warmup_steps: int = 2
-    resume_after_failed_verification: bool = True
+    fixed_batch_size: int | None = domain_field(None, _OPTIONAL_POSITIVE)
+    checkpoint_interval_s: float = domain_field(10.0, _PERIOD_S)
+    checkpoint_every_steps: int | None = domain_field(None, _OPTIONAL_POSITIVE)
+    keep_checkpoints: int = domain_field(3, Integer(ge=2))
+    adapt_interval_s: float = domain_field(2.0, _PERIOD_S)
+    report_interval_s: float = domain_field(0.2, _PERIOD_S)
+    step_limit: int | None = domain_field(None, _OPTIONAL_POSITIVE)
+    max_restarts: int = domain_field(3, Integer(ge=0))
+    collective_timeout_s: float = domain_field(300.0, _PERIOD_S)
+    warmup_steps: int = domain_field(2, Integer(ge=0))
+    resume_after_failed_verification: bool = domain_field(True, Boolean())
 
     def __post_init__(self) -> None:
-        if not isinstance(self.resume_after_failed_verification, bool):
-            raise InvalidProblem(
-                "resume_after_failed_verification must be True or False, "
-                f"got {self.resume_after_failed_verification!r}"
-            )
-        for name in ("fixed_batch_size", "checkpoint_every_steps", "step_limit"):
-            value = getattr(self, name)
-            if value is not None:
-                _positive_int(name, value)
-        for name in ("checkpoint_interval_s", "adapt_interval_s", "report_interval_s", "collective_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                math.isfinite(value) and value > 0
-            ):
-                raise InvalidProblem(f"{name} must be a finite number > 0, got {value!r}")
-        if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
-            raise InvalidProblem(f"keep_checkpoints must be an integer >= 2, got {self.keep_checkpoints!r}")
-        for name in ("max_restarts", "warmup_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidProblem(f"{name} must be an integer >= 0, got {value!r}")
+        check_fields(self)
 
 
 @dataclass(frozen=True)

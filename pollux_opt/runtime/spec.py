@@ -11,6 +11,28 @@ The builder is referenced by its import path (``"package.module:function"``)
 because it runs in other processes (the spawned workers and the fresh
 verification process), and because a job must be resumable from its work
 directory alone.
+
+Trust model.  A builder is code that the runtime imports and calls, and so
+everything that names one is code too: a workload file (a job's ``spec`` may
+set ``builder``, and its ``imports`` are imported when it is read), a run
+directory's ``config.json`` (which holds the workload) and a job's
+``job.json`` (a resumed job runs the builder it names).  Run only workloads,
+and resume only run and work directories, that you would run as a Python
+script.  Within that, two rules keep a file from calling an arbitrary function:
+
+* A builder in Python's standard library (a module whose top-level package is
+  in ``sys.stdlib_module_names``: ``builtins``, ``os``, ``subprocess``, ...)
+  is refused everywhere, in every process (:class:`JobSpec` and
+  :func:`resolve_builder`), with :func:`stdlib_refusal`'s message.
+* A builder named by a file (a workload job's ``spec``, a ``job.json``
+  resumed with :meth:`ElasticJob.from_workdir
+  <pollux_opt.runtime.job.ElasticJob.from_workdir>`) must be a function of
+  the built-in jobs (:data:`BUILTIN_JOBS_MODULE`) or of a module this
+  process's code declared: one that registered a job
+  (:func:`~pollux_opt.runtime.registry.register_job`, ``@training_job``) or
+  passed a builder function object to :class:`JobSpec`, one a workload lists
+  in ``imports``, or one passed to :func:`declare_builder_modules`
+  (:func:`check_declared_builder`).
 """
 
 from __future__ import annotations
@@ -20,15 +42,35 @@ import importlib
 import json
 import math
 import re
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from solvers import InvalidProblem
 
 from pollux_opt.model.batch import DEFAULT_MAX_ACCUM_STEPS, BatchLimits
+from pollux_opt.model.domains import (
+    NAME,
+    REQUIRED,
+    Boolean,
+    Choice,
+    Integer,
+    Real,
+    Text,
+    check_fields,
+    domain_field,
+)
 
-__all__ = ["LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "resolve_builder"]
+__all__ = [
+    "BUILTIN_JOBS_MODULE", "LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "builder_module",
+    "check_declared_builder", "declare_builder_modules", "declared_builder_modules", "resolve_builder",
+    "stdlib_refusal",
+]
+
+#: The module of the project's built-in jobs, whose builders any workload may name.
+BUILTIN_JOBS_MODULE = "pollux_opt.runtime.builtin_jobs"
 
 #: Learning-rate scaling rules a job may declare, as functions of the batch
 #: scale S = M / M0 and the AdaScale gain r (Johnson et al., "AdaScale SGD",
@@ -38,8 +80,32 @@ __all__ = ["LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "resolve_b
 #: (Goyal et al. 2017); ``none``: lr unchanged.
 LR_SCALING_RULES = ("adascale", "sqrt", "linear", "none")
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _BUILDER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def builder_module(path: str) -> str:
+    """The module part of a builder path ``"package.module:function"``."""
+    return path.partition(":")[0]
+
+
+def stdlib_refusal(what: str, module: str) -> str | None:
+    """The message refusing ``what`` (``"builder 'os:system'"``) if ``module`` is in
+    Python's standard library (its top-level package is in ``sys.stdlib_module_names``),
+    else None."""
+    top = module.split(".")[0]
+    if top not in sys.stdlib_module_names:
+        return None
+    return (
+        f"{what} is refused: module {top!r} is part of Python's standard library; a builder "
+        "must be a function of the built-in jobs or of a module your code or workload declares"
+    )
+
+
+def _refuse_stdlib(path: str) -> str:
+    message = stdlib_refusal(f"builder {path!r}", builder_module(path))
+    if message is not None:
+        raise InvalidProblem(message)
+    return path
 
 
 def _builder_path(builder: str | Callable[..., Any]) -> str:
@@ -48,7 +114,7 @@ def _builder_path(builder: str | Callable[..., Any]) -> str:
             raise InvalidProblem(
                 f"builder must be an import path 'package.module:function', got {builder!r}"
             )
-        return builder
+        return _refuse_stdlib(builder)
     if not callable(builder):
         raise InvalidProblem(f"builder must be a callable or an import path, got {builder!r}")
     module = getattr(builder, "__module__", None)
@@ -58,18 +124,84 @@ def _builder_path(builder: str | Callable[..., Any]) -> str:
             "builder must be a top-level function that worker processes can import by name, "
             f"got {builder!r} (qualname {qualname!r})"
         )
-    return f"{module}:{qualname}"
+    path = _refuse_stdlib(f"{module}:{qualname}")
+    declare_builder_modules([module])  # a function object this process's code passes is its own code
+    return path
 
 
 def resolve_builder(path: str) -> Callable[["BuildContext"], "JobParts"]:
-    """Import the builder function named by ``"package.module:function"``."""
-    module_name, _, attr = path.partition(":")
+    """Import the builder function named by ``"package.module:function"``.
+
+    Raises:
+        InvalidProblem: a standard-library module (see the module docstring), or not a callable.
+    """
+    module_name, _, attr = _refuse_stdlib(path).partition(":")
     obj: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
     if not callable(obj):
         raise InvalidProblem(f"builder {path!r} does not name a callable, got {obj!r}")
     return obj
+
+
+#: Modules whose builders a file may name (see the module docstring); guarded by ``_lock``.
+_MODULES: set[str] = {BUILTIN_JOBS_MODULE}
+_lock = threading.Lock()
+#: A dotted module name, as a workload's ``imports`` lists them.
+_MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def declare_builder_modules(modules: Iterable[str], *, import_them: bool = False) -> None:
+    """Let files name builders of ``modules`` (importing each first if ``import_them``).
+
+    Raises:
+        InvalidProblem: not a module name, a standard-library module, or (with
+            ``import_them``) one that cannot be imported.
+    """
+    if isinstance(modules, str):
+        raise InvalidProblem(f"imports must be a list of module names, got {modules!r}")
+    for name in modules:
+        if not isinstance(name, str) or not _MODULE_RE.fullmatch(name):
+            raise InvalidProblem(f"imports entry must be a dotted module name, got {name!r}")
+        message = stdlib_refusal(f"imports entry {name!r}", name)
+        if message is not None:
+            raise InvalidProblem(message)
+        if import_them:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                raise InvalidProblem(f"imports entry {name!r} cannot be imported: {exc}") from None
+        with _lock:
+            _MODULES.add(name)
+
+
+def declared_builder_modules() -> frozenset[str]:
+    """The modules whose builders a file may name, now."""
+    with _lock:
+        return frozenset(_MODULES)
+
+
+def check_declared_builder(path: Any, *, where: str) -> str:
+    """``path`` if it is a builder of a declared module (see the module docstring).
+
+    Args:
+        path: the builder's import path ``"package.module:function"``.
+        where: what named it, for the message (``"workload job 'a'"``, ``"job.json in '...'"``).
+
+    Raises:
+        InvalidProblem: a standard-library module, or one not declared.
+    """
+    module = builder_module(path) if isinstance(path, str) else None
+    message = stdlib_refusal(f"builder {path!r}", module) if module is not None else None
+    if message is not None:
+        raise InvalidProblem(f"{where}: {message}")
+    declared = declared_builder_modules()
+    if module not in declared:
+        raise InvalidProblem(
+            f"{where}: builder {path!r} is not from a declared module; list its module in the workload's "
+            f"'imports', or register the job from Python (declared: {sorted(declared)})"
+        )
+    return path
 
 
 def _canonical_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -110,56 +242,30 @@ class JobSpec:
         description: one line for humans.
     """
 
-    name: str
+    name: str = domain_field(REQUIRED, NAME)
     builder: str
     init_batch_size: int
     max_batch_size: int
-    target: float
-    metric: str = "accuracy"
-    higher_is_better: bool = True
-    lr_scaling: str = "adascale"
+    target: float = domain_field(REQUIRED, Real())
+    metric: str = domain_field("accuracy", Text())
+    higher_is_better: bool = domain_field(True, Boolean())
+    lr_scaling: str = domain_field("adascale", Choice(LR_SCALING_RULES))
     min_local_bsz: int = 1
     max_local_bsz: int | None = None
     max_accum_steps: int = DEFAULT_MAX_ACCUM_STEPS
-    eval_every: float = 50.0
-    seed: int = 0
+    eval_every: float = domain_field(50.0, Real(gt=0))
+    seed: int = domain_field(0, Integer(ge=0))
     config: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
-            raise InvalidProblem(
-                f"name must be letters, digits, '.', '_' or '-' (not starting with a "
-                f"symbol), got {self.name!r}"
-            )
+        check_fields(self)
         object.__setattr__(self, "builder", _builder_path(self.builder))
         limits = self.limits()  # validates the batch fields, naming the bad one
         object.__setattr__(self, "max_local_bsz", limits.max_local_bsz)
-        if self.lr_scaling not in LR_SCALING_RULES:
-            raise InvalidProblem(
-                f"lr_scaling must be one of {list(LR_SCALING_RULES)}, got {self.lr_scaling!r}"
-            )
-        try:
-            target = float(self.target)
-        except (TypeError, ValueError):
-            raise InvalidProblem(f"target must be a number, got {self.target!r}") from None
-        if not math.isfinite(target):
-            raise InvalidProblem(f"target must be finite, got {self.target!r}")
-        object.__setattr__(self, "target", target)
-        if not isinstance(self.higher_is_better, bool):
-            raise InvalidProblem(f"higher_is_better must be a bool, got {self.higher_is_better!r}")
-        try:
-            every = float(self.eval_every)
-        except (TypeError, ValueError):
-            raise InvalidProblem(f"eval_every must be a number, got {self.eval_every!r}") from None
-        if not (math.isfinite(every) and every > 0):
-            raise InvalidProblem(f"eval_every must be finite and > 0, got {self.eval_every!r}")
-        object.__setattr__(self, "eval_every", every)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise InvalidProblem(f"seed must be an integer >= 0, got {self.seed!r}")
+        object.__setattr__(self, "target", float(self.target))
+        object.__setattr__(self, "eval_every", float(self.eval_every))
         object.__setattr__(self, "config", _canonical_config(self.config))
-        if not isinstance(self.metric, str) or not self.metric:
-            raise InvalidProblem(f"metric must be a non-empty string, got {self.metric!r}")
 
     def __hash__(self) -> int:
         return hash(self.to_json())
@@ -240,12 +346,12 @@ class JobParts:
 
     model: Any
     optimizer: Any
-    train_size: int
+    train_size: int = domain_field(REQUIRED, Integer(ge=1))
     get_batch: Callable[[Any], Any]
     loss: Callable[[Any, Any], Any]
     evaluate: Callable[[Any], float]
     scaler: Any = None
-    max_grad_norm: float | None = None
+    max_grad_norm: float | None = domain_field(None, Real(gt=0, finite=False, none=True))
 
     def check(self, builder: str) -> None:
         """Raise InvalidProblem naming the builder and field if a part is malformed."""
@@ -256,13 +362,10 @@ class JobParts:
             raise InvalidProblem(
                 f"builder {builder!r}: optimizer must be a torch.optim.Optimizer, got {self.optimizer!r}"
             )
-        if isinstance(self.train_size, bool) or not isinstance(self.train_size, int) or self.train_size < 1:
-            raise InvalidProblem(f"builder {builder!r}: train_size must be an int >= 1, got {self.train_size!r}")
+        check_fields(self, prefix=f"builder {builder!r}: ")
         for name in ("get_batch", "loss", "evaluate"):
             if not callable(getattr(self, name)):
                 raise InvalidProblem(f"builder {builder!r}: {name} must be callable, got {getattr(self, name)!r}")
-        if self.max_grad_norm is not None and not (self.max_grad_norm > 0):
-            raise InvalidProblem(f"builder {builder!r}: max_grad_norm must be > 0, got {self.max_grad_norm!r}")
 
 
 def workdir_path(workdir: str | Path) -> Path:

@@ -9,6 +9,16 @@ replica, all-reduces the mean gradient, updates the gradient statistics and
 the AdaScale gain (:mod:`~pollux_opt.runtime.stats`) and, past the warm-up
 steps, adds its times to the measurement profile
 (:mod:`~pollux_opt.runtime.measurements`).
+
+**A lost peer loses no step.**  When a collective fails (a peer died, or the
+group broke), rank 0 still holds the state after its last completed step: the
+failed step changed no parameter, optimizer state or statistic yet (buffers a
+forward pass updates, such as batch-norm statistics, are put back from a copy
+taken before it).  It checkpoints that state before it leaves, and the job
+resumes from there.  Only when rank 0 itself dies does the job fall back to
+its previous checkpoint, repeating the steps since then: at most
+``RuntimeOptions.checkpoint_interval_s`` seconds of training (or
+``checkpoint_every_steps`` steps).
 """
 
 from __future__ import annotations
@@ -164,6 +174,8 @@ class Trainer:
         self.m0 = spec.init_batch_size
         self.sampler = EpochSampler(torch, parts.train_size, spec.seed)
         self.params = [p for p in parts.model.parameters() if p.requires_grad]
+        self.buffers = list(parts.model.buffers())
+        self.buffers_before_step: list | None = None  # copies while a step is under way
         self.numel = sum(p.numel() for p in self.params)
         self.vec = torch.zeros(self.numel + 2, dtype=torch.float32)
         self.ctrl = torch.zeros(3, dtype=torch.int64)
@@ -231,6 +243,8 @@ class Trainer:
         # also seeds accelerator generators, at about a millisecond per call.
         torch.default_generator.manual_seed((self.spec.seed * _SEED_MIX_A + state.step * _SEED_MIX_B + self.rank) % _SEED_MOD)
 
+        if self.buffers:
+            self.buffers_before_step = [b.detach().clone() for b in self.buffers]
         t_compute = self._accumulate(m, s + 1)
         vec, acc = self.vec, self.vec[: self.numel]
         t_sync = time.perf_counter()
@@ -248,6 +262,7 @@ class Trainer:
         gain = adascale_gain(state.ema.estimate(), scale)
         factor = lr_factor(self.spec.lr_scaling, gain, scale)
         self._update(acc, factor)
+        self.buffers_before_step = None
 
         state.step += 1
         state.progress += gain
@@ -388,14 +403,35 @@ class Trainer:
             self.parent_lost = True
         return info
 
+    def save_after_fault(self) -> None:
+        """Rank 0, after a failed collective: report and checkpoint the last
+        completed step (see the module docstring); never raises."""
+        try:
+            if self.buffers_before_step is not None:
+                with self.torch.no_grad():
+                    for buffer, saved in zip(self.buffers, self.buffers_before_step):
+                        buffer.copy_(saved)
+                self.buffers_before_step = None
+            self._report(force=True)
+            if self.state.step > 0 and self.last_ckpt_step != self.state.step:
+                self.save(final=self.state.target_reached)
+                logger.info("checkpointed step %d after a failed collective", self.state.step)
+        except Exception:  # noqa: BLE001 - the collective's failure is what gets reported
+            logger.exception("could not checkpoint after a failed collective")
+
     def run(self) -> int:
-        """Train until a stop code; returns it.  Rank 0 checkpoints on the way out."""
+        """Train until a stop code; returns it.  Rank 0 checkpoints on the way
+        out, also when a collective fails (then the CollectiveError propagates)."""
         while True:
             try:
                 self._step()
             except StopTraining as stop:
                 code = stop.code
                 break
+            except CollectiveError:
+                if self.rank == 0:
+                    self.save_after_fault()
+                raise
             if self.rank == 0:
                 self._evaluate()
                 if self._checkpoint_due() and not self.state.target_reached:

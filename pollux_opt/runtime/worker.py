@@ -22,6 +22,7 @@ training loop of an assignment).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from pollux_opt.runtime.checkpoint import load_payload
+from pollux_opt.runtime.checkpoint import WriterLock, load_payload
+from pollux_opt.runtime.lifeline import ORPHAN_GRACE_S, saving_state
 from pollux_opt.runtime.report import RuntimeOptions
 from pollux_opt.runtime.spec import BuildContext, JobParts, JobSpec, resolve_builder
 from pollux_opt.runtime.trainer import (
@@ -49,6 +51,15 @@ from pollux_opt.runtime.lazy_torch import require_torch
 __all__ = ["Assignment", "worker_main"]
 
 logger = logging.getLogger("pollux_opt.runtime.worker")
+
+#: Most seconds rank 0 (and a controller choosing a checkpoint) waits for a
+#: previous writer of the job's checkpoints to let go: a rank 0 orphaned by a
+#: killed scheduler ends within ORPHAN_GRACE_S (and a poll); twice that is a margin.
+WRITER_WAIT_S = 2 * ORPHAN_GRACE_S
+#: The network interface gloo binds its sockets to: Linux's loopback, so that a
+#: job's collectives listen on 127.0.0.1 only and never on a reachable address
+#: (all of a job's workers run on this machine).  Set whatever the environment says.
+GLOO_INTERFACE = "lo"
 
 
 @dataclass(frozen=True)
@@ -147,7 +158,10 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     pg = False
+    writer = WriterLock(workdir)
     try:
+        if a.rank == 0 and not writer.acquire(WRITER_WAIT_S):
+            logger.warning("another process still holds %s; writing checkpoints without it", writer.path)
         try:
             os.sched_setaffinity(0, {a.cpu} if a.cpu is not None else all_cpus)
         except (AttributeError, OSError, ValueError):  # pragma: no cover - non-Linux or bad cpu id
@@ -180,7 +194,9 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
             "build_s": t_build, "group_s": t_group, "load_s": t_load, "received": received,
         }):
             return False
-        code = trainer.run()
+        with saving_state() if a.rank == 0 else contextlib.nullcontext():
+            code = trainer.run()  # rank 0 checkpoints on its way out, also when orphaned
+        writer.release()  # before "paused": the controller may launch the next writer then
         checksum = param_checksum(parts.model)
         if pg:
             dist.destroy_process_group()
@@ -191,6 +207,7 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
             "checksum": checksum, "progress": state.progress, "samples": state.samples, "metric": state.metric,
         }) and code != STOP_PARENT
     finally:
+        writer.release()
         root.removeHandler(handler)
         handler.close()
 
@@ -217,7 +234,7 @@ def prepare_parts(cache: PartsCache, job_id: str, spec_json: str, workdir: str, 
 
 def worker_main(conn) -> None:
     """Entry point of a spawned worker process (see the module docstring)."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ["GLOO_SOCKET_IFNAME"] = GLOO_INTERFACE
     # One thread per worker: before torch creates its OpenMP pool.
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"

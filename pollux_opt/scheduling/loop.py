@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from solvers import InvalidProblem, Status
+from solvers import Status
 
 from pollux_opt.records.events import EventLog
 from pollux_opt.model import BatchConfig, Cluster, GoodputModel
+from pollux_opt.model.domains import Integer, Real, check
 
-__all__ = ["JobView", "Decision", "DecisionStatus", "Policy", "Backend", "run", "JOB_STATES", "ACTIVE_STATES"]
+__all__ = [
+    "JobView", "Decision", "DecisionStatus", "Policy", "Backend", "run", "JOB_STATES", "ACTIVE_STATES",
+    "ROUND_INTERVAL",
+]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,10 @@ log = logging.getLogger(__name__)
 JOB_STATES = ("pending", "running", "completed", "failed")
 #: States of jobs a backend's ``views()`` returns (submitted, not finished).
 ACTIVE_STATES = ("pending", "running")
+#: Backend seconds between scheduling rounds.
+ROUND_INTERVAL = Real(gt=0, unit="seconds")
+#: A cap on the rounds of a run (None: none).
+_MAX_ROUNDS = Integer(ge=0, none=True)
 
 
 @dataclass(frozen=True)
@@ -225,12 +232,8 @@ def run(
     Returns:
         The number of rounds run.
     """
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
-        math.isfinite(interval) and interval > 0
-    ):
-        raise InvalidProblem(f"interval must be a finite number of seconds > 0, got {interval!r}")
-    if max_rounds is not None and (isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 0):
-        raise InvalidProblem(f"max_rounds must be an integer >= 0 or None, got {max_rounds!r}")
+    check("interval", interval, ROUND_INTERVAL)
+    check("max_rounds", max_rounds, _MAX_ROUNDS)
     prepare = getattr(policy, "prepare", None)
     if callable(prepare):
         prepare(cluster)  # optional one-time set-up (e.g. loading a solver), outside the rounds

@@ -20,13 +20,16 @@ import pandas as pd
 
 from solvers import InvalidProblem
 
+from pollux_opt.model.domains import Real, check
 from pollux_opt.records.files import atomic_write_csv
 from pollux_opt.workloads.job import WorkloadJob
 
 if TYPE_CHECKING:  # the profiles live in the simulator, which imports this module
     from pollux_opt.backends.sim.traces import Profile
 
-__all__ = ["ADAPTDL_COLUMNS", "philly_workload", "read_adaptdl_csv", "tuned_config", "write_adaptdl_csv"]
+__all__ = [
+    "ADAPTDL_COLUMNS", "philly_workload", "pinned_config", "read_adaptdl_csv", "tuned_config", "write_adaptdl_csv",
+]
 
 #: Columns of an AdaptDL workload CSV -> the :class:`WorkloadJob` field each holds.
 ADAPTDL_COLUMNS = {
@@ -45,6 +48,9 @@ TUNED_EFFICIENCY = (0.5, 0.8)
 TUNED_MAX_JCT_S = 12 * 3600
 #: Replicas per node assumed when tuning (the 16 x 4 cluster of the paper).
 TUNING_REPLICAS_PER_NODE = 4
+#: Replicas of a job that is not elastic: Pollux's simulator runs NCF on one
+#: GPU under Pollux and Optimus (artifact ``simulator.py``, ``max_replicas = 1``).
+PINNED_REPLICAS = 1
 
 
 def read_adaptdl_csv(path) -> list[WorkloadJob]:
@@ -103,6 +109,22 @@ def tuned_config(profile: Profile, num_replicas: int) -> tuple[int, float]:
     return best
 
 
+def pinned_config(profile: Profile) -> tuple[int, int]:
+    """(replicas, total batch size) a job that is not elastic runs with, whatever its workload row says.
+
+    :data:`PINNED_REPLICAS` replicas at the :func:`tuned_config` batch size
+    there.  For NCF this is Pollux's simulator's configuration, one GPU at
+    batch 32768 (artifact ``simulator.py``: ``job.target_batch_size = 32768``).
+
+    Raises:
+        InvalidProblem: no validated batch size fits one replica of ``profile``.
+    """
+    batch, _ = tuned_config(profile, PINNED_REPLICAS)
+    if batch <= 0:
+        raise InvalidProblem(f"profile {profile.name!r}: no batch size fits {PINNED_REPLICAS} replica(s)")
+    return PINNED_REPLICAS, int(batch)
+
+
 def _validated(profile: Profile) -> list[int]:
     vals = getattr(profile, "validation", None)
     if vals:
@@ -125,6 +147,10 @@ def _configurations(profile: Profile) -> list[tuple[int, int, float]]:
         if b and jct < TUNED_MAX_JCT_S and TUNED_EFFICIENCY[0] < base[1] / jct / k < TUNED_EFFICIENCY[1]:
             ret.append((k, b, jct))
     return ret or [(1, base[0], base[1])]
+
+
+#: The job-load multiplier of a sampled workload (1: the trace's rate).
+_LOAD = Real(gt=0)
 
 
 def philly_workload(
@@ -156,8 +182,7 @@ def philly_workload(
     Raises:
         InvalidProblem: bad arguments or trace.
     """
-    if not (isinstance(load, (int, float)) and math.isfinite(load) and load > 0):
-        raise InvalidProblem(f"load must be a number > 0, got {load!r}")
+    check("load", load, _LOAD)
     if not profiles:
         raise InvalidProblem("profiles must not be empty")
     path = Path(philly_csv)

@@ -14,6 +14,11 @@ One :class:`WorkloadJob` type serves real runs and simulations alike:
                  "replicas": 1, "batch_size": 128,
                  "max_replicas": 4, "spec": {"target": 1.8}}]}
 
+  A workload file is code: its optional ``"imports": ["my_jobs"]`` are
+  imported when it is read (they register their job kinds), and only those
+  modules' and the built-in jobs' builders may be named by a job's ``spec``
+  (see the trust model of :mod:`pollux_opt.runtime.spec`).
+
 * simulations (:mod:`pollux_opt.backends.sim`): ``kind`` names a profile
   (an application of the AdaptDL traces, e.g. ``"cifar10"``); the AdaptDL
   workload CSVs are read into these jobs by
@@ -26,13 +31,12 @@ hold the users' tuned configurations).
 
 from __future__ import annotations
 
-import math
-import numbers
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from solvers import InvalidProblem
+
+from pollux_opt.model.domains import NAME, REQUIRED, Integer, Real, check_fields, domain_field
 
 __all__ = ["QUICK_TIME_SCALE", "Workload", "WorkloadJob", "builtin_spec"]
 
@@ -40,7 +44,8 @@ __all__ = ["QUICK_TIME_SCALE", "Workload", "WorkloadJob", "builtin_spec"]
 #: arrival order and the overlap of jobs while shortening the run).
 QUICK_TIME_SCALE = 0.5
 
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: Replica counts and batch sizes a user submits.
+_POSITIVE_COUNT = Integer(ge=1)
 _FIELDS = ("id", "kind", "arrival_s", "replicas", "batch_size", "min_replicas", "max_replicas", "spec", "quick_spec")
 _REQUIRED = _FIELDS[:5]
 
@@ -50,13 +55,6 @@ def builtin_spec(kind: str):
     from pollux_opt.runtime.registry import get_job
 
     return get_job(kind)
-
-
-def _int(name: str, value: Any, minimum: int) -> int:
-    """``value`` as an int (numpy integers included) if it is one >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise InvalidProblem(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -77,41 +75,46 @@ class WorkloadJob:
         quick_spec: spec fields used instead of ``spec`` in the quick variant.
     """
 
-    id: str
-    kind: str
-    arrival_s: float
-    replicas: int
-    batch_size: int
-    min_replicas: int = 1
-    max_replicas: int | None = None
+    id: str = domain_field(REQUIRED, NAME)
+    kind: str = domain_field(REQUIRED, NAME)
+    arrival_s: float = domain_field(REQUIRED, Real(ge=0))
+    replicas: int = domain_field(REQUIRED, _POSITIVE_COUNT)
+    batch_size: int = domain_field(REQUIRED, _POSITIVE_COUNT)
+    min_replicas: int = domain_field(1, _POSITIVE_COUNT)
+    max_replicas: int | None = domain_field(None, Integer(ge=1, none=True))
     spec: Mapping[str, Any] = field(default_factory=dict)
     quick_spec: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not _ID_RE.match(self.id):
-            raise InvalidProblem(f"job id must be letters, digits, '.', '_' or '-', got {self.id!r}")
-        if not isinstance(self.kind, str) or not self.kind:
-            raise InvalidProblem(f"job {self.id!r}: kind must be a job name, got {self.kind!r}")
-        a = self.arrival_s
-        if isinstance(a, bool) or not isinstance(a, numbers.Real) or not math.isfinite(a) or a < 0:
-            raise InvalidProblem(f"job {self.id!r}: arrival_s must be a finite number >= 0, got {a!r}")
-        object.__setattr__(self, "arrival_s", float(a))
-        for name in ("replicas", "batch_size", "min_replicas"):
-            object.__setattr__(self, name, _int(f"job {self.id!r}: {name}", getattr(self, name), 1))
-        if self.max_replicas is not None:
-            object.__setattr__(self, "max_replicas",
-                               _int(f"job {self.id!r}: max_replicas", self.max_replicas, self.min_replicas))
+        check_fields(self, prefix="job ", names=("id",))
+        prefix = f"job {self.id!r}: "
+        check_fields(self, prefix=prefix)
+        object.__setattr__(self, "arrival_s", float(self.arrival_s))
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise InvalidProblem(
+                f"{prefix}max_replicas must be >= min_replicas ({self.min_replicas}), got {self.max_replicas!r}"
+            )
         for name in ("spec", "quick_spec"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, Mapping):
-                raise InvalidProblem(f"job {self.id!r}: {name} must be a mapping of JobSpec fields, got {v!r}")
+                raise InvalidProblem(f"{prefix}{name} must be a mapping of JobSpec fields, got {v!r}")
         object.__setattr__(self, "spec", dict(self.spec))
         if self.quick_spec is not None:
             object.__setattr__(self, "quick_spec", dict(self.quick_spec))
 
     def job_spec(self):
-        """The :class:`~pollux_opt.runtime.spec.JobSpec` this job runs (the kind's spec with ``spec`` applied)."""
+        """The :class:`~pollux_opt.runtime.spec.JobSpec` this job runs (the kind's spec with ``spec`` applied).
+
+        Raises:
+            InvalidProblem: an unknown kind, or a ``builder`` in ``spec`` that is
+                not from a declared module (the trust model of
+                :mod:`pollux_opt.runtime.spec`: the workload's ``imports``).
+        """
+        from pollux_opt.runtime.spec import check_declared_builder
+
         base = builtin_spec(self.kind)
+        if self.spec.get("builder", base.builder) != base.builder:
+            check_declared_builder(self.spec["builder"], where=f"workload job {self.id!r}")
         return base.replace(**self.spec) if self.spec else base
 
     def to_json(self) -> dict:
@@ -139,13 +142,28 @@ class WorkloadJob:
 
 @dataclass(frozen=True)
 class Workload:
-    """A named set of jobs (ids unique), see the module docstring."""
+    """A named set of jobs (ids unique), see the module docstring.
 
-    name: str
+    Attributes:
+        name: letters, digits, '.', '_', '-' (a safe file name).
+        jobs: the jobs.
+        description: one line for humans.
+        imports: modules imported when the workload is created (they register
+            the job kinds it uses), whose builders its jobs' ``spec`` may name;
+            a workload file is code (see :mod:`pollux_opt.runtime.spec`).
+    """
+
+    name: str = domain_field(REQUIRED, NAME)
     jobs: tuple[WorkloadJob, ...]
     description: str = ""
+    imports: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_fields(self, prefix="workload ")
+        imports = self.imports
+        if isinstance(imports, str) or not isinstance(imports, (list, tuple)):
+            raise InvalidProblem(f"workload imports must be a list of module names, got {imports!r}")
+        object.__setattr__(self, "imports", tuple(imports))
         object.__setattr__(self, "jobs", tuple(self.jobs))
         if not self.jobs:
             raise InvalidProblem(f"workload {self.name!r} has no jobs")
@@ -156,6 +174,10 @@ class Workload:
             if job.id in seen:
                 raise InvalidProblem(f"workload {self.name!r}: duplicate job id {job.id!r}")
             seen.add(job.id)
+        if self.imports:  # last: nothing is imported for a workload refused above
+            from pollux_opt.runtime.spec import declare_builder_modules
+
+            declare_builder_modules(self.imports, import_them=True)
 
     def quick(self) -> "Workload":
         """The quick variant: arrivals scaled by :data:`QUICK_TIME_SCALE`, ``quick_spec`` fields used."""
@@ -164,7 +186,7 @@ class Workload:
                     spec=j.spec if j.quick_spec is None else j.quick_spec, quick_spec=None)
             for j in self.jobs
         )
-        return Workload(f"{self.name}-quick", jobs, self.description + " (quick variant)")
+        return Workload(f"{self.name}-quick", jobs, self.description + " (quick variant)", self.imports)
 
     def check(self) -> None:
         """Resolve every job's spec (raises InvalidProblem on an unknown kind or bad field)."""
@@ -175,7 +197,10 @@ class Workload:
                 raise InvalidProblem(f"workload job {job.id!r}: bad spec field: {exc}") from exc
 
     def to_json(self) -> dict:
-        return {"name": self.name, "description": self.description, "jobs": [j.to_json() for j in self.jobs]}
+        out = {"name": self.name, "description": self.description, "jobs": [j.to_json() for j in self.jobs]}
+        if self.imports:  # absent when empty: the config.json of a run without imports is unchanged
+            out["imports"] = list(self.imports)
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Workload":
@@ -184,7 +209,8 @@ class Workload:
         if "jobs" not in data or not isinstance(data["jobs"], list):
             raise InvalidProblem("a workload needs a 'jobs' list")
         return cls(
-            name=str(data.get("name", "workload")),
+            name=data.get("name", "workload"),
             jobs=tuple(WorkloadJob.from_json(j) for j in data["jobs"]),
             description=str(data.get("description", "")),
+            imports=data.get("imports", ()),
         )

@@ -26,7 +26,7 @@ import numpy as np
 from ..problem import EPS, Problem
 from .search import import_jax
 
-__all__ = ["NOT_ALLOWED", "PaddedProblem", "lookup", "log_mean", "pad_problem", "score"]
+__all__ = ["NOT_ALLOWED", "PaddedProblem", "lookup", "log_mean", "pad_problem", "round_up", "score"]
 
 #: Jobs, nodes and table dimensions are padded up to multiples of these, so
 #: instances of similar size share one compiled program.
@@ -80,7 +80,8 @@ def _start_pairs(allowed: np.ndarray) -> np.ndarray:
     return out
 
 
-def _round_up(n: int, bucket: int) -> int:
+def round_up(n: int, bucket: int) -> int:
+    """``n`` rounded up to a multiple of ``bucket`` (at least one bucket)."""
     return max(bucket, -(-n // bucket) * bucket)
 
 
@@ -95,8 +96,8 @@ def pad_problem(problem: Problem, incumbent: np.ndarray | None = None) -> tuple[
     """
     j_real, n_real = problem.num_jobs, problem.num_nodes
     a_real, r_real = problem.table_shape
-    jp, np_ = _round_up(j_real, JOB_BUCKET), _round_up(n_real, NODE_BUCKET)
-    a1, r1 = _round_up(a_real + 1, TABLE_BUCKET), _round_up(r_real + 1, TABLE_BUCKET)
+    jp, np_ = round_up(j_real, JOB_BUCKET), round_up(n_real, NODE_BUCKET)
+    a1, r1 = round_up(a_real + 1, TABLE_BUCKET), round_up(r_real + 1, TABLE_BUCKET)
 
     capacity = np.zeros(np_, np.int32)
     capacity[:n_real] = problem.capacity
@@ -174,6 +175,12 @@ def log_mean(speedup: Any, x: Any, params: PaddedProblem) -> Any:
     safe_p = jnp.where(p == 0, 1.0, p)
     # M_p = (sum w y^p / W)^(1/p): log M_p = (logsumexp(p log y, b=w) - log W) / p.
     power = (logsumexp(safe_p * log_y, b=w) - jnp.log(jnp.maximum(w_sum, tiny))) / safe_p
+    # For |p| < 1 the same without cancellation: m + log1p(sum (w/W) expm1(p log y - m)), m = max p log y.
+    a = safe_p * log_y
+    m = jnp.max(jnp.where(w > 0, a, -jnp.inf))
+    share = w / jnp.maximum(w_sum, tiny)
+    small = (m + jnp.log1p(jnp.sum(share * jnp.expm1(jnp.where(w > 0, a - m, 0.0))))) / safe_p
+    power = jnp.where(jnp.abs(p) < 1, small, power)
     geometric = jnp.sum(w * log_y) / jnp.maximum(w_sum, tiny)
     return jnp.where(w_sum > 0, jnp.where(p == 0, geometric, power), 0.0)
 

@@ -28,7 +28,7 @@ from typing import Any
 from .encoding import BEST_REPLICAS, BEST_VALUE, SPEEDUP, PaddedProblem, lookup
 from .search import import_jax
 
-__all__ = ["cumsum_nodes", "fit_capacity", "repair", "repair_with_speedup"]
+__all__ = ["FLOAT32_EXACT", "cumsum_nodes", "fit_capacity", "repair", "repair_with_speedup"]
 
 #: Up to this many (padded) jobs the priority prefix sums of :func:`repair`
 #: are a matmul with a J x J matrix (O(J^2) per node, no data movement); above
@@ -36,6 +36,10 @@ __all__ = ["cumsum_nodes", "fit_capacity", "repair", "repair_with_speedup"]
 #: scan.  On the 2-core machine the matmul was 2x faster at 104 jobs and 1.7x
 #: at 200 (64 nodes).
 MATMUL_PRIORITY_MAX = 512
+#: float32 represents every integer up to this exactly, so the matmul priority
+#: sums are exact while (padded jobs) x (largest capacity) stays below it;
+#: above, the solver turns the matmul off (``AllocationGenome.matmul_priority``).
+FLOAT32_EXACT = 2**24
 #: Up to this many (padded) nodes, cumulative sums over nodes are an unrolled
 #: chain of adds (XLA fuses it into one vectorized loop); above, an associative scan.
 UNROLLED_CUMSUM_MAX = 64
@@ -131,7 +135,7 @@ def _project(x: Any, params: PaddedProblem) -> tuple[Any, Any]:
     return projected, speedup
 
 
-def _before(xc: Any, rank: Any, shift: Any) -> Any:
+def _before(xc: Any, rank: Any, shift: Any, matmul: bool = True) -> Any:
     """int32[N, J]: replicas that jobs of higher priority hold on each node.
 
     Job ``j``'s priority is ``(rank[j] - shift) mod J`` (0 first): the ranking
@@ -139,7 +143,9 @@ def _before(xc: Any, rank: Any, shift: Any) -> Any:
     the jobs ranked before ``j`` (one matmul), those of higher priority are
     ``S - head`` if ``rank[j] >= shift``, else ``S + total - head``, where
     ``head`` holds the jobs ranked before ``shift``: so one ranking shared by
-    the whole population (one matrix) serves every rotation.
+    the whole population (one matrix) serves every rotation.  ``matmul``
+    (static) false forces the scan, whose int32 sums stay exact beyond
+    ``FLOAT32_EXACT``.
     """
     jax = import_jax()
     import jax.numpy as jnp
@@ -148,9 +154,9 @@ def _before(xc: Any, rank: Any, shift: Any) -> Any:
     wrapped = rank < shift
     head = jnp.sum(jnp.where(wrapped[None, :], xc, 0), axis=1)
     total = jnp.sum(xc, axis=1)
-    if n_jobs <= MATMUL_PRIORITY_MAX:
+    if matmul and n_jobs <= MATMUL_PRIORITY_MAX:
         earlier = (rank[:, None] < rank[None, :]).astype(jnp.float32)  # [k, j]: k ranks before j
-        # Exact: 0/1 weights, integer sums <= J x capacity, far below 2^24.
+        # Exact: 0/1 weights, integer sums <= J x capacity < FLOAT32_EXACT (checked by the solver).
         ranked_before = jnp.round(xc.astype(jnp.float32) @ earlier).astype(jnp.int32)
     else:
         order = jnp.argsort(rank)  # the jobs in rank order; ranked[:, rank] undoes it
@@ -160,10 +166,10 @@ def _before(xc: Any, rank: Any, shift: Any) -> Any:
 
 
 def fit_capacity(
-    x: Any, rank: Any, shift: Any, params: PaddedProblem, *, interference: bool = True
+    x: Any, rank: Any, shift: Any, params: PaddedProblem, *, interference: bool = True, matmul: bool = True
 ) -> Any:
     """Steps 1-3 of :func:`repair` on int[N, J]: clip, capacity, and interference
-    avoidance unless ``interference`` (static) is false."""
+    avoidance unless ``interference`` (static) is false (``matmul``: see :func:`_before`)."""
     import jax.numpy as jnp
 
     n_jobs = x.shape[1]
@@ -172,7 +178,7 @@ def fit_capacity(
     used = xc > 0
     multi = used & (jnp.sum(used, axis=0) > 1)[None, :]
     # Capacity: a job keeps on each node what the higher-priority jobs left free.
-    xp = jnp.clip(cap - _before(xc, rank, shift), 0, xc)
+    xp = jnp.clip(cap - _before(xc, rank, shift, matmul), 0, xc)
     # Interference: only the first multi-node job in priority order stays on a
     # node (which jobs span several nodes is decided before the capacity step).
     if not interference:
@@ -182,9 +188,11 @@ def fit_capacity(
     return jnp.where(params.interference & multi & (priority[None, :] > first[:, None]), 0, xp)
 
 
-def repair_with_speedup(x: Any, rank: Any, shift: Any, params: PaddedProblem) -> tuple[Any, Any]:
+def repair_with_speedup(
+    x: Any, rank: Any, shift: Any, params: PaddedProblem, *, matmul: bool = True
+) -> tuple[Any, Any]:
     """:func:`repair`, also returning the jobs' speedups float32[J] (see :func:`_project`)."""
-    return _project(fit_capacity(x, rank, shift, params), params)
+    return _project(fit_capacity(x, rank, shift, params, matmul=matmul), params)
 
 
 def repair(x: Any, rank: Any, params: PaddedProblem, shift: Any = 0) -> Any:

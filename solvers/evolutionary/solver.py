@@ -8,6 +8,7 @@ per call: a second call with the same shapes does not recompile.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -19,7 +20,8 @@ from ..checks import check_problem, check_time_limit
 from ..errors import InvalidProblem
 from ..problem import Problem, evaluate, violations
 from ..result import Result, Status
-from .encoding import PaddedProblem, pad_problem
+from .encoding import JOB_BUCKET, NODE_BUCKET, TABLE_BUCKET, PaddedProblem, pad_problem, round_up
+from .repair import FLOAT32_EXACT
 from .search import SearchConfig, evolve, import_jax, init
 from .variation import AllocationGenome
 
@@ -42,6 +44,16 @@ COMPILE_CACHE_SIZE = 32
 
 #: The allocation genome with its default rates (the solver exposes none of them).
 GENOME = AllocationGenome()
+
+#: Placements are int32 (node loads, job totals, and the repair's
+#: ``value * nodes + node`` keys must stay below this).
+INT32_LIMIT = 2**31
+#: Largest padded speedup table (jobs x node counts x replica counts; float32,
+#: three channels: 800 MiB at this size).
+MAX_TABLE_CELLS = 2**26
+#: Largest padded population (individuals x nodes x jobs, int32; the
+#: generation step holds several arrays of this size: 256 MiB each).
+MAX_POPULATION_CELLS = 2**26
 
 
 def solve_evolutionary(
@@ -82,20 +94,23 @@ def solve_evolutionary(
         ``population_size``, ``seed`` and ``padded_shape``.
 
     Raises:
-        InvalidProblem: for a bad problem, option or incumbent.
+        InvalidProblem: for a bad problem, option or incumbent, or a problem
+            too large for this solver's int32 placements or memory
+            (``INT32_LIMIT``, ``MAX_TABLE_CELLS``, ``MAX_POPULATION_CELLS``).
         ImportError: if jax is not installed.
     """
     start = time.perf_counter()
     population_size, generations, seed, inc = _check_options(
         problem, population_size, generations, seed, incumbent, time_limit
     )
+    genome = _genome_for(problem, population_size)
     jax = import_jax()
 
     params, seeds = pad_problem(problem, inc)
     encoded = time.perf_counter()
     config = SearchConfig(population_size=population_size)
     length = generations if time_limit is None else max(1, -(-generations // TIME_CHECKS))
-    init_fn, evolve_fn, compile_seconds, cache_hit = _compile(config, length, params, seeds)
+    init_fn, evolve_fn, compile_seconds, cache_hit = _compile(config, genome, length, params, seeds)
     built = time.perf_counter()
 
     state = init_fn(seeds, params)
@@ -141,6 +156,34 @@ def _check_options(problem, population_size, generations, seed, incumbent, time_
     return population_size, generations, seed, _check_incumbent(problem, incumbent)
 
 
+def _genome_for(problem: Problem, population_size: int) -> AllocationGenome:
+    """The genome for ``problem`` (the default one unless its float32 sums could be inexact).
+
+    Raises:
+        InvalidProblem: when the padded arrays would overflow int32 or exceed
+            the memory limits, naming the sizes.
+    """
+    jobs, nodes = round_up(problem.num_jobs, JOB_BUCKET), round_up(problem.num_nodes, NODE_BUCKET)
+    a, r = problem.table_shape
+    cap = int(problem.capacity.max(initial=0))
+    if (jobs + 1) * cap >= INT32_LIMIT or nodes * (cap + 1) >= INT32_LIMIT or r + TABLE_BUCKET >= INT32_LIMIT:
+        raise InvalidProblem(
+            f"problem too large for the evolutionary solver: int32 placements overflow with {jobs} (padded) jobs, "
+            f"{nodes} nodes, largest capacity {cap} and {r} replicas"
+        )
+    cells = jobs * round_up(a + 1, TABLE_BUCKET) * round_up(r + 1, TABLE_BUCKET)
+    if cells > MAX_TABLE_CELLS:
+        raise InvalidProblem(
+            f"problem too large for the evolutionary solver: speedup table of {cells} cells > {MAX_TABLE_CELLS}"
+        )
+    if population_size * nodes * jobs > MAX_POPULATION_CELLS:
+        raise InvalidProblem(
+            f"problem too large for the evolutionary solver: population of {population_size} x {nodes} nodes "
+            f"x {jobs} jobs > {MAX_POPULATION_CELLS} cells"
+        )
+    return GENOME if jobs * cap < FLOAT32_EXACT else dataclasses.replace(GENOME, matmul_priority=False)
+
+
 def _check_int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise InvalidProblem(f"{name} must be an integer >= {low}, got {value!r}")
@@ -171,13 +214,15 @@ def _signature(tree: Any) -> tuple:
     return tuple((tuple(np.shape(a)), np.asarray(a).dtype.str) for a in tree)
 
 
-def _compile(config: SearchConfig, length: int, params: PaddedProblem, seeds: np.ndarray) -> tuple:
+def _compile(
+    config: SearchConfig, genome: AllocationGenome, length: int, params: PaddedProblem, seeds: np.ndarray
+) -> tuple:
     """(init, evolve, compile seconds, cache hit) for the shapes of ``params`` and ``seeds``.
 
     The compile seconds are 0 when the programs came from the cache.
     """
     hits_before = _compiled.cache_info().hits
-    init_fn, evolve_fn, compile_seconds = _compiled(config, GENOME, length, _signature(params), _signature([seeds]))
+    init_fn, evolve_fn, compile_seconds = _compiled(config, genome, length, _signature(params), _signature([seeds]))
     cache_hit = _compiled.cache_info().hits > hits_before
     return init_fn, evolve_fn, 0.0 if cache_hit else compile_seconds, cache_hit
 

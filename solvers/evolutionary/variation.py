@@ -59,12 +59,16 @@ class AllocationGenome:
 
     Rates are expected counts of jobs per child; the per-job probability is the
     count divided by the number of (unpadded) jobs, capped at 1.
+    ``matmul_priority``: the repair's priority sums may use the float32 matmul
+    (exact only while jobs x capacity stays below
+    :data:`~solvers.evolutionary.repair.FLOAT32_EXACT`; the solver turns it off above).
     """
 
     reset_jobs: float = RESET_JOBS
     zero_jobs: float = ZERO_JOBS
     increase_jobs: float = INCREASE_JOBS
     own_node_probability: float = OWN_NODE_PROBABILITY
+    matmul_priority: bool = True
     gene_draws: ClassVar[int] = GENE_DRAWS
     individual_draws: ClassVar[int] = INDIVIDUAL_DRAWS
 
@@ -93,10 +97,11 @@ class AllocationGenome:
         x = _fence(per_child(mutate)(d.gene, x, params, self), params)
         # Interference is left to the final repair: settling it here too was no
         # better, at 5 % more time.
-        capacity = functools.partial(fit_capacity, interference=False)
+        capacity = functools.partial(fit_capacity, interference=False, matmul=self.matmul_priority)
         x = _fence(per_shift(capacity)(x, d.rank, shift, params), params)
         x = _fence(per_child(grow)(d.gene, x, params, self), params)
-        x, speedup = per_shift(repair_with_speedup)(x, d.rank, shift, params)
+        repaired = functools.partial(repair_with_speedup, matmul=self.matmul_priority)
+        x, speedup = per_shift(repaired)(x, d.rank, shift, params)
         x = _fence(x, params)
         return x, jax.vmap(log_mean, in_axes=(0, 0, None))(speedup, x, params)
 

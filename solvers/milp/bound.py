@@ -10,6 +10,7 @@ and to certify its answer.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -108,38 +109,51 @@ def _entries(problem: Problem, table: OptionTable) -> _Entries:
     return _Entries(worth[order], gain[order], reps[order], span[order], order, starts)
 
 
-def _lowest_price(use: Callable[[float], float], limit: float, gain: np.ndarray, per: np.ndarray) -> float:
-    """Smallest price in [0, max gain / use] at which ``use(price) <= limit`` (bisection)."""
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline
+
+
+def _lowest_price(
+    use: Callable[[float], float], limit: float, gain: np.ndarray, per: np.ndarray, deadline: float | None
+) -> float:
+    """Smallest price in [0, max gain / use] at which ``use(price) <= limit`` (bisection).
+
+    Stops early at ``deadline`` with the upper end of the bracket (any price
+    gives a valid bound; this one satisfies the total).
+    """
     if use(0.0) <= limit:
         return 0.0
     ratio = gain / np.maximum(per, 1.0)
     lo, hi = 0.0, float(np.max(ratio[np.isfinite(ratio)], initial=0.0))
     for _ in range(_PRICE_STEPS):
+        if _past(deadline):
+            break
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if use(mid) > limit else (lo, mid)
     return hi
 
 
-def relax(problem: Problem, table: OptionTable) -> Relaxation:
+def relax(problem: Problem, table: OptionTable, deadline: float | None = None) -> Relaxation:
     """Minimise the Lagrangian bound over the two prices (see :class:`Relaxation`).
 
     The bound is convex and piecewise linear in each price; each price is found
     by bisection on the sign of its subgradient (capacity minus the totals the
-    best choices use).  Any prices give a valid bound, so stopping early is safe.
+    best choices use).  Any prices give a valid bound, so stopping early (at
+    ``deadline``, a ``time.perf_counter()`` value) is safe.
     """
     cap_total, nodes_total = float(problem.capacity.sum()), float(problem.num_nodes)
     e = _entries(problem, table)
 
     def cpu_price(mu: float) -> float:
-        return _lowest_price(lambda lam: e.evaluate(lam, mu)[1], cap_total, e.gain, e.reps)
+        return _lowest_price(lambda lam: e.evaluate(lam, mu)[1], cap_total, e.gain, e.reps, deadline)
 
     def slot_price(lam: float) -> float:
-        return _lowest_price(lambda mu: e.evaluate(lam, mu)[2], nodes_total, e.gain, e.span)
+        return _lowest_price(lambda mu: e.evaluate(lam, mu)[2], nodes_total, e.gain, e.span, deadline)
 
     lam, mu = cpu_price(0.0), 0.0
     for _ in range(_PRICE_ROUNDS if problem.interference_avoidance else 0):
-        if mu == 0.0 and e.evaluate(lam, mu)[2] <= nodes_total:
-            break  # the slot total does not bind at mu = 0
+        if (mu == 0.0 and e.evaluate(lam, mu)[2] <= nodes_total) or _past(deadline):
+            break  # the slot total does not bind at mu = 0, or the time is up
         mu = slot_price(lam)
         lam = cpu_price(mu)
     best_sum, _, _, value, best_each = e.evaluate(lam, mu)

@@ -184,6 +184,16 @@ class _Session:
             self.h.setOptionValue("time_limit", max(self.deadline - time.perf_counter(), MIN_TIME_LIMIT))
         self.h.run()
 
+    def out_of_time(self) -> bool:
+        """True once the deadline has passed (HiGHS's set-up overruns even a tiny limit, so no run starts then)."""
+        return self.deadline is not None and time.perf_counter() >= self.deadline
+
+    def timed_out(self, stage: str) -> HighsRun:
+        """The outcome of a run cut short by the deadline after ``stage``, without a solution."""
+        import highspy
+
+        return self.outcome(None, highspy.HighsModelStatus.kTimeLimit, float("nan"), f"time limit reached after {stage}", -1)
+
     def values_of(self, x: np.ndarray) -> dict:
         """Variable values by name (``g`` as a dict keyed like ``model.g``) of a column vector."""
         index = self.index
@@ -244,12 +254,16 @@ def run_highs(
         if integral is not None:
             return integral
 
+    if session.out_of_time():
+        return session.timed_out("the LP relaxation")
     ints = session.ints
     session.h.changeColsIntegrality(ints.size, ints.astype(np.int32), np.ones(ints.size, dtype=np.uint8))
     if dive and lp_optimal:
         dived = _dive(session, x, lp_bound)
         if dived is not None:
             return dived
+        if session.out_of_time():
+            return session.timed_out("the LP dive")
     if start is not None:
         _set_warm_start(session, start)
     return _solve_mip(session)

@@ -11,13 +11,15 @@ rest into options and prices each one on the objective's utility scale
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..checks import check_problem, check_time_limit
 from ..errors import InvalidProblem
-from ..problem import Problem, utility
+from ..objective import EPS, UtilityScale
+from ..problem import Problem
 
 __all__ = [
     "DEFAULT_MIP_GAP",
@@ -36,6 +38,13 @@ FORMULATIONS = ("auto", "exact", "large")
 
 #: Relative tolerance when comparing utility sums (float noise of HiGHS and numpy).
 UTILITY_RTOL = 1e-9
+
+#: :func:`prune_dominated` uses a dense (job, nodes, replicas) table up to this
+#: many cells (128 MiB of float64), else binary searches over the configurations.
+DENSE_PRUNE_CELLS = 2**24
+
+#: Queries (configuration, node count) per chunk of the sparse pruning (memory bound).
+SPARSE_PRUNE_QUERIES = 2**21
 
 
 def check_options(problem, time_limit, mip_gap, formulation) -> None:
@@ -60,15 +69,28 @@ def prune_dominated(problem: Problem, usable: np.ndarray | None = None) -> np.nd
     if the original was.  Ties keep the smaller shape.  Dropping dominated
     configurations keeps the optimum exact.
 
-    Vectorised over all configurations at once with a running maximum of each
-    job's speedup table along the replica axis; with ``usable`` (bool[C]) only
-    usable configurations dominate others.
+    With ``usable`` (bool[C]) only usable configurations dominate others.
+    Vectorised over all configurations at once: with a running maximum of
+    each job's dense speedup table along the replica axis while that table
+    has at most ``DENSE_PRUNE_CELLS`` cells, else by binary search over the
+    configurations sorted by (job, nodes, replicas) (:func:`_sparse_rivals`),
+    whose memory does not grow with the replica counts' magnitude.
     """
     if problem.num_configs == 0:
         return np.ones(0, dtype=bool)
+    src = np.ones(problem.num_configs, dtype=bool) if usable is None else np.asarray(usable, dtype=bool)
+    a, r = problem.table_shape
+    if problem.num_jobs * (a + 1) * (r + 1) <= DENSE_PRUNE_CELLS:
+        rival = _dense_rivals(problem, src)
+    else:
+        rival = _sparse_rivals(problem, src)
+    return ~(rival >= problem.cfg_speedup)
+
+
+def _dense_rivals(problem: Problem, src: np.ndarray) -> np.ndarray:
+    """float64[C]: each configuration's best dominating speedup (-inf if none), by the dense table."""
     a, r = problem.table_shape
     table = np.full((problem.num_jobs, a + 1, r + 1), -np.inf)
-    src = np.ones(problem.num_configs, dtype=bool) if usable is None else np.asarray(usable, dtype=bool)
     table[problem.cfg_job[src], problem.cfg_nodes[src], problem.cfg_replicas[src]] = problem.cfg_speedup[src]
     best_upto = np.maximum.accumulate(table, axis=2)  # [j, N', K']: max speedup with <= K' replicas
     job, nodes, reps = problem.cfg_job, problem.cfg_nodes, problem.cfg_replicas
@@ -78,7 +100,53 @@ def prune_dominated(problem: Problem, usable: np.ndarray | None = None) -> np.nd
     reach = np.where(other == nodes[:, None], reps[:, None] - 1, np.minimum(reach, r))
     rival = best_upto[job[:, None], other, reach]
     rival[other > nodes[:, None]] = -np.inf
-    return ~(rival.max(axis=1) >= problem.cfg_speedup)
+    return rival.max(axis=1)
+
+
+def _running_max(values: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Inclusive running maximum of float64[n] within runs of equal ``group`` (doubling scan)."""
+    out = values.copy()
+    shift = 1
+    while shift < out.size:
+        earlier = np.where(group[shift:] == group[:-shift], out[:-shift], -np.inf)
+        out[shift:] = np.maximum(out[shift:], earlier)
+        shift *= 2
+    return out
+
+
+def _sparse_rivals(problem: Problem, src: np.ndarray) -> np.ndarray:
+    """:func:`_dense_rivals` without the dense table: O(C log C) per node count, in chunks.
+
+    Dominators are sorted by (job, nodes, replicas) with a running maximum of
+    speedup per (job, nodes) group; a query (job, N', K' <= reach) is one
+    binary search on (group rank, replica rank), both compressed so that the
+    int64 keys cannot overflow.
+    """
+    a = problem.table_shape[0]
+    job, nodes, reps, spd = problem.cfg_job, problem.cfg_nodes, problem.cfg_replicas, problem.cfg_speedup
+    dom = np.flatnonzero(src)
+    rival = np.full(problem.num_configs, -np.inf)
+    if dom.size == 0:
+        return rival
+    dom = dom[np.lexsort((reps[dom], nodes[dom], job[dom]))]
+    group_key = job[dom] * (a + 1) + nodes[dom]
+    groups, gid = np.unique(group_key, return_inverse=True)
+    values = np.unique(reps[dom])
+    best = _running_max(spd[dom], gid)
+    sorted_key = gid * values.size + np.searchsorted(values, reps[dom])
+    other = np.unique(nodes[dom])  # the N' that can dominate
+    step = max(1, SPARSE_PRUNE_QUERIES // max(other.size, 1))
+    for lo in range(0, problem.num_configs, step):
+        c = np.arange(lo, min(lo + step, problem.num_configs))
+        n_c, k_c = nodes[c][:, None], reps[c][:, None]
+        reach = np.where(other == n_c, k_c - 1, -(-k_c * other // n_c))
+        g = np.minimum(np.searchsorted(groups, job[c][:, None] * (a + 1) + other), groups.size - 1)
+        v = np.searchsorted(values, reach, side="right") - 1
+        ok = (other <= n_c) & (groups[g] == job[c][:, None] * (a + 1) + other) & (v >= 0)
+        at = np.searchsorted(sorted_key, g * values.size + v, side="right") - 1
+        ok &= (at >= 0) & (gid[np.maximum(at, 0)] == g)
+        rival[c] = np.where(ok, best[np.maximum(at, 0)], -np.inf).max(axis=1, initial=-np.inf)
+    return rival
 
 
 @dataclass(frozen=True)
@@ -97,7 +165,9 @@ class OptionTable:
     for one that holds nothing), ``keep_worth = w_j u(s0_j)``, ``idle_worth =
     w_j u(0)``; ``gain = worth - idle_worth`` and ``base = sum_j idle_worth``,
     so the utility sum of a choice is ``base`` plus the gains of the chosen
-    options and keeps.
+    options and keeps.  ``u`` and ``w`` are on the problem's
+    :class:`~solvers.objective.UtilityScale` (``scale``; plain ``u`` and
+    weights on ordinary instances), ``weight_sum`` the sum of those weights.
     """
 
     job: np.ndarray  # int64[O] job of each option
@@ -114,6 +184,26 @@ class OptionTable:
     keep_gain: np.ndarray  # float64[Kp]
     idle_worth: np.ndarray  # float64[J]
     base: float
+    scale: UtilityScale
+    weight_sum: float
+
+
+def _lexsort_order(job, multi, reps, spd, nodes) -> np.ndarray:
+    """``np.lexsort((nodes, spd, reps, multi, job))``, by one stable argsort of a combined int64 key.
+
+    The speedups enter by rank; when the key could overflow int64, lexsort
+    itself (the same order; five sorts instead of two, seconds at millions).
+    """
+    if job.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    speeds, spd_rank = np.unique(spd, return_inverse=True)
+    radices = (2, int(reps.max()) + 1, int(speeds.size), int(nodes.max()) + 1)
+    if (int(job.max()) + 1) * math.prod(radices) >= 2**62:
+        return np.lexsort((nodes, spd, reps, multi, job))
+    key = job.astype(np.int64)
+    for digit, radix in zip((multi, reps, spd_rank.reshape(-1), nodes), radices):
+        key = key * radix + digit
+    return np.argsort(key, kind="stable")
 
 
 def _node_ranges(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -121,12 +211,15 @@ def _node_ranges(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 
     A run holds one job's configurations of equal K and speedup whose node
     counts (all > 1) are consecutive; its first entry gives lo, its last hi.
+    Configurations that do not fit the cluster's capacities are left out (no
+    feasible placement uses one, and none dominates a configuration that fits).
     """
-    c = np.flatnonzero(prune_dominated(problem))
+    fits = problem.fits_cluster(problem.cfg_replicas, problem.cfg_nodes)
+    c = np.flatnonzero(prune_dominated(problem) & fits)
     job, reps = problem.cfg_job[c], problem.cfg_replicas[c]
     nodes, spd = problem.cfg_nodes[c], problem.cfg_speedup[c]
     multi = nodes > 1
-    order = np.lexsort((nodes, spd, reps, multi, job))
+    order = _lexsort_order(job, multi, reps, spd, nodes)
     job, reps, nodes, spd, multi = job[order], reps[order], nodes[order], spd[order], multi[order]
     new_run = np.ones(c.size, dtype=bool)
     new_run[1:] = (
@@ -147,16 +240,19 @@ def option_table(problem: Problem) -> OptionTable:
 
     cur = problem.current
     n0, k0 = (cur > 0).sum(axis=1), cur.sum(axis=1)
-    a, r = problem.table_shape
-    running = np.flatnonzero(problem.has_current & (n0 <= a) & (k0 <= r))
-    s0 = problem.speedup_table[running, n0[running], k0[running]]
+    running = np.flatnonzero(problem.has_current)
+    s0 = problem.lookup_speedup(running, n0[running], k0[running])
     keep, keep_speedup = running[~np.isnan(s0)], s0[~np.isnan(s0)]
 
-    p, w = problem.p, problem.weight
-    u0 = float(utility(0.0, p))
     f = np.where(problem.has_current, problem.restart_factor, 1.0)
-    worth = w[job] * utility(spd * f[job], p)
-    keep_worth = w[keep] * utility(keep_speedup, p)
+    best_y = np.full(problem.num_jobs, -np.inf)  # each job's best y
+    np.maximum.at(best_y, job, spd * f[job] + EPS)
+    np.maximum.at(best_y, keep, keep_speedup + EPS)
+    scale = UtilityScale.of(problem.p, best_y, problem.weight)
+    w = problem.weight if scale.weight_scale == 1 else problem.weight * scale.weight_scale
+    u0 = float(scale(0.0))
+    worth = w[job] * scale(spd * f[job])
+    keep_worth = w[keep] * scale(keep_speedup)
     return OptionTable(
         job=job,
         reps=reps,
@@ -164,12 +260,14 @@ def option_table(problem: Problem) -> OptionTable:
         hi=hi,
         speedup=spd,
         worth=worth,
-        gain=w[job] * (utility(spd * f[job], p) - u0),
+        gain=w[job] * (scale(spd * f[job]) - u0),
         keep=keep,
         keep_reps=k0[keep],
         keep_nodes=n0[keep],
         keep_worth=keep_worth,
-        keep_gain=w[keep] * (utility(keep_speedup, p) - u0),
+        keep_gain=w[keep] * (scale(keep_speedup) - u0),
         idle_worth=w * u0,
         base=float(w.sum() * u0),
+        scale=scale,
+        weight_sum=float(w.sum()),
     )

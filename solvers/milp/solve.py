@@ -13,6 +13,13 @@ warm-started from the current placement (a later round from the best one
 so far).  (4) HiGHS statuses map to :class:`solvers.Status` through
 :data:`~solvers.milp.highs.HIGHS_STATUS`.  The objective reported is
 recomputed from the placement with :func:`solvers.evaluate`.
+
+Limits (:mod:`solvers.milp.budget`).  Every stage checks the deadline, and
+the packing graph and model are sized before they are built.  When the time
+runs out before a round is solved, the answer is the best of the rounds so
+far and the warm start (``Status.TIME_LIMIT``); when the model would be too
+large, it is the greedy solver's answer (:func:`solvers.greedy.solve_greedy`,
+in the time left), against the relaxation's bound.
 """
 
 from __future__ import annotations
@@ -20,13 +27,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..problem import Problem, evaluate, job_values, mean_from_utility_sum, utility, violations
+from ..problem import Problem, evaluate, job_values, violations
 from ..result import Result, Status
 from .bound import Relaxation, relax
+from .budget import MODEL_SECONDS_PER_COLUMN, Budget, OutOfTime, TooLarge
 from .highs import MIN_TIME_LIMIT, HighsRun, load_status_table, new_highs, result_status, run_highs, stopped_early
 from .model import pyomo_model, standard_form
 from .options import DEFAULT_MIP_GAP, UTILITY_RTOL, OptionTable, check_options, option_table
@@ -34,9 +42,20 @@ from .packing import PackingGraph, packing_graph
 from .strategy import Formulation, choose_formulation
 from .warmstart import decode_placement, start_placement, warm_start_values
 
-__all__ = ["solve_milp", "utility_sum"]
+__all__ = ["MAX_ROUNDS", "solve_milp", "utility_sum"]
 
 log = logging.getLogger(__name__)
+
+#: Set-up time of the greedy per configuration (sorting them, the utility
+#: scale): 0.25 s for 4.4 million on the 2-core machine under load, doubled.
+#: The fallback greedy starts only with at least this much time per
+#: configuration left.
+GREEDY_SECONDS_PER_CONFIG = 1e-7
+
+#: Most rounds of one solve.  The exact formulation needs two (the second
+#: offers every option a better placement could use); the cap only stops
+#: float noise from widening the offer step by step.
+MAX_ROUNDS = 4
 
 
 def solve_milp(
@@ -54,9 +73,9 @@ def solve_milp(
     Args:
         problem: the allocation problem.
         time_limit: wall-clock seconds for the whole solve, build included
-            (None: no limit).  On expiry the best feasible placement is
-            returned with ``Status.TIME_LIMIT``, or the current placement with
-            ``Status.TIME_LIMIT_NO_SOLUTION``.
+            (None: no limit).  On expiry the best feasible placement found
+            (at least the warm start: the current placement, less what is no
+            longer allowed) is returned with ``Status.TIME_LIMIT``.
         mip_gap: relative gap (on the utility sum) at which a solve stops.
         formulation: ``"exact"``, ``"large"``
             (:class:`~solvers.milp.strategy.RestrictedFormulation`: each job
@@ -71,7 +90,12 @@ def solve_milp(
     Returns:
         A :class:`Result`; ``objective`` is recomputed from the placement and
         ``bound`` is a proven upper bound on the optimum, both on the
-        power-mean scale.  ``stats["formulation"]`` names the formulation used.
+        power-mean scale.  ``stats["formulation"]`` names the formulation used,
+        ``stats["fallback"]`` the answer's source when no round finished
+        (``"warm start"`` or ``"greedy"``; absent otherwise), and
+        ``stats["highs_overrun_seconds"]`` how long HiGHS ran past the time
+        limit (absent when it did not: its presolve and root node do not
+        always read the clock).
 
     Raises:
         InvalidProblem: if ``problem`` is not a :class:`Problem`, ``time_limit``
@@ -82,22 +106,46 @@ def solve_milp(
     load_status_table()
     import highspy  # noqa: F401
     import pyomo.environ  # noqa: F401  (one-off import cost stays out of build_seconds)
+    from pyomo.common.dependencies import scipy as pyomo_scipy
+
+    # Pyomo imports scipy (scipy.stats too) lazily, at the first model compiled:
+    # one to ten seconds on a loaded machine, which would eat the first time limit.
+    pyomo_scipy.sparse.csc_array  # noqa: B018  (resolves the deferred import)
 
     new_highs()  # the one-off HiGHS banner, too
     chosen = choose_formulation(problem, formulation)
     t0 = time.perf_counter()
-    deadline = None if time_limit is None else t0 + time_limit
+    budget = Budget.starting_now(time_limit)
     table = option_table(problem)
-    rel = relax(problem, table)
+    rel = _finite(relax(problem, table, budget.deadline))
     highs_options = {"mip_gap": mip_gap, "threads": threads, "verbose": verbose, "seed": seed}
-    rounds = _solve_rounds(problem, chosen, table, rel, t0, deadline, highs_options)
+    rounds = _solve_rounds(problem, chosen, table, rel, t0, budget, highs_options)
     status = _status(rounds, rel, mip_gap)
     return _result(problem, chosen, table, rel, rounds, status)
 
 
-def utility_sum(problem: Problem, placement: np.ndarray) -> float:
-    """``sum_j w_j u(x_j)`` of a feasible placement (the model's objective scale)."""
-    return float(np.sum(problem.weight * utility(job_values(problem, placement), problem.p)))
+def utility_sum(problem: Problem, placement: np.ndarray, table: OptionTable | None = None) -> float:
+    """``sum_j w_j u(x_j)`` of a feasible placement on the model's scale (``table.scale``).
+
+    ``table`` defaults to :func:`~solvers.milp.options.option_table` of ``problem``.
+    """
+    table = option_table(problem) if table is None else table
+    scale = table.scale
+    w = problem.weight if scale.weight_scale == 1 else problem.weight * scale.weight_scale
+    return float(np.sum(w * scale(job_values(problem, placement))))
+
+
+def _finite(rel: Relaxation) -> Relaxation:
+    """``rel`` with a nan bound made +inf (no bound) and nan reduced costs 0 (offered), logged.
+
+    Inside the problem's domain the utilities are finite and this never
+    fires; it keeps float trouble from making the round loop spin.
+    """
+    if math.isfinite(rel.bound) and not np.isnan(rel.reduced_cost).any():
+        return rel
+    log.warning("relaxation bound %r or reduced costs not finite; solving without them", rel.bound)
+    bound = rel.bound if math.isfinite(rel.bound) else math.inf
+    return replace(rel, bound=bound, reduced_cost=np.nan_to_num(rel.reduced_cost, nan=0.0))
 
 
 @dataclass
@@ -108,11 +156,16 @@ class _Rounds:
     best_value: float  # its utility sum (-inf if none)
     bound: float  # upper bound on the utility sum of every feasible placement
     certified: bool  # the last round's offer provably contains an optimum
-    run: HighsRun  # the last HiGHS run
+    run: HighsRun | None  # the last HiGHS run, None if none finished
     count: int  # rounds run
     offered: np.ndarray  # bool[O] options of the last round
     build_seconds: float
     solve_seconds: float
+    stopped: str = ""  # "" (rounds finished), "time" or "size": why they were cut short
+    fallback: str = ""  # source of the answer when they were: "warm start" or "greedy"
+    message: str = ""  # why they were cut short, and the answer's source
+    timed_out: bool = False  # the time limit cut the solve short
+    highs_overrun: float = 0.0  # seconds HiGHS ran past the deadline
 
 
 def _solve_rounds(
@@ -121,36 +174,69 @@ def _solve_rounds(
     table: OptionTable,
     rel: Relaxation,
     t0: float,
-    deadline: float | None,
+    budget: Budget,
     highs_options: dict,
 ) -> _Rounds:
-    """Solve rounds of offered options until one is certified, times out, or the formulation stops."""
-    rc = rel.reduced_cost
-    scale = max(abs(rel.bound), 1.0)
+    """Solve rounds of offered options until one is certified, times out, or the formulation stops.
+
+    A round cut short by the deadline or the size limits ends the loop; the
+    answer is then completed by :func:`_fall_back`.
+    """
     offered = formulation.offered(problem, table, rel)
     slots = formulation.slots(problem)
-    slots_restricted = slots and not problem.interference_avoidance
     start = start_placement(problem, table, slots)
     out = _Rounds(None, -math.inf, rel.bound, False, None, 0, offered, 0.0, 0.0)
-    t1 = t0
+    try:
+        _run_rounds(problem, formulation, table, rel, (t0, budget, highs_options), out, start)
+    except OutOfTime:
+        out.stopped, out.message = "time", f"time limit reached before round {out.count} was solved"
+    except TooLarge as exc:
+        out.stopped, out.message = "size", f"round {out.count}: {exc}"
+    if not out.stopped and out.run is not None and stopped_early(out.run.model_status):
+        out.stopped, out.message = "time", out.run.message  # HiGHS's time limit, with or without an answer
+    if out.stopped:
+        _fall_back(problem, table, out, start, budget)
+    return out
+
+
+def _run_rounds(problem, formulation, table, rel, limits: tuple, out: _Rounds, start: np.ndarray) -> None:
+    """The round loop of :func:`_solve_rounds`, filling ``out``; raises OutOfTime or TooLarge."""
+    t0, budget, highs_options = limits
+    rc = rel.reduced_cost
+    scale = max(abs(rel.bound), 1.0) if math.isfinite(rel.bound) else 1.0
+    slots = formulation.slots(problem)
+    slots_restricted = slots and not problem.interference_avoidance
+    offered, t1 = out.offered, t0
     while True:
+        budget.check()
         out.count += 1
         excluded_rc = float(np.min(rc[~offered], initial=math.inf))
-        graph = packing_graph(problem, table, offered, excluded_rc, slots)
+        graph = packing_graph(problem, table, offered, excluded_rc, slots, budget)
+        columns = _columns(problem, table, graph)
+        if columns > budget.max_columns:
+            raise TooLarge(f"model over MAX_COLUMNS = {budget.max_columns} columns ({columns})")
+        budget.check(columns * MODEL_SECONDS_PER_COLUMN)
         model = pyomo_model(problem, table, graph)
+        budget.check()
         form = standard_form(model)
+        budget.check()
         warm = warm_start_values(problem, table, graph, start)
         t2 = time.perf_counter()
-        remaining = None if deadline is None else max(deadline - t2, MIN_TIME_LIMIT)
+        remaining = None if budget.deadline is None else max(budget.deadline - t2, MIN_TIME_LIMIT)
         run = run_highs(model, form, warm, time_limit=remaining, dive=formulation.dive, **highs_options)
+        if budget.deadline is not None:  # HiGHS's presolve and root node do not always read the clock
+            out.highs_overrun += max(0.0, time.perf_counter() - max(budget.deadline, t2))
         placement = _feasible_placement(problem, table, graph, run)
         if placement is not None:
-            value = utility_sum(problem, placement)
+            value = utility_sum(problem, placement, table)
             if value > out.best_value:
                 out.best, out.best_value = placement, value
         t3 = time.perf_counter()
         out.build_seconds += t2 - t1
         out.solve_seconds += t3 - t2  # HiGHS and decoding its answer
+        if placement is None and stopped_early(run.model_status):
+            out.run = run
+            raise OutOfTime  # the answer is then the best of the earlier rounds and the warm start
         # Every placement worth more than rel.bound - excluded_rc uses offered options only,
         # so the model's bound holds for the problem unless the slots are a restriction.
         model_bound = run.bound if math.isfinite(run.bound) and not slots_restricted else rel.bound
@@ -160,12 +246,46 @@ def _solve_rounds(
         )
         out.run, out.offered = run, offered
         if out.certified or out.best is None or stopped_early(run.model_status) or offered.all():
-            return out
+            return
         widened = formulation.widen(rel, offered, out.best_value)
-        if widened is None:
-            return out
+        if widened is None or not np.any(widened & ~offered) or out.count >= MAX_ROUNDS:
+            return
         offered, start = widened, out.best
         t1 = time.perf_counter()
+
+
+def _columns(problem: Problem, table: OptionTable, graph: PackingGraph) -> int:
+    """Columns of the model over ``graph`` (y, k, z, g, h, f), counted before it is built."""
+    segments = int(graph.seg_max.sum()) if graph.slots and graph.layers > 1 else 0
+    return int(graph.opt.size + table.keep.size + problem.num_jobs + segments + graph.state_node.size + graph.arc_tail.size)
+
+
+def _fall_back(problem: Problem, table: OptionTable, out: _Rounds, start: np.ndarray, budget: Budget) -> None:
+    """Complete ``out`` after the rounds were cut short: the best of the rounds, the warm start and the greedy.
+
+    The greedy runs in what is left of the solve (the stages stop
+    ``FALLBACK_RESERVE`` of the time limit early for it); the solve is
+    time-limited if the rounds or the greedy were.
+    """
+    from ..greedy import solve_greedy  # the greedy imports nothing of the MILP
+
+    out.timed_out = out.stopped == "time"
+    candidates = [("warm start", start)]
+    left = budget.remaining_final()
+    if left > GREEDY_SECONDS_PER_CONFIG * problem.num_configs:  # else its set-up alone would overrun
+        greedy = solve_greedy(problem, time_limit=None if math.isinf(left) else left)
+        candidates.append(("greedy", greedy.placement))
+        out.timed_out |= greedy.status is Status.TIME_LIMIT
+    for name, placement in candidates:
+        if violations(problem, placement):
+            continue
+        value = utility_sum(problem, placement, table)
+        if value > out.best_value:
+            out.best, out.best_value, out.fallback = placement, value, name
+    out.bound = max(out.bound, out.best_value)
+    if out.fallback:
+        out.message += f"; answer: {out.fallback}"
+    log.info("milp: %s", out.message)
 
 
 def _feasible_placement(
@@ -185,8 +305,11 @@ def _feasible_placement(
 def _status(rounds: _Rounds, rel: Relaxation, mip_gap: float) -> Status:
     """HiGHS's status of the last run, made OPTIMAL or FEASIBLE by the bound against the whole problem."""
     has_solution = rounds.best is not None
-    status = result_status(rounds.run.model_status, has_solution)
-    scale = max(abs(rel.bound), 1.0)
+    if rounds.stopped:
+        status = Status.TIME_LIMIT if rounds.timed_out else Status.FEASIBLE
+    else:
+        status = result_status(rounds.run.model_status, has_solution)
+    scale = max(abs(rel.bound), 1.0) if math.isfinite(rel.bound) else 1.0
     slack = mip_gap * max(abs(rounds.bound), abs(rounds.best_value)) + UTILITY_RTOL * scale
     within_gap = has_solution and rounds.bound - rounds.best_value <= slack
     if has_solution and status is Status.OPTIMAL and not within_gap and not rounds.certified:
@@ -202,16 +325,30 @@ def _result(
     """The :class:`Result`, with objective and bound on the power-mean scale."""
     placement = rounds.best if rounds.best is not None else problem.current.copy()
     objective = evaluate(problem, placement) if not violations(problem, placement) else float("nan")
-    w_sum = float(problem.weight.sum())
+    w_sum = table.weight_sum
     if w_sum == 0:
         bound_mean = objective  # no jobs: the empty placement is all there is
     else:
-        bound_mean = mean_from_utility_sum(rounds.bound, w_sum, problem.p)
+        bound_mean = table.scale.mean(rounds.bound, w_sum)
         bound_mean = max(bound_mean, objective) if math.isfinite(objective) else bound_mean
     gap = float("nan")
     if math.isfinite(bound_mean) and bound_mean != 0:
         gap = (bound_mean - objective) / abs(bound_mean)
     run = rounds.run
+    stats = {
+        "formulation": formulation.name,
+        "rounds": rounds.count,
+        "options": int(table.job.size),
+        "options_offered": int(rounds.offered.sum()),
+        "columns": run.columns if run else 0,
+        "rows": run.rows if run else 0,
+        "mip_nodes": run.mip_nodes if run else -1,
+        "relaxation_bound": table.scale.mean(rel.bound, w_sum) if w_sum else 0.0,
+    }
+    if rounds.fallback:
+        stats["fallback"] = rounds.fallback
+    if rounds.highs_overrun > 0:
+        stats["highs_overrun_seconds"] = rounds.highs_overrun
     return Result(
         placement=placement,
         status=status,
@@ -221,15 +358,6 @@ def _result(
         build_seconds=rounds.build_seconds,
         solve_seconds=rounds.solve_seconds,
         solver="milp",
-        message=run.message,
-        stats={
-            "formulation": formulation.name,
-            "rounds": rounds.count,
-            "options": int(table.job.size),
-            "options_offered": int(rounds.offered.sum()),
-            "columns": run.columns,
-            "rows": run.rows,
-            "mip_nodes": run.mip_nodes,
-            "relaxation_bound": mean_from_utility_sum(rel.bound, w_sum, problem.p) if w_sum else 0.0,
-        },
+        message=rounds.message or run.message,
+        stats=stats,
     )

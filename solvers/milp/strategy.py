@@ -113,9 +113,9 @@ class ExactFormulation(Formulation):
         return problem.interference_avoidance
 
     def offered(self, problem: Problem, table: OptionTable, relaxation: Relaxation) -> np.ndarray:
-        """Options with reduced cost <= ``FIRST_ROUND_REL`` max(|L|, sum of weights)."""
+        """Options with reduced cost <= ``FIRST_ROUND_REL`` max(|L|, sum of weights on the utility's scale)."""
         bound = relaxation.bound
-        return relaxation.reduced_cost <= FIRST_ROUND_REL * max(abs(bound), float(problem.weight.sum()))
+        return relaxation.reduced_cost <= FIRST_ROUND_REL * max(abs(bound), table.weight_sum)
 
     def widen(self, relaxation: Relaxation, offered: np.ndarray, best_value: float) -> np.ndarray:
         """Also every option that a placement better than ``best_value`` could use."""

@@ -160,8 +160,9 @@ def decode_placement(problem: Problem, table: OptionTable, graph: PackingGraph, 
     for (i, s), count in values["g"].items():
         segments[s] += [int(graph.multi_jobs[i])] * int(count)
     flow = np.asarray(values["f"]).copy()
-    out = defaultdict(list)
-    for a, t in enumerate(graph.arc_tail.tolist()):
+    out = defaultdict(list)  # vertex -> arcs leaving it that carry flow, in arc order
+    used = np.flatnonzero(flow > 0)
+    for a, t in zip(used.tolist(), graph.arc_tail[used].tolist()):
         out[t].append(a)
     for n, v in _entries(problem, graph, values["h"] > 0):
         while v != SINK:

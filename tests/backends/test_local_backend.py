@@ -99,6 +99,17 @@ def test_default_cluster_splits_the_cpus_and_names_bad_arguments():
         default_cluster(3, 2)
 
 
+def test_default_cluster_refuses_zero_nodes_or_cpus_rather_than_defaulting():
+    with pytest.raises(InvalidProblem, match=r"num_nodes must be an integer in \[1, 2\], got 0"):
+        default_cluster(0, 2)
+    with pytest.raises(InvalidProblem, match=r"cpus must be an integer >= 1, got 0"):
+        default_cluster(2, 0)
+    with pytest.raises(InvalidProblem, match=r"cpus must be an integer >= 1, got True"):
+        default_cluster(1, True)
+    with pytest.raises(InvalidProblem, match=r"num_nodes must be an integer in \[1, 2\], got None"):
+        default_cluster(None, 2)
+
+
 def test_run_config_is_written_once_and_resumed(tmp_path):
     wl = WORKLOAD_SETS["mixed"]
     cluster = Cluster.uniform(2, 1)

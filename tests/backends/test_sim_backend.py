@@ -21,6 +21,7 @@ from pollux_opt.backends.sim import (
 )
 from pollux_opt.scheduling.policies import TiresiasPolicy
 from pollux_opt.workloads import WorkloadJob, philly_workload, read_adaptdl_csv, tuned_config, write_adaptdl_csv
+from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.scheduling.policies.packing import pack
 from pollux_opt.scheduling.policies.views import replica_cap
 
@@ -41,9 +42,13 @@ def test_split_batch_fits_max_local():
     assert split_batch(64, 4, 128) == (16, 0)
 
 
-def test_parametric_profile_rejects_bad_gamma():
-    with pytest.raises(InvalidProblem, match=r"gamma must be in \[1, 10\], got 0.5"):
+def test_parametric_profile_rejects_bad_fields_naming_them():
+    with pytest.raises(InvalidProblem, match=r"gamma must be a finite number in \[1, 10\], got 0\.5"):
         ParametricProfile("x", gamma=0.5)
+    with pytest.raises(InvalidProblem, match=r"max_epochs must be an integer >= 1, got 0"):
+        ParametricProfile("x", max_epochs=0)
+    with pytest.raises(InvalidProblem, match=r"beta_c must be a finite number >= 0, got True"):
+        ParametricProfile("x", beta_c=True)
 
 
 def test_unknown_application_named():
@@ -86,12 +91,14 @@ def test_interference_slows_shared_multi_node_jobs():
     assert out[0.5] == pytest.approx(0.5 * out[0.0])
 
 
-def test_fixed_applications_keep_their_submitted_configuration():
-    """The paper's simulator pins NCF to its tuned configuration under every policy."""
+def test_fixed_applications_run_their_pinned_configuration():
+    """The paper's simulator pins NCF to its tuned configuration: one replica at
+    the tuned batch (synth: 128), not the submitted 2 replicas at 256."""
     with pytest.raises(InvalidProblem, match="fixed_applications must be a tuple of application names, got 'ncf'"):
         SimConfig(fixed_applications="ncf")
     assert SimConfig().fixed_applications == ("ncf",)
-    for fixed, want_batch, want_max in [(("synth",), 256, 2), ((), 1024, 8)]:
+    assert pinned_config(SYNTH["synth"]) == (1, 128)
+    for fixed, want_batch, want_max in [(("synth",), 128, 1), ((), 1024, 8)]:
         b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(2, 4), config=SimConfig(fixed_applications=fixed))
         b.apply(Decision({"j0": {"n0": 2}}, {"j0": BatchConfig(512, 0, 1024, 1.0)}, math.nan, 0.0, "t"))
         b.advance(60.0)
@@ -99,8 +106,26 @@ def test_fixed_applications_keep_their_submitted_configuration():
         b.apply(Decision({"j0": {"n0": 4}}, {"j0": BatchConfig(256, 0, 1024, 1.0)}, math.nan, 0.0, "t"))
         b.advance(60.0)
         (v,) = b.views()
-        assert v.max_profiled_replicas == 4 and v.max_replicas == (2 if fixed else 64)
+        assert v.max_profiled_replicas == 4 and v.max_replicas == (1 if fixed else 64)
+        assert (v.submitted_replicas, v.submitted_batch_size) == ((1, 128) if fixed else (2, 256))
         assert replica_cap(v, b.cluster) == want_max  # exploration cap 2 x 4 measured, unless pinned
+
+
+@needs_traces
+@pytest.mark.parametrize("policy", ["pollux", "tiresias", "optimus"])
+def test_pinned_ncf_ignores_its_workload_row(policy):
+    """NCF rows submitted at 1 replica, batch 256 run as Pollux's simulator runs
+    NCF (one replica at batch 32768): the same JCTs as rows holding that."""
+    profiles = load_profiles(TRACES, names=["ncf"])
+
+    def jcts(ncf_batch):
+        jobs = [WorkloadJob(f"ncf-{i}", "ncf", 60.0 * i, 1, ncf_batch) for i in range(3)]
+        sim = simulate(jobs, profiles, policy, cluster=Cluster.uniform(1, 4), interval=60.0, max_rounds=200)
+        assert sim.completed == 3
+        return sim
+
+    user, tuned = jcts(256), jcts(32768)
+    assert user.avg_jct == tuned.avg_jct and user.makespan == tuned.makespan
 
 
 def test_overload_rejected():
@@ -182,7 +207,12 @@ def test_cli_simulate(tmp_path, monkeypatch):
     ({"completion_delay": -1.0}, r"completion_delay must be a finite number >= 0, got -1.0"),
     ({"completion_delay": {"synth": float("nan")}},
      r"completion_delay\['synth'\] must be a finite number >= 0, got nan"),
-    ({"wake_every": 0.0}, r"wake_every must be None or a finite number of seconds > 0, got 0.0"),
+    ({"wake_every": 0.0}, r"wake_every must be a finite number of seconds > 0 or None, got 0\.0"),
+    ({"start_delay": "x"}, r"start_delay must be a finite number >= 0, got 'x'"),
+    ({"start_delay": {"ncf": -2}}, r"start_delay\['ncf'\] must be a finite number >= 0, got -2"),
+    ({"interference": 1.0}, r"interference must be a finite number in \[0, 1\), got 1\.0"),
+    ({"split_single": 1}, r"split_single must be true or false, got 1"),
+    ({"seed": -1}, r"seed must be an integer >= 0, got -1"),
 ])
 def test_sim_config_rejects_bad_fidelity_settings(changes, message):
     with pytest.raises(InvalidProblem, match=message):

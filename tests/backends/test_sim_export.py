@@ -182,6 +182,33 @@ def test_cli_reports_bad_input_without_traceback(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["../victim", "/tmp/victim", "..", "a/../../victim"])
+def test_spec_name_that_is_a_path_is_refused_before_anything_is_written(tmp_path, capsys, name):
+    """A job.json whose spec.name is a path must not make the export write or
+    delete files outside its output folder (here: ``victim/`` next to it)."""
+    run, _ = _write_run(tmp_path, "r", {"n0": 2})
+    job_json = run / "jobs" / "a" / "job.json"
+    meta = json.loads(job_json.read_text())
+    meta["spec"] = json.dumps({**json.loads(meta["spec"]), "name": name})
+    job_json.write_text(json.dumps(meta))
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "validation-1.csv").write_text("keep\n")
+    with pytest.raises(InvalidProblem, match=r"spec\.name in '.*job\.json' must be letters, digits, .*got '"):
+        export_profiles([run], tmp_path / "p")
+    assert main(["profile", str(run), "--out", str(tmp_path / "p")]) == 2
+    assert "spec.name" in capsys.readouterr().err
+    assert [f.name for f in victim.iterdir()] == ["validation-1.csv"]
+    assert (victim / "validation-1.csv").read_text() == "keep\n"
+    assert not (tmp_path / "p").exists() or not any((tmp_path / "p").iterdir())
+
+
+def test_app_filter_names_are_checked(tmp_path):
+    run, _ = _write_run(tmp_path, "r", {"n0": 2})
+    with pytest.raises(InvalidProblem, match=r"apps entry must be letters, digits, .*got '\.\./x'"):
+        export_profiles([run], tmp_path / "p", apps=["../x"])
+
+
 def test_grad_var_export_matches_the_simulated_gain(tmp_path):
     """The simulator's gain at the exported stats equals the runtime's recorded gain."""
     run, _ = _write_run(tmp_path, "r", {"n0": 2})

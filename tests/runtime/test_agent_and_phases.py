@@ -120,7 +120,7 @@ def test_phase_table_covers_every_phase_and_keeps_the_public_states():
     assert Phase.restored(JobState.RESCALING) is Phase.STOPPED and Phase.restored(JobState.COMPLETED) is Phase.COMPLETED
     with pytest.raises(IllegalTransition, match="job 'j' cannot move from phase 'completed' to 'running'"):
         check_transition("j", Phase.COMPLETED, Phase.RUNNING)
-    with pytest.raises(IllegalTransition, match="allowed: failed, launching, stopped"):
+    with pytest.raises(IllegalTransition, match="allowed: failed, launching, stopped, verifying"):
         check_transition("j", Phase.PENDING, Phase.RUNNING)
 
 

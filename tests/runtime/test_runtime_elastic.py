@@ -177,28 +177,44 @@ def test_stop_and_resume_reproduces_an_uninterrupted_run_bitwise(tmp_path, pool)
     assert resumed.events_of("started")[-1].details["from_checkpoint"] == paused.step
 
 
-def test_killed_worker_restarts_from_last_good_checkpoint(tmp_path, pool):
+def _kill_rank_and_finish(tmp_path, pool, rank: int):
+    """A 2-replica job with a checkpoint every 10 steps whose worker ``rank`` is
+    killed after step 35; returns the final report, the lost and restarted
+    events' details and the step log."""
     options = RuntimeOptions(fixed_batch_size=64, step_limit=200, checkpoint_every_steps=10)
     with ElasticJob(TINY, tmp_path / "job", options=options, pool=pool) as job:
         job.start(2)
         before = job.wait(timeout=WAIT_S, until=lambda r: r.state is JobState.RUNNING and r.step >= 35)
-        os.kill(before.worker_pids[1], signal.SIGKILL)
+        os.kill(before.worker_pids[rank], signal.SIGKILL)
         report = job.wait(timeout=WAIT_S)
+        steps = _steps(job)
     assert report.state is JobState.STOPPED and report.step == 200, report.error
     assert report.num_restarts == 1
     lost = report.events_of("worker_lost")
-    assert len(lost) == 1 and lost[0].details["rank"] == 1 and lost[0].details["exitcode"] == -signal.SIGKILL
+    assert len(lost) == 1 and lost[0].details["rank"] == rank and lost[0].details["exitcode"] == -signal.SIGKILL
     restarted = report.events_of("restarted")[0].details
-    resumed_at = restarted["from_checkpoint"]
-    assert resumed_at % 10 == 0 and 30 <= resumed_at <= lost[0].details["step"] + 10
     assert restarted["checksum"] == restarted["checkpoint_checksum"]
-    assert before.worker_pids[1] not in restarted["pids"]
-    steps = _steps(job)
+    assert before.worker_pids[rank] not in restarted["pids"]
     gens = steps["generation"].unique()
     after = steps[steps["generation"] == gens[-1]]["step"].tolist()
-    assert after == list(range(resumed_at + 1, 201))  # continues right after the checkpoint
+    assert after == list(range(restarted["from_checkpoint"] + 1, 201))  # continues right after the checkpoint
     done_before = steps[steps["generation"] == gens[0]]["step"].tolist()
     assert done_before == list(range(1, len(done_before) + 1))
+    return lost[0].details, restarted, done_before
+
+
+def test_killed_peer_of_rank_0_repeats_no_step(tmp_path, pool):
+    """Rank 0 checkpoints its last completed step when its collective fails."""
+    lost, restarted, done_before = _kill_rank_and_finish(tmp_path, pool, rank=1)
+    assert restarted["from_checkpoint"] == lost["step"] == done_before[-1] >= 35
+
+
+@pytest.mark.slow
+def test_killed_rank_0_restarts_from_its_last_checkpoint(tmp_path, pool):
+    """Nothing else holds rank 0's state: the steps since its last checkpoint are repeated."""
+    lost, restarted, done_before = _kill_rank_and_finish(tmp_path, pool, rank=0)
+    resumed_at = restarted["from_checkpoint"]
+    assert resumed_at % 10 == 0 and 30 <= resumed_at <= done_before[-1] < resumed_at + 10
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path, pool):
@@ -251,6 +267,66 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def _tcp_sockets(pid: int) -> list[tuple[str, str, str]]:
+    """(state, local, remote) hex fields of the TCP sockets process ``pid`` holds,
+    from ``/proc/net/tcp{,6}`` rows whose inode is one of its file descriptors."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    rows = []
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        for line in path.read_text().splitlines()[1:] if path.exists() else []:
+            fields = line.split()
+            if fields[9] in inodes:
+                rows.append((fields[3], fields[1].split(":")[0], fields[2].split(":")[0]))
+    return rows
+
+
+def _loopback(address_hex: str) -> bool:
+    """127.0.0.0/8, ::1 or ::ffff:127.x in /proc/net/tcp's hex (IPv4 words are little-endian)."""
+    if len(address_hex) == 8:
+        return address_hex.endswith("7F")
+    return address_hex == "00000000000000000000000001000000" or (
+        address_hex[:24] == "0000000000000000FFFF0000" and address_hex.endswith("7F")
+    )
+
+
+def _assert_loopback_only(workdir: Path, pool: WorkerPool) -> None:
+    """Run a 2-replica job in ``pool`` and check its workers' TCP sockets (listening: 0A, connected: 01)."""
+    with ElasticJob(TINY, workdir, options=RuntimeOptions(step_limit=100_000), pool=pool) as job:
+        job.start(2)
+        report = job.wait(timeout=WAIT_S, until=lambda r: r.state is JobState.RUNNING and r.step >= 5)
+        sockets = [row for pid in report.worker_pids for row in _tcp_sockets(pid)]
+        job.stop()
+        job.wait(timeout=WAIT_S)
+    listening = [local for state, local, _ in sockets if state == "0A"]
+    assert listening, sockets  # the gloo sockets of a 2-replica group were found
+    assert all(_loopback(local) for local in listening), sockets
+    assert all(_loopback(local) and _loopback(remote) for state, local, remote in sockets if state == "01"), sockets
+
+
+_NEEDS_PROC_NET = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc/net/tcp")
+
+
+@_NEEDS_PROC_NET
+def test_a_two_replica_jobs_gloo_sockets_listen_on_loopback_only(tmp_path, pool):
+    _assert_loopback_only(tmp_path / "job", pool)
+
+
+@pytest.mark.slow  # a fresh pool: workers spawned with the environment below
+@_NEEDS_PROC_NET
+def test_gloo_stays_on_loopback_when_the_environment_names_another_interface(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+    with WorkerPool(spares=2, max_idle=2) as fresh:
+        _assert_loopback_only(tmp_path / "job", fresh)
 
 
 # Slow-marked: its millisecond steps on a shared 2-core machine make it flaky

@@ -217,8 +217,11 @@ def test_job_spec_round_trips_through_json():
         ({"init_batch_size": 0}, "init_batch_size must be an integer >= 1, got 0"),
         ({"max_batch_size": 8}, r"max_batch_size must be >= init_batch_size \(32\), got 8"),
         ({"lr_scaling": "cubic"}, "lr_scaling must be one of"),
-        ({"target": float("inf")}, "target must be finite, got inf"),
-        ({"eval_every": 0}, "eval_every must be finite and > 0, got 0"),
+        ({"target": float("inf")}, "target must be a finite number, got inf"),
+        ({"target": "0.9"}, "target must be a finite number, got '0.9'"),
+        ({"eval_every": 0}, "eval_every must be a finite number > 0, got 0"),
+        ({"higher_is_better": 1}, "higher_is_better must be true or false, got 1"),
+        ({"metric": ""}, "metric must be a non-empty string, got ''"),
         ({"seed": -1}, "seed must be an integer >= 0, got -1"),
         ({"config": {"x": object()}}, "config must be JSON-serialisable"),
     ],
@@ -263,7 +266,8 @@ def test_placement_spreads_replicas_over_nodes():
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("fixed_batch_size", 0, "fixed_batch_size must be an integer >= 1, got 0"),
+        ("fixed_batch_size", 0, "fixed_batch_size must be an integer >= 1 or None, got 0"),
+        ("step_limit", True, "step_limit must be an integer >= 1 or None, got True"),
         ("checkpoint_interval_s", -1.0, "checkpoint_interval_s must be a finite number > 0, got -1.0"),
         ("keep_checkpoints", 1, "keep_checkpoints must be an integer >= 2, got 1"),
         ("max_restarts", -1, "max_restarts must be an integer >= 0, got -1"),
@@ -381,8 +385,10 @@ def test_elastic_job_rejects_bad_arguments_before_starting_anything(tmp_path):
     reopened.close()
     with pytest.raises(InvalidProblem, match="spares must be an integer >= 0, got -1"):
         WorkerPool(spares=-1)
-    with pytest.raises(InvalidProblem, match=r"max_idle must be an integer >= spares \(2\), got 1"):
+    with pytest.raises(InvalidProblem, match=r"max_idle must be >= spares \(2\), got 1"):
         WorkerPool(spares=2, max_idle=1)
+    with pytest.raises(InvalidProblem, match=r"max_idle must be an integer >= 0, got True"):
+        WorkerPool(max_idle=True)
     with pytest.raises(InvalidProblem, match="start_method must be one of"):
         WorkerPool(start_method="fork")
 
@@ -397,7 +403,8 @@ def test_job_parts_are_checked_with_the_builder_named(torch):
     for field, value, message in [
         ("model", "net", "builder 'pkg:build': model must be a torch.nn.Module"),
         ("optimizer", None, "builder 'pkg:build': optimizer must be a torch.optim.Optimizer"),
-        ("train_size", 0, "builder 'pkg:build': train_size must be an int >= 1, got 0"),
+        ("train_size", 0, "builder 'pkg:build': train_size must be an integer >= 1, got 0"),
+        ("max_grad_norm", 0.0, r"builder 'pkg:build': max_grad_norm must be a number > 0 or None, got 0\.0"),
         ("loss", 3, "builder 'pkg:build': loss must be callable, got 3"),
     ]:
         with pytest.raises(InvalidProblem, match=message):
@@ -478,7 +485,7 @@ def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, 
     from pollux_opt.runtime.allocation import WorkerAllocation
     from pollux_opt.runtime.phase import Phase
 
-    with pytest.raises(InvalidProblem, match="resume_after_failed_verification must be True or False, got 1"):
+    with pytest.raises(InvalidProblem, match="resume_after_failed_verification must be true or false, got 1"):
         RuntimeOptions(resume_after_failed_verification=1)
     job = ElasticJob("digits-cnn", tmp_path / "job", options=RuntimeOptions(resume_after_failed_verification=resume))
     ctl = job._ctl

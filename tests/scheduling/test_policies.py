@@ -318,6 +318,46 @@ def test_take_is_best_fit_on_one_node_else_most_free_first():
     assert take(free, 2, rank) is None and free == {"n0": 1, "n1": 0, "n2": 0}  # does not fit: unchanged
 
 
+def test_take_fills_the_fullest_nodes_then_fits_the_rest_most_tightly():
+    rank = {f"n{i}": i for i in range(4)}
+    free = {n: 4 for n in rank}
+    assert take(free, 6, rank) == {"n0": 4, "n1": 2}
+    assert take(free, 6, rank) == {"n2": 4, "n1": 2}  # the rest where 2 are free: n3 stays whole
+    assert take(free, 4, rank) == {"n3": 4} and sum(free.values()) == 0
+
+
+def test_pack_puts_each_job_on_as_few_nodes_as_it_fits():
+    """Tiresias' consolidation: two 4-replica jobs on two free 4-CPU nodes get
+    one node each, also when both were running split 2 + 2 over the two."""
+    c = Cluster.uniform(2, 4)
+    one_each = {"a": {"n0": 4}, "b": {"n1": 4}}
+    assert pack(c, {"a": 4, "b": 4}, {}, ["a", "b"]) == one_each
+    split = {"n0": 2, "n1": 2}
+    assert pack(c, {"a": 4, "b": 4}, {"a": split, "b": split}, ["a", "b"]) == one_each
+    # 6 + 6 + 4 replicas on 4 nodes: the 4-replica job still gets a whole node.
+    c4 = Cluster.uniform(4, 4)
+    out = pack(c4, {"x": 6, "y": 6, "z": 4}, {}, ["x", "y", "z"])
+    assert out == {"x": {"n0": 4, "n1": 2}, "y": {"n2": 4, "n1": 2}, "z": {"n3": 4}}
+
+
+def test_pack_moves_a_spread_job_only_onto_fewer_nodes():
+    c = Cluster.uniform(2, 4)
+    # a and b fill each node's other half: a, spread, has no fewer-node placement and keeps its own.
+    current = {"a": {"n0": 2, "n1": 2}, "b": {"n0": 2}, "c": {"n1": 2}}
+    assert pack(c, {"a": 4, "b": 2, "c": 2}, current, ["b", "c", "a"]) == current
+    # x spans no more nodes than 6 replicas need and stays; y (2 replicas on two nodes) moves to one.
+    c4 = Cluster.uniform(4, 4)
+    out = pack(c4, {"x": 6, "y": 2}, {"x": {"n1": 4, "n2": 2}, "y": {"n0": 1, "n3": 1}}, ["x", "y"])
+    assert out == {"x": {"n1": 4, "n2": 2}, "y": {"n2": 2}}
+
+
+def test_tiresias_consolidates_two_jobs_split_over_the_same_two_nodes():
+    split = {"n0": 2, "n1": 2}
+    jobs = [view(j, state="running", placement=split, replicas=4, t=i) for i, j in enumerate(("a", "b"))]
+    d = TiresiasPolicy().decide(0.0, Cluster.uniform(2, 4), jobs)
+    assert d.placement == {"a": {"n0": 4}, "b": {"n1": 4}}
+
+
 def test_pack_keeps_placements_whose_count_is_unchanged_and_refuses_what_does_not_fit():
     c = Cluster.uniform(2, 4)
     assert pack(c, {"a": 1, "b": 3}, {"b": {"n1": 3}}, ["a", "b"]) == {"a": {"n1": 1}, "b": {"n1": 3}}

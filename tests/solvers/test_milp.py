@@ -12,7 +12,18 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from solvers import DEFAULT_MIP_GAP, InvalidProblem, Problem, Status, evaluate, solve, violations
+from solvers import (
+    DEFAULT_MIP_GAP,
+    MAX_SPEEDUP,
+    P_RANGE,
+    WEIGHT_RANGE,
+    InvalidProblem,
+    Problem,
+    Status,
+    evaluate,
+    solve,
+    violations,
+)
 from solvers.milp import (
     AUTO_LARGE_CPUS,
     HIGHS_STATUS,
@@ -132,6 +143,43 @@ def test_bounds_hold(problem):
 
 
 # ------------------------------------------------------------------ properties
+#: Exponents of the "never below greedy" property: tiny ones (|p| <= 1e-7 once
+#: made the MILP call a placement 74 times worse than greedy's optimal), the
+#: ends of P_RANGE and ordinary ones.
+EXTREME_P = [1e-8, 1e-7, -1e-7, 1e-12, 1e-300, 0.5, -0.5, P_RANGE[0], P_RANGE[1], -1.0, 2.0]
+#: Factors on the speedups (the plain utility's differences vanish far from 1).
+SPEEDUP_SCALES = [1e-3, 1.0, 1e3, 1e6]
+#: Relative slack of "MILP >= greedy".  The MILP runs with mip_gap 0, but HiGHS
+#: still stops at an absolute gap of 1e-6 on the utility sum (mip_abs_gap),
+#: which is at most about 6e-5 of a sum the utility scale keeps above 2^-6.
+GREEDY_RTOL = 1e-4
+
+
+@st.composite
+def extreme_problems(draw) -> Problem:
+    """:func:`tiny_problems` with p, speedup scale and weights from the ends of the domain."""
+    problem = draw(tiny_problems())
+    scale = draw(st.sampled_from(SPEEDUP_SCALES))
+    weights = draw(st.lists(st.sampled_from([WEIGHT_RANGE[0], 1.0, WEIGHT_RANGE[1]]), min_size=problem.num_jobs, max_size=problem.num_jobs))
+    return dataclasses.replace(
+        problem,
+        p=draw(st.sampled_from(EXTREME_P)),
+        cfg_speedup=np.minimum(problem.cfg_speedup * scale, MAX_SPEEDUP),
+        weight=draw(st.sampled_from([problem.weight, np.array(weights)])),
+    )
+
+
+@PROPERTY
+@given(extreme_problems())
+def test_never_below_greedy(problem):
+    """An optimal MILP answer is at least as good as the greedy's, whatever p, speedups and weights."""
+    greedy = solve(problem, "greedy")
+    result = solve(problem, "milp", mip_gap=0.0)
+    assert result.status is Status.OPTIMAL
+    assert result.objective >= greedy.objective * (1 - GREEDY_RTOL)
+    assert result.bound >= greedy.objective * (1 - GREEDY_RTOL)
+
+
 @PROPERTY
 @given(tiny_problems(), st.integers(0, 2**32 - 1))
 def test_beats_random_feasible_placements(problem, seed):

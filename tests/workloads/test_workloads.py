@@ -55,13 +55,17 @@ def test_workload_job_fields_are_checked_and_numpy_integers_accepted():
         ({"replicas": 1.5}, r"job 'j': replicas must be an integer >= 1, got 1.5"),
         ({"batch_size": True}, r"job 'j': batch_size must be an integer >= 1, got True"),
         ({"arrival_s": float("inf")}, r"job 'j': arrival_s must be a finite number >= 0, got inf"),
-        ({"max_replicas": 0}, r"job 'j': max_replicas must be an integer >= 1, got 0"),
-        ({"kind": ""}, r"job 'j': kind must be a job name, got ''"),
+        ({"max_replicas": 0}, r"job 'j': max_replicas must be an integer >= 1 or None, got 0"),
+        ({"min_replicas": 3, "max_replicas": 2}, r"job 'j': max_replicas must be >= min_replicas \(3\), got 2"),
+        ({"kind": ""}, r"job 'j': kind must be letters, digits, '\.', '_' or '-' \(not starting with a symbol\), "
+                       r"got ''"),
+        ({"kind": "../x"}, r"job 'j': kind must be letters, digits, .*got '\.\./x'"),
     ]:
         args = {"id": "j", "kind": "synth", "arrival_s": 0.0, "replicas": 1, "batch_size": 8} | kwargs
         with pytest.raises(InvalidProblem, match=message):
             WorkloadJob(**args)
-    with pytest.raises(InvalidProblem, match=r"job id must be letters, digits"):
+    with pytest.raises(InvalidProblem, match=r"job id must be letters, digits, '\.', '_' or '-' "
+                                             r"\(not starting with a symbol\), got 'bad id'"):
         WorkloadJob("bad id", "synth", 0.0, 1, 8)
 
 

@@ -22,6 +22,13 @@ job arrives, finishes or fails (``advance`` returns early), so CPUs freed by a
 finishing job are not left idle until the next round; this applies to every
 policy alike.
 
+**Stopping early.**  ``should_stop`` (a stop signal, see
+:mod:`~pollux_opt.backends.local.signals`) is checked at every poll of
+:meth:`RealBackend.advance`, which then raises :class:`RunStopping`;
+:meth:`RealBackend.stop_run` checkpoints and stops every unfinished job, logs
+the stops (``rescale_begin`` and ``rescale_end`` to ``{}``) and a
+``run_stop`` event, and the run resumes from there like after a kill.
+
 **Batch mode.**  A policy whose ``adapts_batch`` is false (``fixed``,
 ``dynamic``) runs each job at its submitted batch size
 (``RuntimeOptions.fixed_batch_size``); otherwise the job co-adapts its batch
@@ -57,12 +64,13 @@ from pollux_opt.backends.local.handle import JobFactory, JobOpener, elastic_fact
 from pollux_opt.backends.local.handle import new_pool
 from pollux_opt.model import Cluster
 from pollux_opt.records.events import EventLog, read_events
+from pollux_opt.records.files import safe_name
 from pollux_opt.records.replay import replay
 from pollux_opt.runtime.adapt import executor_batch
 from pollux_opt.scheduling.loop import Decision, JobView
 from pollux_opt.workloads.job import Workload
 
-__all__ = ["JOBS_DIR", "POLL_S", "RealBackend"]
+__all__ = ["JOBS_DIR", "POLL_S", "RealBackend", "RunStopping"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +96,10 @@ STOP_GRACE_S = 20.0
 JOBS_DIR = "jobs"
 
 
+class RunStopping(Exception):
+    """Raised by :meth:`RealBackend.advance` once ``should_stop`` holds (see the module docstring)."""
+
+
 class RealBackend:
     """:class:`pollux_opt.scheduling.loop.Backend` over real elastic CPU jobs.
 
@@ -110,6 +122,8 @@ class RealBackend:
             one, closed by :meth:`close`).
         clock, sleep: time sources (tests inject fakes).
         poll_s, report_every_s: polling and report periods, seconds.
+        should_stop: polled while advancing; once true, :meth:`advance` raises
+            :class:`RunStopping` (see the module docstring).
     """
 
     def __init__(
@@ -130,6 +144,7 @@ class RealBackend:
         sleep: Callable[[float], None] = time.sleep,
         poll_s: float = POLL_S,
         report_every_s: float = REPORT_EVERY_S,
+        should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.workload = workload
@@ -137,7 +152,7 @@ class RealBackend:
         self.events = events
         self.adapts_batch = bool(adapts_batch)
         self.started_unix = float(started_unix)
-        self._clock, self._sleep = clock, sleep
+        self._clock, self._sleep, self._should_stop = clock, sleep, should_stop
         self.poll_s, self.report_every_s = float(poll_s), float(report_every_s)
         self._runtime_options = dict(runtime_options or {})
         self._own_pool = False
@@ -199,7 +214,7 @@ class RealBackend:
 
     # ----------------------------------------------------------- submissions
     def _workdir(self, job: JobBookkeeping) -> Path:
-        return self.run_dir / JOBS_DIR / job.id
+        return self.run_dir / JOBS_DIR / safe_name("job id", job.id)
 
     def _create(self, job: JobBookkeeping):
         opts_kwargs = dict(self._runtime_options)
@@ -272,13 +287,14 @@ class RealBackend:
         job.report = report
         return report
 
-    def _poll(self, full: bool = True) -> None:
-        """Submit arrivals and read the jobs.  A full read (``report()``, event
+    def _poll(self, full: bool = True, arrivals: bool = True) -> None:
+        """Submit arrivals (if ``arrivals``) and read the jobs.  A full read (``report()``, event
         translation, checkpoints, reports) is done for every job when ``full``,
         else only for jobs whose state changed or whose last full read is
         :data:`FULL_READ_S` old; the others cost one ``poll()`` each."""
         now = self.now()
-        self._submit_arrivals(now)
+        if arrivals:
+            self._submit_arrivals(now)
         polled = []
         for job in self.jobs.values():
             if not job.submitted or job.finished or job.handle is None:
@@ -394,6 +410,8 @@ class RealBackend:
         deadline = self._clock() + seconds
         self._wake = False
         while True:
+            if self._should_stop():
+                raise RunStopping
             t0 = time.perf_counter()
             self._poll(full=False)
             self.poll_seconds += time.perf_counter() - t0
@@ -405,21 +423,43 @@ class RealBackend:
     def finished(self) -> bool:
         return all(j.submitted and j.finished for j in self.jobs.values())
 
+    def _stop_jobs(self, jobs: list[JobBookkeeping], timeout: float) -> None:
+        """Ask ``jobs`` to checkpoint and stop; wait up to ``timeout`` seconds for them all."""
+        for job in jobs:
+            try:
+                job.handle.stop()
+            except InvalidProblem:
+                pass
+        deadline = time.monotonic() + timeout
+        for job in jobs:
+            try:
+                job.handle.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except (TimeoutError, RuntimeError):
+                pass
+
+    def stop_run(self, reason: str, timeout: float = STOP_GRACE_S) -> list[str]:
+        """Checkpoint and stop every unfinished job and log it: a stop order per
+        job holding CPUs, what the jobs then report (their stops, or a
+        completion that came first) and a ``run_stop`` event.  Returns the ids of
+        the jobs left stopped (they resume when the run does)."""
+        now = self.now()
+        live = [j for j in self.jobs.values() if j.handle is not None and not j.finished and j.started]
+        for job in live:
+            if job.placement:
+                self._emit("rescale_begin", now, job.id, old_placement=job.placement, placement={}, reason=reason)
+                job.hold(now, {})
+                job.change_t = now
+                self._pinning.release(job.id)
+        self._stop_jobs(live, timeout)
+        self._poll(arrivals=False)
+        stopped = [j.id for j in self.jobs.values() if j.submitted and not j.finished]
+        self._emit("run_stop", self.now(), None, reason=reason, stopped=stopped)
+        return stopped
+
     def close(self, *, graceful: bool = True, timeout: float = STOP_GRACE_S) -> None:
         """Stop unfinished jobs (checkpointing them if ``graceful``) and end all workers."""
-        handles = [j.handle for j in self.jobs.values() if j.handle is not None and not j.finished]
         if graceful:
-            for h in handles:
-                try:
-                    h.stop()
-                except InvalidProblem:
-                    pass
-            deadline = time.monotonic() + timeout
-            for h in handles:
-                try:
-                    h.wait(timeout=max(deadline - time.monotonic(), 0.1))
-                except (TimeoutError, RuntimeError):
-                    pass
+            self._stop_jobs([j for j in self.jobs.values() if j.handle is not None and not j.finished], timeout)
         for j in self.jobs.values():
             if j.handle is not None:
                 j.handle.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pollux_opt.backends.local.handle import JobHandle
@@ -27,6 +27,7 @@ class JobBookkeeping(JobTrack):
         report: the last full report read (a ``JobReport``; None before one).
         read_t: run time of that read, seconds.
         ckpt_names: file names last seen in its checkpoint directory.
+        ckpt_rejected: checkpoint metadata files found not to verify (never logged).
         report_t, report_progress, report_samples: time, progress and samples
             at its last ``report`` event (the reference of the next one's rates).
         change_t: run time of the last placement change the backend ordered.
@@ -40,6 +41,7 @@ class JobBookkeeping(JobTrack):
     report: Any = None
     read_t: float = -math.inf
     ckpt_names: frozenset = frozenset()
+    ckpt_rejected: set = field(default_factory=set)
     report_t: float = math.nan
     report_progress: float = math.nan
     report_samples: float = math.nan

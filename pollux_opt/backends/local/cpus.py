@@ -12,24 +12,27 @@ import logging
 import os
 from typing import Mapping
 
-from solvers import InvalidProblem
-
 from pollux_opt.model import Cluster, Node
+from pollux_opt.model.domains import Integer, check
 
 __all__ = ["CpuPinning", "default_cluster"]
 
 log = logging.getLogger(__name__)
 
+#: CPUs a real run uses (0 is an error, not "unset": None is).
+_CPUS = Integer(ge=1)
+
 
 def default_cluster(num_nodes: int = 1, cpus: int | None = None) -> Cluster:
     """This machine: ``num_nodes`` nodes splitting the CPUs this process may use
-    (``cpus`` of them, default all) as evenly as possible."""
-    avail = len(os.sched_getaffinity(0))
-    total = avail if cpus is None else cpus
-    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-        raise InvalidProblem(f"cpus must be an integer >= 1, got {cpus!r}")
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or not 1 <= num_nodes <= total:
-        raise InvalidProblem(f"num_nodes must be an integer in [1, {total}], got {num_nodes!r}")
+    (``cpus`` of them, default all) as evenly as possible.
+
+    Raises:
+        solvers.InvalidProblem: ``cpus`` not an integer >= 1, or ``num_nodes`` not one
+            in ``[1, cpus]`` (0 of either is an error, not a default).
+    """
+    total = len(os.sched_getaffinity(0)) if cpus is None else check("cpus", cpus, _CPUS)
+    num_nodes = check("num_nodes", num_nodes, Integer(ge=1, le=total))
     base, extra = divmod(total, num_nodes)
     return Cluster(tuple(Node(f"n{i}", base + (1 if i < extra else 0)) for i in range(num_nodes)))
 

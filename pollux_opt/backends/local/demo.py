@@ -9,7 +9,7 @@ from pollux_opt.backends.local.rundir import CONFIG_FILE, EVENTS_FILE
 from pollux_opt.backends.local.run import DEFAULT_INTERVAL_S, run_workload
 from pollux_opt.model import Cluster
 from pollux_opt.records.events import read_events
-from pollux_opt.records.files import atomic_write_json
+from pollux_opt.records.files import atomic_write_json, safe_name
 
 __all__ = ["DEMO_POLICIES", "QUICK_INTERVAL_S", "run_demo"]
 
@@ -49,7 +49,7 @@ def run_demo(
     out = Path(out_dir)
     summaries: dict[str, dict] = {}
     for name in policies:
-        run_dir = out / name
+        run_dir = out / safe_name("policy", name)
         existing = (run_dir / CONFIG_FILE).exists()
         summaries[name] = run_workload(
             run_dir, None if existing else wl, None if existing else name,

@@ -156,7 +156,16 @@ def translate_runtime_events(job: JobBookkeeping, report, started_unix: float) -
 
 def checkpoint_events(job: JobBookkeeping, directory: str | os.PathLike) -> list[dict]:
     """Fields of one ``checkpoint`` event per checkpoint in ``directory`` newer
-    than the last one logged (oldest first; one still being written is left for the next poll)."""
+    than the last one logged (oldest first).
+
+    Only a checkpoint the job could resume from is logged: its metadata parses
+    and its payload hashes to the recorded SHA-256
+    (:func:`pollux_opt.runtime.checkpoint.verify`).  One that does not verify
+    (a forged or damaged file) is remembered and skipped, so that it neither
+    appears in the log nor moves ``last_ckpt_step``.
+    """
+    from pollux_opt.runtime.checkpoint import CheckpointInfo, verify
+
     directory = Path(directory)
     try:
         names = frozenset(os.listdir(directory))
@@ -168,12 +177,16 @@ def checkpoint_events(job: JobBookkeeping, directory: str | os.PathLike) -> list
     out = []
     for name in sorted(names):
         m = _CKPT_META_RE.match(name)
-        if not m or int(m.group(1)) <= job.last_ckpt_step:
+        if not m or int(m.group(1)) <= job.last_ckpt_step or name in job.ckpt_rejected:
             continue
         step = int(m.group(1))
         try:
             meta = json.loads((directory / name).read_text())
         except (OSError, ValueError):
+            meta = None  # the metadata is written whole (atomically): unreadable stays unreadable
+        info = CheckpointInfo(step, directory / f"{name[:-len('.json')]}.pt", directory / name, meta)
+        if not isinstance(meta, dict) or "sha256" not in meta or not verify(info):
+            job.ckpt_rejected.add(name)
             continue
         job.last_ckpt_step = step
         out.append({"step": step, "progress": meta.get("progress"), "final": bool(meta.get("final", False))})

@@ -4,6 +4,7 @@
     run_dir/events.jsonl    the event log (see pollux_opt.records.events)
     run_dir/summary.json    metrics (pollux_opt.records.metrics), written at the end
     run_dir/jobs/<id>/      each job's work directory (checkpoints, logs)
+    run_dir/scheduler.lock  held by the running scheduler (see pollux_opt.backends.local.runlock)
 
 ``config.json`` is what makes a run resumable: a second run on the same
 directory takes its configuration from it (the clock from its recorded start
@@ -13,7 +14,6 @@ time, so that JCTs include an outage) instead of from its arguments.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -23,7 +23,9 @@ from solvers import InvalidProblem
 
 from pollux_opt.backends.local.cpus import default_cluster
 from pollux_opt.model import Cluster, Node
+from pollux_opt.model.domains import check
 from pollux_opt.records.files import atomic_write_json
+from pollux_opt.scheduling.loop import ROUND_INTERVAL
 from pollux_opt.workloads.job import Workload
 
 __all__ = [
@@ -98,10 +100,7 @@ def open_run_config(
     if workload is None or policy is None:
         raise InvalidProblem(f"run directory {str(run_dir)!r} is new: give a workload and a policy")
     make_policy(policy)  # an unknown name, or a policy that needs the simulator, is refused here
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
-        math.isfinite(interval) and interval > 0
-    ):
-        raise InvalidProblem(f"interval must be a finite number of seconds > 0, got {interval!r}")
+    check("interval", interval, ROUND_INTERVAL)
     cluster = cluster or default_cluster()
     cfg = {
         "version": CONFIG_VERSION, "policy": policy, "workload": workload.to_json(),

@@ -23,7 +23,6 @@ runs.  It never sees the profile.  Only
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -33,12 +32,14 @@ from solvers import InvalidProblem
 
 from pollux_opt.records.events import EventLog, goodput_model_to_json
 from pollux_opt.model import BatchConfig, BatchLimits, Cluster, GoodputModel
+from pollux_opt.model.domains import Boolean, Integer, Keyed, Real, check, check_fields, domain_field
 from pollux_opt.model.options import DEFAULT_RESTART_DELAY
 from pollux_opt.runtime.adapt import decided_batch, runnable, split_batch
 from pollux_opt.runtime.agent import REFIT_GROWTH, JobAgent
 from pollux_opt.runtime.measurements import ConfigKey
 from pollux_opt.scheduling.loop import Decision, JobView
 from pollux_opt.backends.sim.traces import Profile
+from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
 
 __all__ = ["SimConfig", "SimBackend", "Oracle", "split_batch"]
@@ -57,10 +58,17 @@ DEFAULT_MAX_REPLICAS = 64
 #: Applications whose jobs are not elastic: the paper's simulator runs NCF at
 #: its tuned configuration, one GPU at batch 32768, under Pollux, and caps it
 #: at one GPU under Optimus (artifact ``simulator.py``, ``get_pollux_job_info``
-#: and ``get_optimus_job_info``).  Our Optimus+Oracle caps replicas by the
-#: tuned batch alone, as the artifact does for other jobs; it gave NCF one CPU
-#: in all eight AdaptDL workloads either way (identical JCTs).
+#: and ``get_optimus_job_info``).  Here such a job runs at its profile's
+#: pinned configuration (:func:`~pollux_opt.workloads.adaptdl.pinned_config`)
+#: under every policy, whatever its workload row says; the AdaptDL workloads'
+#: NCF rows hold that configuration already.  Our Optimus+Oracle caps replicas
+#: by the tuned batch alone, as the artifact does for other jobs; it gave NCF
+#: one CPU in all eight AdaptDL workloads either way (identical JCTs).
 PAPER_FIXED_APPLICATIONS = ("ncf",)
+#: Seconds a simulated job waits (restart, start, completion), and report noise.
+_NON_NEGATIVE = Real(ge=0)
+#: Seconds the simulated clock advances by.
+_POSITIVE = Real(gt=0)
 
 
 @dataclass(frozen=True)
@@ -92,22 +100,26 @@ class SimConfig:
             micro-batches of half the size, as the real executor does so that
             every step yields two gradients for the variance estimate
             (``pollux_opt.runtime.adapt.executable``); False: as configured.
-        fixed_applications: applications whose jobs are not elastic: their
-            views offer at most their submitted replicas, and they always train
-            at their submitted batch size, whatever batch the policy picks
+        fixed_applications: applications whose jobs are not elastic: they
+            run at their profile's pinned configuration
+            (:func:`~pollux_opt.workloads.adaptdl.pinned_config`: one replica
+            at the tuned batch size), not the one in their workload row; their
+            views submit it and offer at most its replicas, and they always
+            train at its batch size, whatever batch the policy picks
             (default: NCF, as in the paper's simulator; ``()``: none).
     """
 
-    restart_delay: float = DEFAULT_RESTART_DELAY  # Pollux's simulator charges 30 s per (re)start
-    interference: float = 0.0
-    max_replicas: int = DEFAULT_MAX_REPLICAS
-    report_noise: float = 0.0
-    seed: int = 0
-    emit_reports: bool = False
-    completion_delay: float | Mapping[str, float] = 0.0
-    wake_every: float | None = None
-    start_delay: float | Mapping[str, float] | None = None
-    split_single: bool = False
+    # Pollux's simulator charges 30 s per (re)start.
+    restart_delay: float = domain_field(DEFAULT_RESTART_DELAY, _NON_NEGATIVE)
+    interference: float = domain_field(0.0, Real(ge=0, lt=1))
+    max_replicas: int = domain_field(DEFAULT_MAX_REPLICAS, Integer(ge=1))
+    report_noise: float = domain_field(0.0, _NON_NEGATIVE)
+    seed: int = domain_field(0, Integer(ge=0))
+    emit_reports: bool = domain_field(False, Boolean())
+    completion_delay: float | Mapping[str, float] = domain_field(0.0, Keyed(_NON_NEGATIVE))
+    wake_every: float | None = domain_field(None, Real(gt=0, unit="seconds", none=True))
+    start_delay: float | Mapping[str, float] | None = domain_field(None, Keyed(_NON_NEGATIVE, none=True))
+    split_single: bool = domain_field(False, Boolean())
     fixed_applications: tuple[str, ...] = PAPER_FIXED_APPLICATIONS
 
     def __post_init__(self) -> None:
@@ -117,31 +129,7 @@ class SimConfig:
         ):
             raise InvalidProblem(f"fixed_applications must be a tuple of application names, got {apps!r}")
         object.__setattr__(self, "fixed_applications", tuple(apps))
-        for name in ("completion_delay", "start_delay"):
-            delays = getattr(self, name)
-            if delays is None and name == "start_delay":
-                continue
-            items = delays.items() if isinstance(delays, Mapping) else [("", delays)]
-            for app, c in items:
-                if isinstance(c, bool) or not isinstance(c, (int, float)) or not (math.isfinite(c) and c >= 0):
-                    where = f"[{app!r}]" if app else ""
-                    raise InvalidProblem(f"{name}{where} must be a finite number >= 0, got {c!r}")
-        w = self.wake_every
-        bad_wake = isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0)
-        if w is not None and bad_wake:
-            raise InvalidProblem(f"wake_every must be None or a finite number of seconds > 0, got {w!r}")
-        d = self.restart_delay
-        if isinstance(d, bool) or not isinstance(d, (int, float)) or not (math.isfinite(d) and d >= 0):
-            raise InvalidProblem(f"restart_delay must be a finite number >= 0, got {d!r}")
-        i = self.interference
-        if isinstance(i, bool) or not isinstance(i, (int, float)) or not 0 <= i < 1:
-            raise InvalidProblem(f"interference must be in [0, 1), got {i!r}")
-        m = self.max_replicas
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise InvalidProblem(f"max_replicas must be an integer >= 1, got {m!r}")
-        n = self.report_noise
-        if isinstance(n, bool) or not isinstance(n, (int, float)) or not (math.isfinite(n) and n >= 0):
-            raise InvalidProblem(f"report_noise must be a finite number >= 0, got {n!r}")
+        check_fields(self)
 
 
 def _limits(p: Profile) -> BatchLimits:
@@ -160,7 +148,8 @@ class SimJob:
 
     spec: WorkloadJob
     profile: Profile
-    fixed: bool = False  # not elastic (``SimConfig.fixed_applications``)
+    #: (replicas, batch size) of a job that is not elastic (``SimConfig.fixed_applications``).
+    pinned: tuple[int, int] | None = None
     placement: dict[str, int] = field(default_factory=dict)
     local_bsz: int = 0
     accum_steps: int = 0
@@ -184,12 +173,22 @@ class SimJob:
     def batch_size(self) -> int:
         return self.replicas * self.local_bsz * (self.accum_steps + 1)
 
+    @property
+    def fixed(self) -> bool:
+        """Not elastic: runs at its ``pinned`` configuration."""
+        return self.pinned is not None
+
+    @property
+    def submitted_config(self) -> tuple[int, int]:
+        """(replicas, batch size) the job runs as submitted: ``pinned`` if fixed, else its workload row's."""
+        return self.pinned if self.pinned is not None else (self.spec.replicas, self.spec.batch_size)
+
     def hard_max_replicas(self, cap: int) -> int:
         """Most replicas the job may take: bounded by ``cap`` and by its largest
-        batch in smallest micro-batches; a ``fixed`` job by its submitted replicas."""
+        batch in smallest micro-batches; a ``fixed`` job by its pinned replicas."""
         p = self.profile
         most = max(1, min(cap, p.max_batch_size // p.min_local_bsz))
-        return min(most, max(1, self.spec.replicas)) if self.fixed else most
+        return min(most, max(1, self.submitted_config[0])) if self.fixed else most
 
 
 class Oracle:
@@ -256,6 +255,7 @@ class SimBackend:
         # application measured at the same configurations report the same
         # (noise-free) times, so each distinct set is fitted once.
         self._fits: dict[tuple, object] = {}
+        pinned = {a: pinned_config(profiles[a]) for a in self.config.fixed_applications if a in profiles}
         for spec in sorted(jobs, key=lambda j: (j.arrival_s, j.id)):
             if spec.kind not in profiles:
                 raise InvalidProblem(
@@ -266,9 +266,7 @@ class SimBackend:
                 raise InvalidProblem(f"duplicate job name {spec.id!r}")
             p = profiles[spec.kind]
             agent = JobAgent(_limits(p), refit_growth=REFIT_GROWTH, fit_cache=self._fits, name=spec.id)
-            self._jobs[spec.id] = SimJob(
-                spec, p, fixed=spec.kind in self.config.fixed_applications, agent=agent
-            )
+            self._jobs[spec.id] = SimJob(spec, p, pinned=pinned.get(spec.kind), agent=agent)
         self._order = {nid: i for i, nid in enumerate(cluster.node_ids)}
         self.oracle = Oracle(self)
         self._admit()
@@ -296,8 +294,8 @@ class SimBackend:
                     age=self._now - job.spec.arrival_s,
                     min_replicas=0,
                     max_replicas=job.hard_max_replicas(cfg.max_replicas),
-                    submitted_replicas=job.spec.replicas,
-                    submitted_batch_size=job.spec.batch_size,
+                    submitted_replicas=job.submitted_config[0],
+                    submitted_batch_size=job.submitted_config[1],
                     goodput_model=self._model(job),
                     restart_delay=cfg.restart_delay,
                     progress=job.progress,
@@ -331,8 +329,7 @@ class SimBackend:
                 raise InvalidProblem(f"decision overloads node {n!r}: {k} replicas > {caps[n]}")
 
     def advance(self, seconds: float) -> None:
-        if not (math.isfinite(seconds) and seconds > 0):
-            raise InvalidProblem(f"seconds must be a finite number > 0, got {seconds!r}")
+        check("seconds", seconds, _POSITIVE)
         end = self._now + seconds
         while self._now < end:
             dt = end - self._now if self.config.wake_every is None else min(self.config.wake_every, end - self._now)
@@ -381,8 +378,8 @@ class SimBackend:
                 job.submitted = arrived = True
                 self._emit(
                     "submit", job.spec.arrival_s, job.spec.id,
-                    submitted_replicas=job.spec.replicas,
-                    submitted_batch_size=job.spec.batch_size, application=job.spec.kind,
+                    submitted_replicas=job.submitted_config[0],
+                    submitted_batch_size=job.submitted_config[1], application=job.spec.kind,
                     max_replicas=job.hard_max_replicas(self.config.max_replicas),
                 )
         return arrived
@@ -416,8 +413,8 @@ class SimBackend:
             run = decided_batch(config, k, limits, split_single=split)  # the rule the real backend applies
             job.local_bsz, job.accum_steps = run.local_bsz, run.accum_steps
             return
-        if job.fixed:  # not elastic: the submitted batch, whatever the policy chose
-            batch = min(job.spec.batch_size, p.max_batch_size)
+        if job.fixed:  # not elastic: the pinned batch, whatever the policy chose
+            batch = min(job.submitted_config[1], p.max_batch_size)
             local, accum = split_batch(batch, k, p.max_local_bsz, p.min_local_bsz)
         else:
             model = self._model(job)

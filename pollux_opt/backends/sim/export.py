@@ -63,7 +63,7 @@ import pandas as pd
 
 from solvers import InvalidProblem
 
-from pollux_opt.records.files import atomic_write_csv, atomic_write_json
+from pollux_opt.records.files import atomic_write_csv, atomic_write_json, safe_name
 from pollux_opt.runtime.stats import MIN_GRAD_SQR_FRACTION
 from pollux_opt.workloads.adaptdl import write_adaptdl_csv
 from pollux_opt.workloads.job import WorkloadJob
@@ -202,6 +202,7 @@ def _read_job(run: Path, job_dir: Path, run_events: list[dict]) -> _JobData | No
     meta = json.loads(job_path.read_text())
     spec = meta["spec"]
     spec = json.loads(spec) if isinstance(spec, str) else spec
+    app = safe_name(f"spec.name in {str(job_path)!r}", spec.get("name"))  # the profile folder's name
     steps = pd.read_csv(steps_path)
     if steps.empty:
         logger.warning("skipping %s: steps.csv has no rows", job_dir)
@@ -235,7 +236,7 @@ def _read_job(run: Path, job_dir: Path, run_events: list[dict]) -> _JobData | No
     verify_seconds = [float(e["verify_s"]) for e in run_events
                       if e.get("type") == "complete" and e.get("job_id") == job_id and e.get("verify_s") is not None]
     return _JobData(
-        key=f"{run.name}/{job_id}", app=str(spec["name"]), init_batch_size=int(spec["init_batch_size"]),
+        key=f"{run.name}/{job_id}", app=app, init_batch_size=int(spec["init_batch_size"]),
         max_batch_size=int(spec["max_batch_size"]), steps=steps, completed=completed,
         final_progress=float(steps.progress.iloc[-1]), validation=val, launch_seconds=launch_seconds,
         start_seconds=[float(e["details"]["seconds"]) for e in events
@@ -349,6 +350,8 @@ def export_profiles(run_dirs: Sequence, out_dir, *, apps: Sequence[str] | None =
     """
     if not run_dirs:
         raise InvalidProblem("run_dirs must name at least one run directory, got none")
+    for app in apps or ():
+        safe_name("apps entry", app)
     runs = find_run_dirs(run_dirs)
     jobs: list[_JobData] = []
     for run in runs:
@@ -374,7 +377,7 @@ def export_profiles(run_dirs: Sequence, out_dir, *, apps: Sequence[str] | None =
         warm = steps[steps.warm]
         if warm.empty:
             warm = steps
-        folder = out / app
+        folder = out / safe_name("application", app)
         folder.mkdir(exist_ok=True)
         placements = _mean_rows(warm[warm.placement != ""], ["placement", "local_bsz"])
         atomic_write_csv(folder / "placements.csv", placements[_PLACEMENT_COLUMNS])

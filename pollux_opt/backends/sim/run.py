@@ -19,13 +19,12 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from solvers import InvalidProblem
-
 from pollux_opt.records import metrics as _metrics
 from pollux_opt.scheduling.policies import Requirement, make_policy
 from pollux_opt.records.events import EventLog, jsonable, read_events
 from pollux_opt.records.files import atomic_write_csv, atomic_write_json
 from pollux_opt.model import Cluster
+from pollux_opt.model.domains import Integer, check
 from pollux_opt.scheduling.loop import run as run_loop
 from pollux_opt.backends.sim.backend import (
     SIM_DEFAULT_CPUS_PER_NODE,
@@ -59,6 +58,8 @@ class SimResult:
 
 #: The library's top-level loggers (the simulator, policies and solvers log under these).
 LIBRARY_LOGGERS = ("pollux_opt", "solvers")
+#: Worker processes of :func:`run_tasks` (1: none, in this process).
+_WORKERS = Integer(ge=1)
 
 
 def quiet_library_logs(level: int = logging.ERROR) -> None:
@@ -79,8 +80,7 @@ def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], *, jobs: int = 1,
     (workers start from a fork server, or are spawned, never forked).
     Results come back in the order of ``tasks``.
     """
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise InvalidProblem(f"jobs must be an integer >= 1, got {jobs!r}")
+    jobs = check("jobs", jobs, _WORKERS)
     results: list = [None] * len(tasks)
     if jobs == 1:
         for i, task in enumerate(tasks):

@@ -26,7 +26,6 @@ measurements at placements a job actually ran (see
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -38,6 +37,8 @@ import numpy as np
 import pandas as pd
 
 from solvers import InvalidProblem
+
+from pollux_opt.model.domains import REQUIRED, Integer, Real, Text, check_fields, domain_field
 
 __all__ = [
     "APP_SETTINGS",
@@ -322,6 +323,12 @@ def load_profiles(root=None, names: Sequence[str] | None = None) -> dict[str, Pr
     return {p.name: load_trace_profile(p) for p in found}
 
 
+#: Step-time coefficients (seconds, seconds per sample), progress per epoch and noise scales.
+_COEFFICIENT = Real(ge=0)
+#: Batch sizes (samples) and epochs.
+_SIZE = Integer(ge=1)
+
+
 @dataclass(frozen=True)
 class ParametricProfile:
     """A synthetic application whose truth is the Pollux step-time model itself.
@@ -335,22 +342,22 @@ class ParametricProfile:
     Every epoch is ``epoch_progress`` units of progress (steps at M0).
     """
 
-    name: str
-    alpha_c: float = 0.05
-    beta_c: float = 0.002
-    alpha_n: float = 0.005
-    beta_n: float = 0.001
-    alpha_r: float = 0.05
-    beta_r: float = 0.005
-    gamma: float = 2.0
-    init_batch_size: int = 128
-    max_batch_size: int = 4096
-    min_local_bsz: int = 16
-    max_local_bsz: int = 256
-    max_epochs: int = 20
-    epoch_progress: float = 400.0
-    noise_start: float = 1.0
-    noise_end: float = 20.0
+    name: str = domain_field(REQUIRED, Text())
+    alpha_c: float = domain_field(0.05, _COEFFICIENT)
+    beta_c: float = domain_field(0.002, _COEFFICIENT)
+    alpha_n: float = domain_field(0.005, _COEFFICIENT)
+    beta_n: float = domain_field(0.001, _COEFFICIENT)
+    alpha_r: float = domain_field(0.05, _COEFFICIENT)
+    beta_r: float = domain_field(0.005, _COEFFICIENT)
+    gamma: float = domain_field(2.0, Real(ge=1, le=10))
+    init_batch_size: int = domain_field(128, _SIZE)
+    max_batch_size: int = domain_field(4096, _SIZE)
+    min_local_bsz: int = domain_field(16, _SIZE)
+    max_local_bsz: int = domain_field(256, _SIZE)
+    max_epochs: int = domain_field(20, _SIZE)
+    epoch_progress: float = domain_field(400.0, _COEFFICIENT)
+    noise_start: float = domain_field(1.0, Real(gt=0))
+    noise_end: float = domain_field(20.0, _COEFFICIENT)
 
     def step_sync(self, placement, local_bsz):
         p = _canonical(placement)
@@ -383,27 +390,15 @@ class ParametricProfile:
         return total
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise InvalidProblem(f"name must be non-empty, got {self.name!r}")
-        for attr in ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r",
-                     "epoch_progress", "noise_start", "noise_end"):
-            v = getattr(self, attr)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise InvalidProblem(f"{attr} must be a finite number >= 0, got {v!r}")
+        check_fields(self)
         if self.alpha_c + self.beta_c <= 0:
             raise InvalidProblem(f"alpha_c + beta_c must be > 0, got {self.alpha_c + self.beta_c!r}")
-        if not 1.0 <= self.gamma <= 10.0:
-            raise InvalidProblem(f"gamma must be in [1, 10], got {self.gamma!r}")
-        if not 1 <= self.init_batch_size <= self.max_batch_size:
+        if not self.init_batch_size <= self.max_batch_size:
             raise InvalidProblem(
                 f"init_batch_size must be in [1, max_batch_size={self.max_batch_size}], "
                 f"got {self.init_batch_size!r}"
             )
-        if not 1 <= self.min_local_bsz <= self.max_local_bsz:
+        if not self.min_local_bsz <= self.max_local_bsz:
             raise InvalidProblem(
                 f"min_local_bsz must be in [1, max_local_bsz={self.max_local_bsz}], got {self.min_local_bsz!r}"
             )
-        if self.max_epochs < 1:
-            raise InvalidProblem(f"max_epochs must be >= 1, got {self.max_epochs!r}")
-        if self.noise_start <= 0:
-            raise InvalidProblem(f"noise_start must be > 0, got {self.noise_start!r}")

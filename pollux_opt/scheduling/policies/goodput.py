@@ -21,13 +21,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from solvers import InvalidProblem
-
 from pollux_opt.model import BatchConfig, Cluster, Job, Options
 from pollux_opt.model.allocate import allocate
+from pollux_opt.model.domains import check_fields, domain_field
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView
 from pollux_opt.scheduling.policies.views import (
     EXPLORATION_FACTOR,
+    EXPLORATION_FACTORS,
     active_views,
     fair_share,
     job_for_allocator,
@@ -67,12 +67,10 @@ class _AllocatorPolicy:
     adapts_batch: bool = True
     fixed_batch: bool = False
     fair_share_base: bool = True
-    exploration_factor: int = EXPLORATION_FACTOR
+    exploration_factor: int = domain_field(EXPLORATION_FACTOR, EXPLORATION_FACTORS)
 
     def __post_init__(self) -> None:
-        e = self.exploration_factor
-        if isinstance(e, bool) or not isinstance(e, int) or e < 1:
-            raise InvalidProblem(f"exploration_factor must be an integer >= 1, got {e!r}")
+        check_fields(self)
 
     def prepare(self, cluster: Cluster) -> None:
         """Load the solver stack (Pyomo, HiGHS) once before the first round, so that

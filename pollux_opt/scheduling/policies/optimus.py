@@ -10,8 +10,10 @@ the simulator) instead of Optimus' online-fitted estimates; the batch size is
 the tuned fixed one.  Without an oracle, step times come from the job's
 fitted goodput model and every job's remaining work counts as equal.
 
-A job whose replica count is unchanged keeps its placement (no restart); the
-others are packed onto the nodes with the most free slots.
+Placements come from :func:`~pollux_opt.scheduling.policies.packing.pack`: a
+job whose replica count is unchanged keeps its placement (no restart) unless
+it is spread over more nodes than it needs; each other job goes on as few
+nodes as it fits.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
 """Node placements for replica counts chosen without a placement model.
 
 The rule-based policies (fixed, Tiresias, Optimus) choose how many replicas
-each job gets; these functions choose where: a job goes on the one node that
-fits it most tightly (best fit) if any, else on the nodes with the most free
-slots first (fewest nodes).  Ties go to the node listed first in the cluster.
+each job gets; these functions choose where, consolidating each job on as few
+nodes as it fits (the consolidated placement of Tiresias, Gu et al., NSDI
+2019: spreading a job's replicas over more nodes than it needs slows its
+gradient synchronisation): a job goes on the one node that fits it most
+tightly (best fit) if any; else on the fewest nodes, those with the most free
+slots filled whole and the rest on the node that fits it most tightly, so that
+the nodes left free stay whole for the next job.  Ties go to the node listed
+first in the cluster.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from solvers import InvalidProblem
 
 from pollux_opt.model import Cluster
 
-__all__ = ["pack", "take"]
+__all__ = ["fewest_nodes", "pack", "take"]
 
 
 def take(free: dict[str, int], want: int, rank: Mapping[str, int]) -> dict[str, int] | None:
@@ -28,24 +33,42 @@ def take(free: dict[str, int], want: int, rank: Mapping[str, int]) -> dict[str, 
     Returns:
         node id -> replicas; None (``free`` unchanged) if they do not fit in total.
     """
-    fits = [nid for nid in free if free[nid] >= want]
-    if fits:
-        best = min(fits, key=lambda nid: (free[nid], rank[nid]))
-        free[best] -= want
-        return {best: want}
     if sum(free.values()) < want:
         return None
     out: dict[str, int] = {}
     left = want
-    for nid in sorted(free, key=lambda nid: (-free[nid], rank[nid])):
-        if left == 0:
-            break
-        got = min(free[nid], left)
-        if got:
-            out[nid] = got
-            free[nid] -= got
-            left -= got
-    return out
+    by_free = sorted(free, key=lambda nid: (-free[nid], rank[nid]))
+    for nid in by_free:
+        fits = [n for n in by_free if n not in out and free[n] >= left]
+        if fits:  # the rest on the node that fits it most tightly
+            best = min(fits, key=lambda n: (free[n], rank[n]))
+            out[best] = left
+            free[best] -= left
+            return out
+        out[nid] = free[nid]  # no node holds the rest: fill the one with the most free slots
+        left -= free[nid]
+        free[nid] = 0
+    raise AssertionError("unreachable: the free slots hold the job")  # pragma: no cover
+
+
+def fewest_nodes(cluster: Cluster, replicas: int) -> int:
+    """Fewest nodes of ``cluster`` that hold ``replicas`` (its largest nodes, whole)."""
+    held = 0
+    for count, cpus in enumerate(sorted((n.cpus for n in cluster.nodes), reverse=True), start=1):
+        held += cpus
+        if held >= replicas:
+            return count
+    return len(cluster.nodes)
+
+
+def _fits(free: Mapping[str, int], placement: Mapping[str, int]) -> bool:
+    return all(free[n] >= c for n, c in placement.items())
+
+
+def _reserve(free: dict[str, int], placement: Mapping[str, int]) -> dict[str, int]:
+    for n, c in placement.items():
+        free[n] -= c
+    return dict(placement)
 
 
 def pack(
@@ -56,22 +79,34 @@ def pack(
 ) -> dict[str, dict[str, int]]:
     """Node placements for replica counts ``wanted`` (job id -> replicas).
 
-    A job whose current placement already holds ``wanted[j]`` replicas keeps it
-    (no restart); the others, in ``order``, are placed by :func:`take`.
+    A job whose current placement already holds ``wanted[j]`` replicas on as
+    few nodes as it needs (:func:`fewest_nodes`) keeps it (no restart).  Then,
+    in ``order``, one whose placement holds them on more nodes moves to
+    :func:`take`'s placement if that has fewer nodes, and keeps its own
+    otherwise; the others are placed by :func:`take`.
 
     Raises:
         InvalidProblem: the counts do not fit in the cluster.
     """
     free = {n.id: n.cpus for n in cluster.nodes}
     out: dict[str, dict[str, int]] = {}
+    held = {j: {n: c for n, c in current.get(j, {}).items() if c} for j in order}
+    spread: list[str] = []  # jobs that hold their count on more nodes than they need
     for j in order:
-        cur = current.get(j, {})
-        k = wanted.get(j, 0)
-        if k and sum(cur.values()) == k and all(free[n] >= c for n, c in cur.items()):
-            out[j] = dict(cur)
-            for n, c in cur.items():
-                free[n] -= c
+        cur, k = held[j], wanted.get(j, 0)
+        if not k or sum(cur.values()) != k or not _fits(free, cur):
+            continue
+        if len(cur) <= fewest_nodes(cluster, k):
+            out[j] = _reserve(free, cur)
+        else:
+            spread.append(j)
     rank = {nid: i for i, nid in enumerate(cluster.node_ids)}
+    for j in spread:
+        cur = held[j]
+        moved = take(dict(free), wanted[j], rank)
+        fewer = moved is not None and len(moved) < len(cur)
+        if fewer or _fits(free, cur):
+            out[j] = _reserve(free, moved if fewer else cur)
     for j in order:
         k = wanted.get(j, 0)
         if j in out or k <= 0:

@@ -6,8 +6,9 @@ replica-seconds (the two dimensions: replicas x time), discretized into
 multi-level queues by thresholds; FIFO by arrival within a queue.  Each round,
 jobs are admitted in priority order while their fixed (tuned) replica count
 fits; a job that no longer fits is preempted.  Jobs run with their tuned fixed
-configuration (replicas and batch size).  Pollux (section 5.2) uses two queues
-with a 16 GPU-hour threshold.
+configuration (replicas and batch size), each on as few nodes as it fits
+(Tiresias' consolidated placement; :func:`~pollux_opt.scheduling.policies.packing.pack`).
+Pollux (section 5.2) uses two queues with a 16 GPU-hour threshold.
 
 It reads only what every backend reports (attained service, the submitted
 configuration), so it runs on real jobs as well as in the simulator.
@@ -24,6 +25,7 @@ import numpy as np
 from solvers import InvalidProblem
 
 from pollux_opt.model import Cluster
+from pollux_opt.model.domains import Real
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView
 from pollux_opt.scheduling.policies.packing import pack
 from pollux_opt.scheduling.policies.views import active_views, requested_replicas, submitted_batch
@@ -33,6 +35,8 @@ __all__ = ["TIRESIAS_THRESHOLDS_S", "TiresiasPolicy"]
 #: Tiresias queue thresholds in replica-seconds of attained service: Pollux's
 #: evaluation uses two queues split at 16 GPU-hours (artifact ``tiresias.py``).
 TIRESIAS_THRESHOLDS_S = (16 * 3600.0,)
+#: A queue threshold (replica-seconds; inf: the last queue is never left).
+_THRESHOLD = Real(gt=0, finite=False)
 
 
 @dataclass
@@ -50,7 +54,7 @@ class TiresiasPolicy:
 
     def __post_init__(self) -> None:
         t = list(self.thresholds)
-        if any(not (isinstance(x, (int, float)) and x > 0) for x in t) or t != sorted(t):
+        if not all(_THRESHOLD.accepts(x) for x in t) or t != sorted(t):
             raise InvalidProblem(f"thresholds must be ascending numbers > 0, got {self.thresholds!r}")
 
     def _queue(self, view: JobView) -> int:

@@ -17,10 +17,13 @@ from typing import Sequence
 from solvers import InvalidProblem
 
 from pollux_opt.model import BatchConfig, Cluster, Job, Options
+from pollux_opt.model.domains import Integer, check
+from pollux_opt.model.job import WEIGHT
 from pollux_opt.scheduling.loop import ACTIVE_STATES, JobView
 
 __all__ = [
     "EXPLORATION_FACTOR",
+    "EXPLORATION_FACTORS",
     "active_views",
     "fair_share",
     "job_for_allocator",
@@ -36,6 +39,10 @@ log = logging.getLogger(__name__)
 #: ``max_replicas = max(2 * max_profiled_replicas, 1)``) grows jobs this way so
 #: that a fitted model is never extrapolated far beyond its measurements.
 EXPLORATION_FACTOR = 2
+#: The multiple of measured replicas the exploration cap allows.
+EXPLORATION_FACTORS = Integer(ge=1)
+#: Jobs sharing the cluster in a fair share.
+_NUM_JOBS = Integer(ge=1)
 
 
 def active_views(jobs: Sequence[JobView], cluster: Cluster) -> list[JobView]:
@@ -85,8 +92,7 @@ def fair_share(cluster: Cluster, num_jobs: int) -> tuple[int, int]:
     goodput at a fair allocation, "an exclusive 1/J share of the cluster":
     ``ceil(C / J)`` replicas (at least one) on as few of the largest nodes as hold them.
     """
-    if isinstance(num_jobs, bool) or not isinstance(num_jobs, int) or num_jobs < 1:
-        raise InvalidProblem(f"num_jobs must be an integer >= 1, got {num_jobs!r}")
+    num_jobs = check("num_jobs", num_jobs, _NUM_JOBS)
     replicas = max(1, -(-cluster.total_cpus // num_jobs))
     nodes, held = 0, 0
     for cap in sorted((n.cpus for n in cluster.nodes), reverse=True):
@@ -177,8 +183,7 @@ def job_for_allocator(
             what the job can run (see :func:`_feasible_base`).
         exploration_factor: the exploration cap's multiple of the measured replicas.
     """
-    if not 0 < weight:
-        raise InvalidProblem(f"job {view.job_id!r}: weight must be > 0, got {weight!r}")
+    check("weight", weight, WEIGHT, prefix=f"job {view.job_id!r}: ")
     max_k = replica_cap(view, cluster, exploration_factor)
     fixed = view.submitted_batch_size if fixed_batch and view.goodput_model is not None else None
     if view.goodput_model is None:
