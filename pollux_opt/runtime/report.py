@@ -107,7 +107,8 @@ class RuntimeOptions:
             accumulation for throughput ("fixed" and throughput-only baselines);
             if None, the batch is chosen for goodput (Pollux co-adaptation).
         checkpoint_interval_s: wall seconds between periodic checkpoints while
-            running (bounds the work lost to a killed worker).
+            running (bounds the steps a killed rank 0 repeats; a killed peer of
+            rank 0 costs none, see :mod:`~pollux_opt.runtime.trainer`).
         checkpoint_every_steps: if set, also checkpoint every this many steps.
         keep_checkpoints: newest checkpoints kept on disk (>= 2 so that a corrupt
             newest one has a predecessor).

@@ -65,7 +65,8 @@ def _final_checkpoint(workdir: Path, step: int = 42) -> str:
     ckpt.mkdir(parents=True, exist_ok=True)
     payload = b"not a real torch payload"
     (ckpt / f"ckpt-{step:010d}.pt").write_bytes(payload)
-    meta = {"step": step, "final": True, "metric": 0.97, "progress": 50.0, "sha256": hashlib.sha256(payload).hexdigest()}
+    meta = {"step": step, "final": True, "metric": 0.97, "progress": 50.0,
+            "sha256": hashlib.sha256(payload).hexdigest()}
     (ckpt / f"ckpt-{step:010d}.json").write_text(json.dumps(meta))
     return f"ckpt-{step:010d}.json"
 

@@ -35,15 +35,15 @@ WORKLOAD = Workload("stop", (
 CTRL_C_AT_S = 12.0
 
 
-def _interrupting(clock: FakeClock, at_s: float):
-    """A ``sleep`` for the backend that, once the run is ``at_s`` old, sends this process SIGINT once."""
+def _interrupting(clock: FakeClock, at_s: float, signum: int = signal.SIGINT):
+    """A ``sleep`` for the backend that, once the run is ``at_s`` old, sends this process ``signum`` once."""
     sent = []
 
     def sleep(dt: float) -> None:
         clock.sleep(dt)
         if clock.t - FakeClock().t >= at_s and not sent:
             sent.append(clock.t)
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signum)
     return sleep
 
 
@@ -53,27 +53,29 @@ def _run(tmp_path, clock, sleep=None, **kw):
                         progress=False, pin_cpus=False, backend_kwargs=kwargs, **kw)
 
 
-def _interrupted_run(tmp_path, monkeypatch) -> tuple[FakeClock, RunInterrupted]:
+def _interrupted_run(tmp_path, monkeypatch, signum: int = signal.SIGINT) -> tuple[FakeClock, RunInterrupted]:
     clock = FakeClock()
     monkeypatch.setattr(rb.time, "time", clock.time)
-    handler = signal.getsignal(signal.SIGINT)
+    handler = signal.getsignal(signum)
     with pytest.raises(RunInterrupted) as info:
-        _run(tmp_path, clock, _interrupting(clock, CTRL_C_AT_S))
-    assert signal.getsignal(signal.SIGINT) is handler  # the run's handlers are gone with it
+        _run(tmp_path, clock, _interrupting(clock, CTRL_C_AT_S, signum))
+    assert signal.getsignal(signum) is handler  # the run's handlers are gone with it
     return clock, info.value
 
 
-def test_ctrl_c_checkpoints_and_stops_every_job_and_a_rerun_resumes_them(tmp_path, monkeypatch):
-    clock, stop = _interrupted_run(tmp_path, monkeypatch)
-    assert stop.signum == signal.SIGINT and stop.exit_status == 130 and stop.stopped == ["a", "b"]
-    assert re.search(r"stopped by SIGINT: 2 unfinished job\(s\) checkpointed and stopped in .*; "
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_checkpoints_and_stops_every_job_and_a_rerun_resumes_them(tmp_path, monkeypatch, signum, status):
+    clock, stop = _interrupted_run(tmp_path, monkeypatch, signum)
+    name = signal.Signals(signum).name
+    assert stop.signum == signum and stop.exit_status == status and stop.stopped == ["a", "b"]
+    assert re.search(rf"stopped by {name}: 2 unfinished job\(s\) checkpointed and stopped in .*; "
                      r"run the same command again to resume", str(stop))
     events = read_events(tmp_path / "events.jsonl")
-    assert events[-1]["type"] == "run_stop" and events[-1]["reason"] == "SIGINT" and events[-1]["stopped"] == ["a", "b"]
+    assert events[-1]["type"] == "run_stop" and events[-1]["reason"] == name and events[-1]["stopped"] == ["a", "b"]
     for jid in ("a", "b"):
         mine = [e for e in events if e["job_id"] == jid]
         assert [(e["type"], e["placement"]) for e in mine[-2:]] == [("rescale_begin", {}), ("rescale_end", {})]
-        assert mine[-2]["reason"] == "SIGINT"
+        assert mine[-2]["reason"] == name
         assert json.loads((tmp_path / "jobs" / jid / "fake.json").read_text())["state"] == "stopped"
     summary = run_workload(tmp_path, progress=False, backend_kwargs=fake_kwargs(clock))
     assert all(j["completed"] for j in summary["jobs"]) and len(summary["jobs"]) == 3

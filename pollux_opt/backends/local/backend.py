@@ -24,7 +24,8 @@ policy alike.
 
 **Stopping early.**  ``should_stop`` (a stop signal, see
 :mod:`~pollux_opt.backends.local.signals`) is checked at every poll of
-:meth:`RealBackend.advance`, which then raises :class:`RunStopping`;
+:meth:`RealBackend.advance` and before each round's views, which then raise
+:class:`RunStopping`;
 :meth:`RealBackend.stop_run` checkpoints and stops every unfinished job, logs
 the stops (``rescale_begin`` and ``rescale_end`` to ``{}``) and a
 ``run_stop`` event, and the run resumes from there like after a kill.
@@ -337,6 +338,8 @@ class RealBackend:
 
     # ------------------------------------------------------------- Backend API
     def views(self) -> list[JobView]:
+        if self._should_stop():
+            raise RunStopping  # before a decision: nothing is started only to be stopped
         self._poll()
         now = self.now()
         delays = self._measured_delays

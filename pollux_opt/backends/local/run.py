@@ -122,12 +122,12 @@ def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress
         except RunStopping:
             graceful = False  # the jobs are stopped below (or, on a second signal, ended at once)
             name = signal.Signals(signals.signum).name
-            log.warning("%s: checkpointing and stopping the jobs (up to %.0f s; again to stop at once)",
-                        name, STOP_GRACE_S)
+            log.warning("%s: checkpointing and stopping the jobs (up to %.0f s; a second %s stops at once)",
+                        name, STOP_GRACE_S, name)
             stopped = backend.stop_run(name)
             raise RunInterrupted(signals.signum, str(run_dir), stopped) from None
     except KeyboardInterrupt:
-        graceful = False  # a second signal, or one before the backend existed: no waiting
+        graceful = False  # a second stop signal: end the workers without waiting
         raise
     finally:
         if backend is not None:
