@@ -135,7 +135,7 @@ class HighsRun:
     rows: int
 
 
-class _Session:
+class _HighsCall:
     """One ``highspy.Highs`` holding one compiled model (as its LP relaxation at first) and the deadline."""
 
     def __init__(self, model, form: StandardForm, *, time_limit, mip_gap, threads, verbose, seed) -> None:
@@ -244,36 +244,36 @@ def run_highs(
     """
     import highspy
 
-    session = _Session(model, form, time_limit=time_limit, mip_gap=mip_gap, threads=threads, verbose=verbose, seed=seed)
-    session.run()
-    lp_optimal = session.h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    call = _HighsCall(model, form, time_limit=time_limit, mip_gap=mip_gap, threads=threads, verbose=verbose, seed=seed)
+    call.run()
+    lp_optimal = call.h.getModelStatus() == highspy.HighsModelStatus.kOptimal
     if lp_optimal:
-        lp_bound = float(session.h.getInfo().objective_function_value)
-        x = np.asarray(session.h.getSolution().col_value)
-        integral = _integral_lp_solution(session, x, lp_bound)
+        lp_bound = float(call.h.getInfo().objective_function_value)
+        x = np.asarray(call.h.getSolution().col_value)
+        integral = _integral_lp_solution(call, x, lp_bound)
         if integral is not None:
             return integral
 
-    if session.out_of_time():
-        return session.timed_out("the LP relaxation")
-    ints = session.ints
-    session.h.changeColsIntegrality(ints.size, ints.astype(np.int32), np.ones(ints.size, dtype=np.uint8))
+    if call.out_of_time():
+        return call.timed_out("the LP relaxation")
+    ints = call.ints
+    call.h.changeColsIntegrality(ints.size, ints.astype(np.int32), np.ones(ints.size, dtype=np.uint8))
     if dive and lp_optimal:
-        dived = _dive(session, x, lp_bound)
+        dived = _dive(call, x, lp_bound)
         if dived is not None:
             return dived
-        if session.out_of_time():
-            return session.timed_out("the LP dive")
+        if call.out_of_time():
+            return call.timed_out("the LP dive")
     if start is not None:
-        _set_warm_start(session, start)
-    return _solve_mip(session)
+        _set_warm_start(call, start)
+    return _solve_mip(call)
 
 
-def _integral_lp_solution(session: _Session, x: np.ndarray, lp_bound: float) -> HighsRun | None:
+def _integral_lp_solution(call: _HighsCall, x: np.ndarray, lp_bound: float) -> HighsRun | None:
     """The LP optimum ``x`` as the MIP's answer if it is integral (within tolerances), else None."""
     import highspy
 
-    form, ints = session.form, session.ints
+    form, ints = call.form, call.ints
     rounded = x.copy()
     rounded[ints] = np.rint(x[ints])
     activity = form.A @ rounded
@@ -282,26 +282,26 @@ def _integral_lp_solution(session: _Session, x: np.ndarray, lp_bound: float) -> 
         and np.all(activity >= form.row_lo - _ROW_TOL)
         and np.all(activity <= form.row_up + _ROW_TOL)
     ):
-        return session.outcome(
-            session.values_of(rounded), highspy.HighsModelStatus.kOptimal, lp_bound, "LP relaxation integral", -1
+        return call.outcome(
+            call.values_of(rounded), highspy.HighsModelStatus.kOptimal, lp_bound, "LP relaxation integral", -1
         )
     return None
 
 
-def _dive(session: _Session, x: np.ndarray, lp_bound: float) -> HighsRun | None:
+def _dive(call: _HighsCall, x: np.ndarray, lp_bound: float) -> HighsRun | None:
     """MIP with every choice the LP optimum ``x`` made whole fixed to 1; None (bounds restored) if infeasible."""
     import highspy
 
-    h, index, form = session.h, session.index, session.form
+    h, index, form = call.h, call.index, call.form
     choice = np.concatenate([index["y"], index["k"]])
     decided = choice[(choice >= 0)]
     decided = decided[x[decided] >= 1 - _INTEGRALITY_TOL].astype(np.int32)
     h.changeColsBounds(decided.size, decided, np.ones(decided.size), np.ones(decided.size))
-    session.run()
+    call.run()
     info = h.getInfo()
     if info.primal_solution_status == _PRIMAL_FEASIBLE:
-        return session.outcome(
-            session.values_of(session.rounded_solution()),
+        return call.outcome(
+            call.values_of(call.rounded_solution()),
             highspy.HighsModelStatus.kOptimal,
             lp_bound,
             "LP dive: choices the LP made whole fixed, the rest solved as a MIP",
@@ -312,22 +312,22 @@ def _dive(session: _Session, x: np.ndarray, lp_bound: float) -> HighsRun | None:
     return None
 
 
-def _set_warm_start(session: _Session, start: dict) -> None:
+def _set_warm_start(call: _HighsCall, start: dict) -> None:
     """Hand HiGHS the warm start ``start`` (values by variable name) as its starting solution."""
     import highspy
 
-    x0 = np.zeros(len(session.form.columns))
+    x0 = np.zeros(len(call.form.columns))
     for name in _VARIABLES:
         if name == "g":
-            vals = np.array([start["g"].get(key, 0.0) for key in session.model.g.keys()])
+            vals = np.array([start["g"].get(key, 0.0) for key in call.model.g.keys()])
         else:
             vals = start[name]
-        mask = session.index[name] >= 0
-        x0[session.index[name][mask]] = np.asarray(vals, dtype=np.float64)[mask]
+        mask = call.index[name] >= 0
+        x0[call.index[name][mask]] = np.asarray(vals, dtype=np.float64)[mask]
     sol = highspy.HighsSolution()
     sol.col_value = x0.tolist()
     sol.value_valid = True
-    session.h.setSolution(sol)
+    call.h.setSolution(sol)
 
 
 def _primal_matches_objective(h, c: np.ndarray, offset: float, info) -> bool:
@@ -338,28 +338,28 @@ def _primal_matches_objective(h, c: np.ndarray, offset: float, info) -> bool:
     return abs(value - reported) <= _OBJECTIVE_RTOL * max(1.0, abs(reported))
 
 
-def _solve_mip(session: _Session) -> HighsRun:
+def _solve_mip(call: _HighsCall) -> HighsRun:
     """Run the MIP and read its answer, re-solving cold if the primal does not match the objective."""
     import highspy
 
-    h = session.h
-    session.run()
+    h = call.h
+    call.run()
     info = h.getInfo()
     has_solution = info.primal_solution_status == _PRIMAL_FEASIBLE
-    if has_solution and not _primal_matches_objective(h, session.form.c, session.form.offset, info):
+    if has_solution and not _primal_matches_objective(h, call.form.c, call.form.offset, info):
         # HiGHS 1.16 can report the optimum of a presolved run yet hand back the
         # user's start as its primal solution; solving again without the start
         # returns the primal that goes with the reported objective.
         log.warning("HiGHS primal does not match its objective; re-solving without the warm start")
         h.clearSolver()
         h.setSolution(highspy.HighsSolution())
-        session.run()
+        call.run()
         info = h.getInfo()
         has_solution = info.primal_solution_status == _PRIMAL_FEASIBLE
     model_status = h.getModelStatus()
-    values = session.values_of(session.rounded_solution()) if has_solution else None
+    values = call.values_of(call.rounded_solution()) if has_solution else None
     bound = float(info.mip_dual_bound)
-    return session.outcome(
+    return call.outcome(
         values,
         model_status,
         bound if math.isfinite(bound) else float("nan"),
