@@ -50,7 +50,7 @@ def plot_jct_cdf(summaries: Mapping[str, dict], path: str | Path) -> Path:
 
 def plot_allocation_timeline(runs: Mapping[str, Sequence[dict]], path: str | Path) -> Path:
     """CPUs held per job over time (stacked), one panel per policy (label -> events)."""
-    from pollux_opt.records.metrics import allocation_timeline
+    from pollux_opt.records.timelines import allocation_timeline
 
     plt = _pyplot()
     fig, axes = plt.subplots(len(runs), 1, figsize=(8, 2.4 * len(runs)), sharex=True, squeeze=False)
@@ -81,7 +81,7 @@ def plot_allocation_timeline(runs: Mapping[str, Sequence[dict]], path: str | Pat
 
 def plot_goodput(runs: Mapping[str, Sequence[dict]], path: str | Path) -> Path:
     """Cluster goodput (single-CPU equivalents) over time, one line per policy (label -> events)."""
-    from pollux_opt.records.metrics import goodput_timeline
+    from pollux_opt.records.timelines import goodput_timeline
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -19,7 +19,7 @@ from typing import Iterable, Mapping, MutableMapping, TypeVar
 
 from pollux_opt.records.events import PLACEMENT_EVENTS
 
-__all__ = ["JobTrack", "clean_placement", "replay"]
+__all__ = ["JobTrack", "clean_placement", "replay", "time_ordered"]
 
 #: Placement events that count as a restart when they leave the job holding CPUs
 #: (a stop, a move to ``{}``, is not one; the resume after it is).
@@ -163,6 +163,11 @@ class JobTrack:
 
 
 T = TypeVar("T", bound=JobTrack)
+
+
+def time_ordered(events: Iterable[Mapping]) -> list:
+    """``events`` sorted by their time ``t`` (s); stable, so events with equal times keep their log order."""
+    return sorted(events, key=lambda e: float(e["t"]))
 
 
 def replay(events: Iterable[Mapping], tracks: MutableMapping[str, T] | None = None) -> MutableMapping[str, T]:

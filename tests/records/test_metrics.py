@@ -10,14 +10,8 @@ import pytest
 from pollux_opt import InvalidProblem
 from pollux_opt.records.events import goodput_model_to_json
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
-from pollux_opt.records.metrics import (
-    allocation_timeline,
-    compare_table,
-    goodput_timeline,
-    isolated_rate,
-    jain_index,
-    summarize,
-)
+from pollux_opt.records.metrics import compare_table, isolated_rate, jain_index, summarize
+from pollux_opt.records.timelines import allocation_timeline, goodput_timeline
 
 # Perfect-scaling model: no sync time, t_c(m) = 0.1 + 0.0125 m seconds, M0 = 32 and
 # no gradient noise, so at the fixed batch B = 32 the efficiency is 1 and the
