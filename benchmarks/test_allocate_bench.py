@@ -9,7 +9,12 @@ solver's own build and solve seconds.
 * random clusters of 16 nodes x 4 CPUs with 10, 20 and 40 jobs, three seeds
   each (``solvers.testing.random_problem``: concave speedups, half the jobs
   running);
-* 512 nodes x 4 CPUs with 1000 jobs (``formulation="auto"`` picks "large");
+* the same 16 x 4 clusters with 40 jobs, solved again with other job
+  weights: other objective coefficients over the same model structure, so
+  the compiled structure comes from :data:`solvers.milp.compiled.STRUCTURES`
+  (``extra_info["structure_hits"]``), as in a scheduler's consecutive rounds;
+* 512 nodes x 4 CPUs with 1000 jobs (``formulation="auto"`` picks "large";
+  target <= 0.25 s at a gap <= 1 % on a quiet machine);
 * the 18 measured Pollux rounds in ``../shared/anchors/pollux-ga-rounds``
   (skipped where absent): objective over the reference genetic algorithm's and
   time over its ``ga_seconds``.
@@ -17,6 +22,7 @@ solver's own build and solve seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -72,6 +78,32 @@ def test_milp_16x4(benchmark, nodes, cpus, jobs, seed):
     problem = random_problem(seed, num_nodes=nodes, cpus_per_node=cpus, num_jobs=jobs)
     result = _timed(benchmark, problem, SMALL_ROUNDS)
     assert result.gap <= 1e-4
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_milp_16x4_40_jobs_same_structure(benchmark, seed):
+    from solvers.milp.compiled import STRUCTURES
+
+    problem = random_problem(seed, num_nodes=16, cpus_per_node=4, num_jobs=40)
+    fields = {f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)}
+    rng = np.random.default_rng(seed)
+    variants = iter([Problem(**{**fields, "weight": rng.uniform(0.5, 2.0, problem.num_jobs)}) for _ in range(64)])
+    solve(problem, "milp")
+    hits = STRUCTURES.hits
+    results: list[Result] = []
+
+    def run() -> Result:
+        results.append(solve(next(variants), "milp"))
+        return results[-1]
+
+    result = benchmark.pedantic(run, rounds=SMALL_ROUNDS, iterations=1, warmup_rounds=1)
+    assert result.status.has_solution and result.gap <= 1e-4
+    benchmark.extra_info.update(
+        structure_hits=STRUCTURES.hits - hits,
+        solves=len(results),
+        build_seconds_median=statistics.median(r.build_seconds for r in results),
+        solve_seconds_median=statistics.median(r.solve_seconds for r in results),
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS[:2])

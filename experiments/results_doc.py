@@ -15,8 +15,12 @@ workloads are computed from it), ``sim_compare_means.csv`` (also
 (``sim_scale.py``).  Optional,
 each adding a section when present: ``solver_comparison.csv``
 (``solver_comparison.py``), ``runtime_measurements.csv``
-(``runtime_measurements.py --csv``), ``fidelity.csv`` (``sim_fidelity.py``)
-and ``real_cluster.csv`` (the rows of ``real_cluster.py``'s ``headline.json``).
+(``runtime_measurements.py --csv``), ``fidelity.csv`` (``sim_fidelity.py``),
+``real_cluster.csv`` (the rows of ``real_cluster.py``'s ``headline.json``),
+``solver_speed.csv`` (``solver_speed.py``), ``ray_*.csv`` (``ray_cluster.py``;
+``ray_fidelity.csv``: ``sim_fidelity.py`` on its Ray runs), ``user_jobs.csv``
+(``user_jobs.py``), ``fuzz.csv`` (``fuzz_instances.py``) and ``fair_jct.csv``,
+``fair_jct_estimator.csv`` (``fair_jct.py``, ``fair_jct_estimator.py``).
 The ``*_quick.csv`` files are smoke runs and are not reported.
 """
 
@@ -83,6 +87,16 @@ OPTIONAL_COLUMNS = {
     "runtime_measurements.csv": ["job"],
     "fidelity.csv": ["run", "policy", "variant", "real_avg_jct_s", "sim_avg_jct_s", "rel_error"],
     "real_cluster.csv": ["workload", "policy", "avg_jct_s", "worst_rho", "avg_goodput", "overhead_pct_of_interval"],
+    "solver_speed.csv": ["code", "case", "solves", "wall_median_s", "wall_p95_s", "cpu_median_s", "load_average_1min"],
+    "ray_rescale.csv": ["to", "replicas", "seconds"],
+    "ray_vs_local.csv": ["backend", "policy", "avg_jct_s", "makespan_s", "overhead_pct_of_interval", "mean_load1"],
+    "ray_fidelity.csv": ["run", "policy", "variant", "real_avg_jct_s", "sim_avg_jct_s", "rel_error"],
+    "user_jobs.csv": ["part", "job", "value_pct", "target_pct", "detail", "load1"],
+    "fuzz.csv": ["front_end", "mode", "cases", "answered", "rejected", "tracebacks", "hangs", "wrong_status",
+                 "max_case_seconds"],
+    "fair_jct.csv": ["set", "workload", "policy", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index", "wall_s"],
+    "fair_jct_estimator.csv": ["workload", "variant", "application", "samples", "median_rel_error",
+                               "p90_rel_error", "median_ratio"],
 }
 #: runtime_measurements.py columns shown when present (its --parts choose which exist).
 RUNTIME_COLUMNS = [
@@ -115,6 +129,12 @@ class Results:
     fidelity: pd.DataFrame | None
     real: pd.DataFrame | None
     plots: tuple[str, ...]  # PNG file names present in the results folder
+    speed: pd.DataFrame | None = None
+    ray: dict | None = None  # ray_*.csv by file name (those present), None without any
+    user_jobs: pd.DataFrame | None = None
+    fuzz: pd.DataFrame | None = None
+    fair_jct: pd.DataFrame | None = None
+    fair_jct_estimator: pd.DataFrame | None = None
 
 
 def _read(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -169,6 +189,12 @@ def load_results(results_dir: Path) -> Results:
         fidelity=tables["fidelity.csv"],
         real=tables["real_cluster.csv"],
         plots=plots,
+        speed=tables["solver_speed.csv"],
+        ray={n: t for n, t in tables.items() if n.startswith("ray_") and t is not None} or None,
+        user_jobs=tables["user_jobs.csv"],
+        fuzz=tables["fuzz.csv"],
+        fair_jct=tables["fair_jct.csv"],
+        fair_jct_estimator=tables["fair_jct_estimator.csv"],
     )
 
 
@@ -417,6 +443,34 @@ def solvers_section(results: Results) -> list[str]:
     ]
 
 
+def speed_section(results: Results) -> list[str]:
+    """Solver timings of ``experiments/solver_speed.py``: the current code against a reference copy."""
+    if results.speed is None:
+        return []
+    df = results.speed
+    cur = df[df.code == "current"].set_index("case")
+    ref = df[df.code == "reference"].set_index("case")
+    rows = []
+    for case, r in cur.iterrows():
+        old = ref.cpu_median_s.get(case, math.nan)
+        rows.append([str(case), ms(r.wall_median_s), ms(r.cpu_median_s), ms(old),
+                     "-" if _missing(old) else f"{old / r.cpu_median_s:.2f}x",
+                     f"{r.load_average_1min:.1f}", f"{ref.load_average_1min.get(case, math.nan):.1f}"])
+    return [
+        "## Allocator speed",
+        "",
+        "`experiments/solver_speed.py --reference DIR`: the working tree's solvers and a reference copy "
+        "(DIR), each in its own subprocess one after the other on the same seeded instances; milliseconds "
+        "per solve (per simulation for the simulation row), median over the solves. The machine is shared: "
+        "the 1-minute load average is given for each code, and the ratio is of CPU time, which the load "
+        "distorts less than wall time.",
+        "",
+        *md_table(["case", "wall median (ms)", "CPU median (ms)", "reference CPU (ms)",
+                   "reference / current CPU", "load", "reference load"], rows, [False] + [True] * 6),
+        "",
+    ]
+
+
 def runtime_section(results: Results) -> list[str]:
     if results.runtime is None:
         return []
@@ -481,6 +535,144 @@ def real_section(results: Results) -> list[str]:
     ]
 
 
+def ray_section(results: Results) -> list[str]:
+    if results.ray is None:
+        return []
+    out = ["## Real jobs on a 2-node Ray cluster", "",
+           "`experiments/ray_cluster.py`: a Ray test cluster on this machine (`ray.cluster_utils.Cluster`: a "
+           "head without CPUs, two nodes of one CPU each); see [`docs/ray.md`](ray.md).", ""]
+    rescale = results.ray.get("ray_rescale.csv")
+    if rescale is not None:
+        warm = rescale.iloc[1:] if len(rescale) > 1 else rescale  # the first one starts the second node's actor
+        out += [f"Rescales across the nodes (checkpoint, re-form the group, resume): median "
+                f"{rescale.seconds.median():.2f} s over {len(rescale)}, {warm.seconds.median():.2f} s without the "
+                f"first (which builds the job in the second node's actor: {rescale.seconds.iloc[0]:.2f} s), "
+                f"max {rescale.seconds.max():.2f} s.", ""]
+    vs = results.ray.get("ray_vs_local.csv")
+    if vs is not None:
+        rows = []
+        for policy in list(dict.fromkeys(vs.policy)):
+            sub = vs[vs.policy == policy].set_index("backend")
+            if {"ray", "local"} <= set(sub.index):
+                r, lo = sub.loc["ray"], sub.loc["local"]
+                rows.append([_name(policy, REAL_POLICY_NAMES), f"{r.avg_jct_s:.1f}", f"{lo.avg_jct_s:.1f}",
+                             f"{100 * (r.avg_jct_s / lo.avg_jct_s - 1):+.0f} %",
+                             f"{r.overhead_pct_of_interval:.2f} %", f"{lo.overhead_pct_of_interval:.2f} %",
+                             f"{r.mean_load1:.1f} / {lo.mean_load1:.1f}"])
+        out += ["The quick `mixed` workload on the Ray cluster and on the local backend with the same 2 x 1 "
+                "CPUs, each policy on both in turn; overhead is the scheduler's time per round in % of the "
+                "interval.", "",
+                *md_table(["policy", "Ray avg JCT (s)", "local (s)", "Ray vs local", "Ray overhead",
+                           "local overhead", "load (Ray / local)"], rows, [False] + [True] * 6), ""]
+    fid = results.ray.get("ray_fidelity.csv")
+    if fid is not None:
+        rows = [[str(r.policy), str(r.variant), f"{r.real_avg_jct_s:.1f}", f"{r.sim_avg_jct_s:.1f}",
+                 f"{100 * r.rel_error:+.1f} %"] for r in fid.itertuples()]
+        out += ["The Ray runs replayed in the simulator with the profiles measured in them "
+                "(`experiments/sim_fidelity.py`).", "",
+                *md_table(["policy", "variant", "real avg JCT (s)", "simulated (s)", "error"], rows,
+                          [False, False, True, True, True]), ""]
+    return out
+
+
+def user_jobs_section(results: Results) -> list[str]:
+    if results.user_jobs is None:
+        return []
+    names = {"overhead": "keep-your-loop CPU time per step over the builder protocol",
+             "mape": "held-out step-time MAPE of the fitted model"}
+    rows = [[names.get(r.part, str(r.part)), str(r.job), f"{r.value_pct:.1f} %", f"<= {r.target_pct:g} %",
+             str(r.detail), f"{r.load1:.1f}"] for r in results.user_jobs.itertuples()]
+    return [
+        "## Users' own training loops",
+        "",
+        "`experiments/user_jobs.py`: the wrapper of `pollux_opt.elastic` against the builder protocol on the "
+        "same model (one replica, in-process), and the throughput model fitted to the example scripts of "
+        "`examples/user-jobs/` (see [`docs/user-jobs.md`](user-jobs.md)).",
+        "",
+        *md_table(["measure", "job", "value", "target", "detail", "load"], rows,
+                  [False, False, True, True, False, True]),
+        "",
+    ]
+
+
+def fuzz_section(results: Results) -> list[str]:
+    if results.fuzz is None:
+        return []
+    rows = [[str(r.front_end), str(r.mode), f"{r.cases:.0f}", f"{r.answered:.0f}", f"{r.rejected:.0f}",
+             f"{r.tracebacks:.0f}", f"{r.hangs:.0f}", f"{r.wrong_status:.0f}", f"{r.max_case_seconds:.1f}"]
+            for r in results.fuzz.itertuples()]
+    return [
+        "## Hostile instance files",
+        "",
+        "`experiments/fuzz_instances.py`: seeded instance files (about 60 % valid, 30 % with hostile values, "
+        "10 % with hostile bytes) through `pollux_opt.allocate` and `pollux-opt allocate`, 5 s time limit each. "
+        "A traceback is any exception but `InvalidProblem` (or an exit status other than 0 and 2), a hang a "
+        "case 30 s past its limit, a wrong status an answer whose placement breaks a constraint under a "
+        "status that claims a solution, or an `optimal` one worse than the greedy solver's. A subprocess case's "
+        "time includes the interpreter's start-up and imports, which on the shared, loaded machine can alone "
+        "exceed the slack; the slowest case's seconds are shown.",
+        "",
+        *md_table(["front end", "CLI run as", "cases", "answered", "rejected (exit 2)", "tracebacks", "hangs",
+                   "wrong status", "slowest case (s)"], rows, [False, False] + [True] * 7),
+        "",
+    ]
+
+
+FAIR_JCT_POLICIES = {"pollux": "Pollux", "fair-jct": "fair-jct", "fair-jct-oracle": "fair-jct+oracle (bound)"}
+
+
+def fair_jct_section(results: Results) -> list[str]:
+    """fair-jct against Pollux (experiments/fair_jct.py); Pollux rows missing from
+    fair_jct.csv are taken from sim_compare.csv (same simulator and settings)."""
+    if results.fair_jct is None:
+        return []
+    df = results.fair_jct
+    base = results.compare[results.compare.policy == "pollux"].assign(set="adaptdl", jain_index=math.nan)
+    have = set(zip(df.workload, df.policy))
+    extra = base[[(w, "pollux") not in have for w in base.workload]]
+    extra = extra[extra.workload.isin(df.workload)]
+    df = pd.concat([df, extra[["set", "workload", "policy", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index",
+                               "wall_s"]]], ignore_index=True)
+    rows = []
+    for w in sorted(dict.fromkeys(df.workload), key=lambda n: (not n.startswith("workload"), _workload_key(n))):
+        sub = df[df.workload == w].set_index("policy")
+        ref = float(sub.avg_jct_s["pollux"]) if "pollux" in sub.index else math.nan
+        for p in _ordered(sub.index, FAIR_JCT_POLICIES):
+            r = sub.loc[p]
+            rows.append([str(w), FAIR_JCT_POLICIES[p], seconds(r.avg_jct_s),
+                         "-" if p == "pollux" or _missing(ref) else pct(_reduction(float(r.avg_jct_s), ref), 1),
+                         seconds(r.p99_jct_s), short(r.worst_rho),
+                         "-" if _missing(r.jain_index) else f"{r.jain_index:.3f}", short(r.wall_s)])
+    lines = [
+        "## fair-jct: mean JCT with a finish-time fairness bound",
+        "",
+        "`experiments/fair_jct.py` (formulation in [`docs/fair-jct.md`](fair-jct.md)): Pollux's power mean "
+        "with online Gittins-index weights and a predicted-rho bound, 16 x 4, interval 60 s, against Pollux "
+        "(from `sim_compare.csv` where the row is not in `fair_jct.csv`; those lack Jain's index). "
+        "`philly-Lx-sN` rows are workloads sampled from `philly.csv` at job load L, seed N. "
+        "\"below Pollux\" is the reduction of average JCT.",
+        "",
+        *md_table(["workload", "policy", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
+                   "Jain (1/rho)", "wall (s)"], rows, [False, False] + [True] * 6),
+        "",
+    ]
+    est = results.fair_jct_estimator
+    if est is not None:
+        erows = [[str(r.workload), str(r.variant), str(r.application), f"{r.samples:.0f}",
+                  pct(r.median_rel_error), pct(r.p90_rel_error), f"{r.median_ratio:.2f}"]
+                 for r in est.itertuples()]
+        lines += [
+            "Remaining-work estimate against the simulator's truth (`experiments/fair_jct_estimator.py`, "
+            "logged every few rounds for each job with a fitted model, the run's length and period in "
+            "[`docs/fair-jct.md`](fair-jct.md); relative error |estimate - truth| / truth):",
+            "",
+            *md_table(["workload", "estimator", "application", "samples", "median error", "p90 error",
+                       "median estimate / truth"], erows, [False, False, False, True, True, True, True]),
+            "",
+        ]
+    return lines
+
+
 def render_doc(results: Results) -> str:
     lines = [
         "# Results",
@@ -499,11 +691,16 @@ def render_doc(results: Results) -> str:
         "",
         *compare_section(results),
         *sensitivity_section(results),
+        *fair_jct_section(results),
         *scale_section(results),
         *solvers_section(results),
+        *speed_section(results),
         *runtime_section(results),
         *fidelity_section(results),
         *real_section(results),
+        *ray_section(results),
+        *user_jobs_section(results),
+        *fuzz_section(results),
         "## Solver benchmarks",
         "",
         "The allocator's own timings (build + solve per instance, the Pollux reference scheduler's recorded "

@@ -25,37 +25,98 @@ __all__ = ["main", "build_parser"]
 EXIT_INVALID = 2
 #: Exit status after Ctrl-C (128 + SIGINT, the shell's convention).
 EXIT_INTERRUPTED = 130
+#: Time limit of ``pollux-opt allocate`` in seconds when neither ``--time-limit``
+#: nor the instance sets one: no input makes the command run for ever, and a
+#: minute is ample for instances of thousands of jobs (docs/instance-format.md).
+DEFAULT_ALLOCATE_TIME_LIMIT_S = 60.0
+
+log = logging.getLogger("pollux_opt.cli")
 
 
 def _cmd_allocate(args: argparse.Namespace) -> int:
-    from pollux_opt.model.allocate import allocate
-    from pollux_opt.model.instance import load_instance
+    """Read, check, encode and solve within one time limit (``--time-limit``, else the
+    instance's ``options.time_limit``, else :data:`DEFAULT_ALLOCATE_TIME_LIMIT_S`)."""
+    import time
 
-    inst = load_instance(args.instance)
-    overrides = {}
+    from pollux_opt.model.allocate import allocate
+    from pollux_opt.model.instance import parse_instance, read_instance_json
+    from pollux_opt.model.validate import OutOfTime
+
+    start = time.monotonic()
+    log.info("reading %s", args.instance)
+    data = read_instance_json(args.instance)
+    limit = args.time_limit if args.time_limit is not None else _instance_time_limit(data)
+    log.info("checking the instance (time limit %g s for reading, checking, encoding and solving)", limit)
+    inst = parse_instance(data, deadline=start + limit)
+    left = limit - (time.monotonic() - start)
+    if left <= 0:
+        raise OutOfTime(f"reading and checking {args.instance!r} took the whole time limit of {limit:g} s")
+    overrides = {"time_limit": left}
     if args.solver is not None:
         overrides["solver"] = args.solver
     if args.seed is not None:
         overrides["seed"] = args.seed
-    if args.time_limit is not None:
-        overrides["time_limit"] = args.time_limit
+    if args.write:
+        from pollux_opt.model.allocate import to_problem
+        from solvers.milp import write_model
+
+        log.info("writing the model to %s", write_model(to_problem(inst.cluster, inst.jobs, inst.options), args.write))
     result = allocate(inst.cluster, inst.jobs, inst.options, **overrides)
     json.dump(result.to_json(), sys.stdout, indent=2 if args.pretty else None)
     sys.stdout.write("\n")
     return 0
 
 
+def _instance_time_limit(data: object) -> float:
+    """The instance's own finite ``options.time_limit``, else the default (the
+    instance's options are checked in full when it is parsed)."""
+    from pollux_opt.model.domains import Real
+
+    options = data.get("options") if isinstance(data, dict) else None
+    limit = options.get("time_limit") if isinstance(options, dict) else None
+    return float(limit) if Real(gt=0).accepts(limit) else DEFAULT_ALLOCATE_TIME_LIMIT_S
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (a limit of inf never ends)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from pollux_opt.backends.local import default_cluster, run_workload
     from pollux_opt.workloads import load_workload
 
-    workload = load_workload(args.workload, quick=args.quick) if args.workload else None
+    workload = load_workload(args.workload, quick=args.quick, import_dir=args.import_dir) if args.workload else None
     cluster = _cluster(args)
     interval = args.interval if args.interval is not None else _default_interval(args.quick)
-    summary = run_workload(args.out, workload, args.policy, cluster=cluster, interval=interval,
-                           progress=not args.quiet, repair=args.repair_log)
+    if args.backend == "ray":
+        summary = _run_on_ray(args, workload, cluster, interval)
+    elif args.ray_address is not None or args.checkpoint_dir is not None:
+        raise InvalidProblem("--ray-address and --checkpoint-dir need --backend ray")
+    else:
+        summary = run_workload(args.out, workload, args.policy, cluster=cluster, interval=interval,
+                               progress=not args.quiet, repair=args.repair_log)
     _print_table({args.out: summary})
     return 0
+
+
+def _run_on_ray(args: argparse.Namespace, workload, cluster, interval: float) -> dict:
+    """``run --backend ray``: the cluster is Ray's, so ``--nodes``/``--cpus`` do not apply."""
+    from pollux_opt.backends.ray import run_ray_workload
+
+    if cluster is not None:
+        raise InvalidProblem("--nodes and --cpus do not apply with --backend ray: the cluster is Ray's nodes")
+    return run_ray_workload(args.out, workload, args.policy, address=args.ray_address,
+                            checkpoint_dir=args.checkpoint_dir, interval=interval, progress=not args.quiet,
+                            repair=args.repair_log)
 
 
 def _cluster(args: argparse.Namespace):
@@ -143,7 +204,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     cluster = _cluster(args)
     summaries = run_demo(args.out, args.workload, quick=args.quick, interval=args.interval,
-                         cluster=cluster, progress=not args.quiet)
+                         cluster=cluster, progress=not args.quiet, import_dir=args.import_dir)
     _print_table(summaries)
     print(f"plots and comparison.json in {args.out}")
     return 0
@@ -170,8 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("instance", help="instance JSON file (see docs/instance-format.md)")
     p.add_argument("--solver", help="solver name (default: the instance's, else milp)")
     p.add_argument("--seed", type=int, help="seed for randomised solvers")
-    p.add_argument("--time-limit", type=float, help="solver time limit in seconds")
+    p.add_argument("--time-limit", type=_seconds, metavar="SECONDS",
+                   help="wall-clock limit of the whole command: reading, checking, encoding and solving "
+                        f"(default: the instance's options.time_limit, else {DEFAULT_ALLOCATE_TIME_LIMIT_S:g}); "
+                        "a solver stopped by it answers with status time_limit")
     p.add_argument("--pretty", action="store_true", help="indent the JSON output")
+    p.add_argument("--write", metavar="FILE", help="also write the exact MILP to FILE for other MILP solvers "
+                   "(format by suffix: .lp or .mps; objective: the utility sum, maximised)")
     p.set_defaults(handler=_cmd_allocate)
 
     p = sub.add_parser("run", help="run one policy on a workload of real CPU jobs (resumes an existing --out)")
@@ -183,8 +249,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
     p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
     p.add_argument("--quiet", action="store_true", help="no live progress table")
+    p.add_argument("--import", dest="import_dir", metavar="DIR",
+                   help="directory the workload file's user jobs ('entry') are imported from (default: the file's)")
     p.add_argument("--repair-log", action="store_true",
                    help="move unreadable lines of the run's events.jsonl to events.jsonl.rejected, then resume")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="where the jobs run: this machine (default) or the nodes of a Ray cluster")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="Ray cluster to use with --backend ray, e.g. HOST:6379 (default: start a local Ray instance)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="with --backend ray: a directory every node sees at the same path (shared file system) "
+                        "for the jobs' checkpoints and logs (default: --out)")
     p.set_defaults(handler=_cmd_run)
 
     p = sub.add_parser("compare", help="print a side-by-side table of run summaries")
@@ -199,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
     p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
     p.add_argument("--quiet", action="store_true", help="no live progress table")
+    p.add_argument("--import", dest="import_dir", metavar="DIR",
+                   help="directory the workload file's user jobs ('entry') are imported from (default: the file's)")
     p.set_defaults(handler=_cmd_demo)
 
     p = sub.add_parser("list", help="list the registered policies, job kinds and workload sets")

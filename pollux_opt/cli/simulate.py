@@ -26,9 +26,11 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--profiles", default=None,
                    help="trace folder holding profiles/APP/ (default ../shared/traces/adaptdl-osdi21 or $POLLUX_OPT_TRACES)")
     p.add_argument("--policy", default="pollux", help=f"scheduling policy: {', '.join(POLICIES)} (default: pollux)")
-    p.add_argument("--nodes", type=int, default=SIM_DEFAULT_NODES, help="number of nodes")
+    p.add_argument("--nodes", type=int, default=SIM_DEFAULT_NODES,
+                   help="number of nodes (nodes x cpus per node at most MAX_SIM_CPUS = 65536)")
     p.add_argument("--cpus-per-node", type=int, default=SIM_DEFAULT_CPUS_PER_NODE, help="replica slots per node")
-    p.add_argument("--interval", type=float, default=SIM_DEFAULT_INTERVAL_S, help="scheduling interval, seconds")
+    p.add_argument("--interval", type=float, default=SIM_DEFAULT_INTERVAL_S,
+                   help="scheduling interval, seconds (>= 1; the last arrival within 100000 intervals)")
     p.add_argument("--restart-delay", type=float, default=DEFAULT_RESTART_DELAY, help="seconds a (re)start costs")
     p.add_argument("--interference", type=float, default=0.0, help="slowdown of multi-node jobs sharing a node")
     p.add_argument("--report-noise", type=float, default=0.0, help="log-normal sigma of measurement error")
@@ -88,12 +90,44 @@ def completion_delays(value: str, profiles: str | None, *, option: str = "--comp
                 f"{option} measured needs --profiles with an export.json "
                 f"(written by `pollux-opt profile`); {str(path)!r} does not exist"
             )
-        apps = json.loads(path.read_text())
-        return {name: float(a.get(field) or 0.0) for name, a in apps.items()}
+        return _measured(path, field)
     try:
         return float(value)
     except ValueError:
         raise InvalidProblem(f"{option} must be a number of seconds or 'measured', got {value!r}") from None
+
+
+def _measured(path: Path, field: str) -> dict[str, float]:
+    """Each application's ``field`` (seconds; 0 where absent or null) from an export.json."""
+    from pollux_opt.model.domains import Real, check
+    from pollux_opt.model.validate import read_json
+
+    apps = read_json(path, "export file")
+    if not isinstance(apps, dict) or not all(isinstance(a, dict) for a in apps.values()):
+        raise InvalidProblem(f"export file {str(path)!r} must map application names to objects "
+                             f"(as `pollux-opt profile` writes it)")
+    seconds = Real(ge=0, unit="seconds")
+    return {name: float(check(f"{name}.{field}", a.get(field) or 0.0, seconds, prefix=f"{path.name}: "))
+            for name, a in apps.items()}
+
+
+def _check_simulate_args(args: argparse.Namespace) -> None:
+    """The cluster, interval, workers and output folder asked for, checked before any work."""
+    from pollux_opt.backends.sim.run import MAX_SIM_CPUS, MIN_INTERVAL_S
+    from pollux_opt.model.domains import Integer, Real, check
+
+    check("--nodes", args.nodes, Integer(ge=1))
+    check("--cpus-per-node", args.cpus_per_node, Integer(ge=1))
+    if args.nodes * args.cpus_per_node > MAX_SIM_CPUS:
+        raise InvalidProblem(f"--nodes x --cpus-per-node must be at most MAX_SIM_CPUS = {MAX_SIM_CPUS}, "
+                             f"got {args.nodes} x {args.cpus_per_node}")
+    check("--interval", args.interval, Real(ge=MIN_INTERVAL_S, unit="seconds"))
+    check("--jobs", args.jobs, Integer(ge=1))
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise InvalidProblem(f"--out {args.out!r} is an existing file; give a folder (it is created if missing)")
+    for w in args.workload:
+        if not Path(w).is_file():
+            raise InvalidProblem(f"--workload file {w!r} does not exist")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -102,11 +136,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from pollux_opt.backends.sim.run import run_tasks
     from pollux_opt.records.files import safe_name
 
-    if args.jobs < 1:
-        raise InvalidProblem(f"--jobs must be >= 1, got {args.jobs}")
-    for w in args.workload:
-        if not Path(w).is_file():
-            raise InvalidProblem(f"--workload file {w!r} does not exist")
+    _check_simulate_args(args)
     delay = completion_delays(args.completion_delay, args.profiles)
     start = None if args.start_delay is None else completion_delays(
         args.start_delay, args.profiles, option="--start-delay", field="start_seconds")

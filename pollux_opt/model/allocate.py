@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import logging
+import math
+import time
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from itertools import accumulate
 from typing import Any, Sequence
 
 import numpy as np
 
 import solvers
-from solvers import InvalidProblem, Problem
+from solvers import InvalidProblem, Problem, Status
 
 from pollux_opt.model.allocation import Allocation
 from pollux_opt.model.batch import BatchChoice, BatchConfig
 from pollux_opt.model.cluster import Cluster
+from pollux_opt.model.domains import shown
 from pollux_opt.model.goodput import GoodputModel
 from pollux_opt.model.job import Job, restart_factor
 from pollux_opt.model.options import Options
+from pollux_opt.model.validate import OutOfTime, check_deadline
 
 __all__ = ["allocate", "to_problem"]
 
@@ -76,39 +82,63 @@ def _batch_config(job: Job, pairs: tuple[tuple[int, int], ...], pair: tuple[int,
     return choice.config(_pair_index(pairs)[pair])
 
 
-@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
-def _model_speedups(
-    model: GoodputModel,
-    pairs: tuple[tuple[int, int], ...],
-    base: tuple[int, int],
-    fixed_batch_size: int | None,
-    spread_penalty: float,
-) -> dict[tuple[int, int], float]:
-    """{pair: speedup} of a goodput model at the given pairs, dropping infeasible (0)
-    pairs, each discounted by ``1 - spread_penalty (N - 1)``: among spreads the
-    model cannot tell apart, fewer nodes win (cached with the table it comes from)."""
-    table = _model_table(model, pairs, base, fixed_batch_size)[0]
+def _discounted(table: dict[tuple[int, int], float], spread_penalty: float) -> dict[tuple[int, int], float]:
+    """``table``'s speedups, each discounted by ``1 - spread_penalty (N - 1)``: among
+    spreads a goodput model cannot tell apart, fewer nodes win."""
     return {(nn, k): s * (1.0 - spread_penalty * (nn - 1)) for (nn, k), s in table.items()}
 
 
-def _candidate_pairs(job: Job, caps_desc: np.ndarray, max_nodes: int) -> list[tuple[int, int]]:
-    """(num_nodes, num_replicas) pairs a job may take on this cluster and options.
+def _top_sums(cluster: Cluster) -> tuple[int, ...]:
+    """``top[n - 1]``: the capacity of the cluster's ``n`` largest nodes together."""
+    return tuple(accumulate(sorted((n.cpus for n in cluster.nodes), reverse=True)))
+
+
+def _replica_range(job: Job, top: tuple[int, ...], max_nodes: int) -> tuple[int, int, int]:
+    """``(lo, hi, nodes)``: the replica counts and the node count a job may take
+    (``top`` from :func:`_top_sums`).
+
+    The upper end is what the job can use, never a node's size: its
+    ``max_replicas``, the cluster's largest ``nodes`` nodes together, and for
+    a goodput model the largest replica count with a batch: choosing its own
+    batch size, ``max_batch_size // min_local_bsz`` (beyond it every
+    configuration is infeasible); at a fixed batch size B, B replicas (beyond,
+    a replica would hold no sample of the batch).
+    """
+    nodes = min(max_nodes, len(top))
+    hi = min(job.max_replicas, top[nodes - 1])
+    if isinstance(job.speedup, GoodputModel):
+        limits = job.speedup.limits
+        usable = limits.max_batch_size // limits.min_local_bsz if job.fixed_batch_size is None else job.fixed_batch_size
+        hi = min(hi, usable)
+    return max(job.min_replicas, 1), hi, min(nodes, max(hi, 0))
+
+
+def _candidate_pairs(job: Job, top: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, int], ...]:
+    """(num_nodes, num_replicas) pairs a goodput-model job may take on this cluster and options.
 
     A pair needs ``num_nodes <= min(max_nodes, #nodes)``, replicas within the
-    job's range, and replicas that fit on the ``num_nodes`` largest nodes.
+    job's usable range (:func:`_replica_range`), and replicas that fit on the
+    ``num_nodes`` largest nodes.
     """
-    return list(_pairs(max(job.min_replicas, 1), job.max_replicas, tuple(int(c) for c in caps_desc), max_nodes))
+    lo, hi, nodes = _replica_range(job, top, max_nodes)
+    return _pairs(lo, hi, top[:nodes])
 
 
 @lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
-def _pairs(lo: int, hi: int, caps_desc: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, int], ...]:
-    """The pairs of :func:`_candidate_pairs`, cached: a scheduler asks for the same few ranges every round."""
-    top = np.cumsum(caps_desc)
-    pairs = []
-    for n in range(1, min(max_nodes, len(caps_desc)) + 1):
-        for k in range(max(n, lo), min(hi, int(top[n - 1])) + 1):
-            pairs.append((n, k))
-    return tuple(pairs)
+def _pairs(lo: int, hi: int, top: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """The pairs of :func:`_candidate_pairs` on nodes of capacity sums ``top``, cached:
+    a scheduler asks for the same few ranges every round."""
+    return tuple((n, k) for n in range(1, len(top) + 1) for k in range(max(n, lo), min(hi, top[n - 1]) + 1))
+
+
+def _placeable_table(job: Job, top: tuple[int, ...], max_nodes: int) -> dict[tuple[int, int], float]:
+    """The pairs of an explicit speedup table the job may take (as :func:`_candidate_pairs`
+    enumerates them), found by checking the table's own pairs: the cost grows with the
+    table, not with the cluster."""
+    lo, hi, nodes = _replica_range(job, top, max_nodes)
+    return {
+        (nn, k): s for (nn, k), s in job.speedup.items() if nn <= nodes and max(nn, lo) <= k <= min(hi, top[nn - 1])
+    }
 
 
 def _restart_delay(job: Job, options: Options) -> float:
@@ -116,15 +146,18 @@ def _restart_delay(job: Job, options: Options) -> float:
     return options.restart_delay if job.restart_delay is None else job.restart_delay
 
 
-def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Problem:
+def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadline: float | None = None) -> Problem:
     """The array problem (see :class:`solvers.Problem`) of the cluster, jobs and options.
+
+    ``deadline`` (``time.monotonic()`` seconds, optional) bounds the encoding.
 
     Raises:
         InvalidProblem: duplicate job ids, a placement on an unknown node or over capacity.
+        OutOfTime: (an :class:`InvalidProblem`) ``deadline`` passed.
     """
     node_index = {nid: i for i, nid in enumerate(cluster.node_ids)}
     caps = np.array([n.cpus for n in cluster.nodes], dtype=np.int64)
-    caps_desc = np.sort(caps)[::-1]
+    top = _top_sums(cluster)
     seen: set[str] = set()
     current = np.zeros((len(jobs), caps.size), dtype=np.int64)
     cfg_job: list[int] = []
@@ -132,6 +165,7 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Probl
     cfg_reps: list[int] = []
     cfg_spd: list[float] = []
     for j, job in enumerate(jobs):
+        check_deadline(deadline, j, len(jobs), "encoding")
         if job.id in seen:
             raise InvalidProblem(f"duplicate job id {job.id!r}")
         seen.add(job.id)
@@ -139,12 +173,12 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Probl
             if nid not in node_index:
                 raise InvalidProblem(f"job {job.id!r}: placement on unknown node {nid!r}")
             current[j, node_index[nid]] = k
-        pairs = tuple(_candidate_pairs(job, caps_desc, options.max_nodes_per_job))
         if isinstance(job.speedup, GoodputModel):
-            table = _model_speedups(job.speedup, pairs, job.base, job.fixed_batch_size, options.spread_penalty)
+            pairs = _candidate_pairs(job, top, options.max_nodes_per_job)
+            table = _model_table(job.speedup, pairs, job.base, job.fixed_batch_size)[0]
+            table = _discounted(table, options.spread_penalty)
         else:
-            allowed = set(pairs)
-            table = {p: s for p, s in job.speedup.items() if p in allowed}
+            table = _placeable_table(job, top, options.max_nodes_per_job)
         for (nn, k), s in sorted(table.items()):
             cfg_job.append(j)
             cfg_nodes.append(nn)
@@ -175,14 +209,14 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options) -> Probl
 def _batch_configs(
     jobs: Sequence[Job], placement: np.ndarray, cluster: Cluster, options: Options
 ) -> dict[str, BatchConfig]:
-    caps_desc = np.sort(np.array([n.cpus for n in cluster.nodes], dtype=np.int64))[::-1]
+    top = _top_sums(cluster)
     out = {}
     for job, row in zip(jobs, placement):
         k = int(row.sum())
         if k == 0 or not isinstance(job.speedup, GoodputModel):
             continue
         pair = (int((row > 0).sum()), k)
-        pairs = tuple(_candidate_pairs(job, caps_desc, options.max_nodes_per_job))
+        pairs = _candidate_pairs(job, top, options.max_nodes_per_job)
         cached = _batch_config(job, pairs, pair)
         if cached is not None:  # computed by to_problem (same model, pairs and base)
             out[job.id] = cached
@@ -190,6 +224,37 @@ def _batch_configs(
         choice = job.speedup.optimize(int((row > 0).sum()), k, fixed_batch_size=job.fixed_batch_size)
         out[job.id] = choice.config()
     return out
+
+
+def _checked_arguments(
+    cluster: Any, jobs: Any, options: Any, overrides: dict[str, Any]
+) -> tuple[Options, list[Job]]:
+    """The options and the list of jobs of :func:`allocate`'s arguments, or :class:`InvalidProblem`."""
+    if not isinstance(cluster, Cluster):
+        raise InvalidProblem(f"cluster must be a Cluster, got {shown(cluster)}")
+    if options is not None and not isinstance(options, Options):
+        raise InvalidProblem(
+            f"options must be an Options or None (pass single options as keywords, e.g. p=0), got {shown(options)}"
+        )
+    opts = Options.from_mapping(overrides, base=options)
+    if opts.solver not in solvers.SOLVERS:
+        raise InvalidProblem(f"unknown solver {opts.solver!r}; choose one of {sorted(solvers.SOLVERS)}")
+    if isinstance(jobs, (str, bytes, Mapping, Job)) or not isinstance(jobs, Iterable):
+        raise InvalidProblem(f"jobs must be a sequence of Job objects, got {shown(jobs)}")
+    jobs = list(jobs)
+    for i, job in enumerate(jobs):
+        if not isinstance(job, Job):
+            raise InvalidProblem(f"jobs[{i}] must be a Job, got {shown(job)}")
+    return opts, jobs
+
+
+def _unsolved(jobs: Sequence[Job], options: Options, seconds: float) -> Allocation:
+    """The answer of a call that ran out of time before solving: every job as placed now."""
+    nan = float("nan")
+    return Allocation(
+        placement={job.id: dict(job.placement) for job in jobs}, batch={}, objective=nan, bound=nan, gap=nan,
+        status=Status.TIME_LIMIT_NO_SOLUTION, build_seconds=seconds, solve_seconds=0.0, solver=options.solver,
+    )
 
 
 def allocate(
@@ -209,6 +274,9 @@ def allocate(
 
     Returns:
         An :class:`Allocation`; infeasibility and time limits are statuses, not errors.
+        ``time_limit`` bounds the whole call: the solver gets what encoding
+        left, and an encoding that takes it all returns every job's current
+        placement with status ``time_limit_no_solution`` (objective nan).
 
     Raises:
         InvalidProblem: bad input, naming the field and its value.
@@ -222,22 +290,29 @@ def allocate(
         >>> alloc.status.value, sum(alloc.placement["a"].values())
         ('optimal', 2)
     """
-    if not isinstance(cluster, Cluster):
-        raise InvalidProblem(f"cluster must be a Cluster, got {type(cluster).__name__}")
-    opts = Options.from_mapping(overrides, base=options)
-    if opts.solver not in solvers.SOLVERS:
-        raise InvalidProblem(f"unknown solver {opts.solver!r}; choose one of {sorted(solvers.SOLVERS)}")
-    jobs = list(jobs)
-    for job in jobs:
-        if not isinstance(job, Job):
-            raise InvalidProblem(f"jobs must be Job objects, got {type(job).__name__}")
-    problem = to_problem(cluster, jobs, opts)
+    start = time.monotonic()
+    opts, jobs = _checked_arguments(cluster, jobs, options, overrides)
+    deadline = None if opts.time_limit is None or math.isinf(opts.time_limit) else start + opts.time_limit
+    log.info("allocate: encoding %d jobs on %d nodes", len(jobs), len(cluster.nodes))
+    try:
+        problem = to_problem(cluster, jobs, opts, deadline=deadline)
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise OutOfTime(f"encoding took the whole time limit of {opts.time_limit:g} s")
+    except OutOfTime as exc:
+        log.warning("allocate: %s; every job keeps its current placement (%s)",
+                    exc, Status.TIME_LIMIT_NO_SOLUTION.value)
+        return _unsolved(jobs, opts, time.monotonic() - start)
     accepted = solvers.solver_options(opts.solver)
     kwargs = {
         k: getattr(opts, k)
         for k in _GENERIC_SOLVER_OPTIONS
         if k in accepted and getattr(opts, k) is not None
     }
+    if "time_limit" in kwargs and left is not None:
+        kwargs["time_limit"] = left  # the limit covers the whole call, encoding included
+    log.info("allocate: solving %d configurations with %s%s", problem.cfg_job.size, opts.solver,
+             "" if left is None else f" ({left:.3g} s of the time limit left)")
     result = solvers.solve(problem, opts.solver, **kwargs)
     log.info(
         "allocate: %d jobs on %d nodes with %s -> %s, objective %.6g (build %.3fs, solve %.3fs)",

@@ -50,6 +50,7 @@ __all__ = [
     "check",
     "check_fields",
     "domain_field",
+    "shown",
 ]
 
 #: Metadata key under which :func:`domain_field` stores a field's domain.
@@ -96,7 +97,7 @@ class Domain:
         if value is None and self.none:
             return None
         if value is None or not self.accepts(value):
-            raise InvalidProblem(f"{prefix}{name} must be {self.describe()}, got {_shown(value)}")
+            raise InvalidProblem(f"{prefix}{name} must be {self.describe()}, got {shown(value)}")
         return self.normal(value)
 
 
@@ -128,6 +129,8 @@ class Integer(_Bounded):
         return f"an integer {b}" if b else "an integer"
 
     def accepts(self, value: Any) -> bool:
+        if type(value) is int:  # the common case, without the slow abstract-class check
+            return self._in_bounds(value)
         return (
             isinstance(value, numbers.Integral) and not isinstance(value, bool) and self._in_bounds(int(value))
         )
@@ -153,12 +156,15 @@ class Real(_Bounded):
         return f"{word} {b}" if b else word
 
     def accepts(self, value: Any) -> bool:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        if type(value) is float:  # the common case, without the slow abstract-class check
+            x = value
+        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
             return False
-        try:
-            x = float(value)
-        except OverflowError:  # an int too large for a float
-            return False
+        else:
+            try:
+                x = float(value)
+            except OverflowError:  # an int too large for a float
+                return False
         if math.isnan(x) or (self.finite and math.isinf(x)):
             return False
         return self._in_bounds(x)
@@ -250,8 +256,8 @@ def check(name: str, value: Any, domain: Domain, *, prefix: str = "") -> Any:
     return domain.checked(name, value, prefix)
 
 
-def _shown(value: Any) -> str:
-    """``repr`` of ``value``, shortened: a 5000-digit integer is not an error message."""
+def shown(value: Any) -> str:
+    """``repr`` of ``value`` for an error message, shortened: a 5000-digit integer is not an error message."""
     if isinstance(value, int) and value.bit_length() > 100:  # repr() of 10**5000 raises
         return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
     text = repr(value)

@@ -22,21 +22,28 @@ field, so every job uses ``options.restart_delay``.  See
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
 from solvers import InvalidProblem
 
 from pollux_opt.model.cluster import POSITIVE_COUNT, Cluster, Node
-from pollux_opt.model.domains import Choice, Integer, Real, Text, check
+from pollux_opt.model.domains import Choice, Integer, Real, Text, check, shown
 from pollux_opt.model.job import Job
 from pollux_opt.model.options import Options
+from pollux_opt.model.validate import check_deadline, read_json
 
-__all__ = ["Instance", "load_instance", "parse_instance", "instance_to_json", "FORMAT_VERSION", "READ_VERSIONS"]
+__all__ = [
+    "FORMAT_VERSION",
+    "READ_VERSIONS",
+    "Instance",
+    "instance_to_json",
+    "load_instance",
+    "parse_instance",
+    "read_instance_json",
+]
 
 #: The instance format version this code writes (and assumes when a file names none).
 FORMAT_VERSION = 2
@@ -134,14 +141,17 @@ def _parse_job(jd: Any, where: str, version: int) -> Job:
     )
 
 
-def parse_instance(data: Any) -> Instance:
+def parse_instance(data: Any, *, deadline: float | None = None) -> Instance:
     """Parse an already-decoded JSON object into an :class:`Instance`.
 
     Reads every version in :data:`READ_VERSIONS`; a file without ``version``
-    is read as :data:`FORMAT_VERSION`.
+    is read as :data:`FORMAT_VERSION`.  ``deadline`` (``time.monotonic()``
+    seconds, optional) bounds the work: checking a job costs about 0.1 ms, so
+    a file of a million jobs is checked for minutes.
 
     Raises:
         InvalidProblem: naming the offending field and its value.
+        pollux_opt.model.validate.OutOfTime: (an :class:`InvalidProblem`) ``deadline`` passed.
     """
     if not isinstance(data, dict):
         raise InvalidProblem(f"instance must be a JSON object, got {type(data).__name__}")
@@ -153,37 +163,41 @@ def parse_instance(data: Any) -> Instance:
     jobs_data = _require(data, "jobs", "instance")
     if not isinstance(jobs_data, list):
         raise InvalidProblem(f"jobs must be a list, got {jobs_data!r}")
-    jobs = tuple(_parse_job(jd, f"jobs[{i}]", version) for i, jd in enumerate(jobs_data))
+    jobs = []
+    for i, jd in enumerate(jobs_data):
+        check_deadline(deadline, i, len(jobs_data), "checking the instance")
+        jobs.append(_parse_job(jd, f"jobs[{i}]", version))
     options_data = data.get("options", {})
     if not isinstance(options_data, dict):
         raise InvalidProblem(f"options must be an object, got {options_data!r}")
-    return Instance(cluster, jobs, Options.from_mapping(options_data))
+    return Instance(cluster, tuple(jobs), Options.from_mapping(options_data))
 
 
-def load_instance(path: str | os.PathLike) -> Instance:
-    """Read an instance JSON file.
+def read_instance_json(path: str | os.PathLike) -> Any:
+    """The decoded JSON value of an instance file, read as bytes: UTF-8 as JSON
+    requires (RFC 8259; a byte-order mark is allowed).
 
     Raises:
-        InvalidProblem: unreadable file, malformed JSON, or invalid content.
+        InvalidProblem: naming the file (see :func:`pollux_opt.model.validate.read_json`).
     """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InvalidProblem(f"cannot read instance file {str(p)!r}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidProblem(
-            f"malformed JSON in {str(p)!r}: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
-    return parse_instance(data)
+    return read_json(path, "instance file")
+
+
+def load_instance(path: str | os.PathLike, *, deadline: float | None = None) -> Instance:
+    """Read an instance JSON file (see :func:`read_instance_json`, :func:`parse_instance`).
+
+    Raises:
+        InvalidProblem: unreadable file, wrong encoding, malformed JSON, or invalid content.
+    """
+    return parse_instance(read_instance_json(path), deadline=deadline)
 
 
 def instance_to_json(instance: Instance) -> dict:
     """The JSON object (version :data:`FORMAT_VERSION`) of an instance with explicit
     speedup tables (inverse of :func:`parse_instance`); a job's ``restart_delay``
     is written only when set."""
+    if not isinstance(instance, Instance):
+        raise InvalidProblem(f"instance must be an Instance, got {shown(instance)}")
     jobs = []
     for job in instance.jobs:
         if not isinstance(job.speedup, dict):

@@ -6,9 +6,9 @@ from dataclasses import dataclass, fields
 from typing import Mapping
 
 # The relative MIP gap at which the exact solver stops is the solvers' own default.
-from solvers import DEFAULT_MIP_GAP, InvalidProblem
+from solvers import DEFAULT_MIP_GAP, MAX_REPLICAS, P_RANGE, InvalidProblem
 
-from pollux_opt.model.domains import Boolean, Integer, Real, Text, check_fields, domain_field
+from pollux_opt.model.domains import Boolean, Integer, Real, Text, check_fields, domain_field, shown
 
 __all__ = [
     "DEFAULT_MAX_NODES_PER_JOB",
@@ -39,6 +39,8 @@ DEFAULT_SPREAD_PENALTY = 1e-3
 #: fraction of its speedup: a cluster allowing 2000-node jobs gets a smaller
 #: per-node penalty instead of an error about an option the user never set.
 MIN_SPREAD_DISCOUNT = 0.5
+#: Seeds lie in [0, 2**63): numpy's and JAX's generators take a 64-bit seed.
+SEED_LIMIT = 2**63
 
 
 @dataclass(frozen=True)
@@ -46,14 +48,15 @@ class Options:
     """Allocation options (keyword-only overrides of :func:`pollux_opt.allocate`).
 
     Attributes:
-        p: fairness exponent of the power mean (finite; -1 in Pollux).
+        p: fairness exponent of the power mean, in ``solvers.P_RANGE`` (-1 in Pollux).
         restart_delay: delta, seconds a restart costs (Pollux uses 30 s).
         interference_avoidance: at most one multi-node job per node.
-        max_nodes_per_job: largest number of nodes a job may span.
+        max_nodes_per_job: largest number of nodes a job may span, at most
+            ``solvers.MAX_REPLICAS``.
         solver: registered solver name (see ``solvers.SOLVERS``).
         time_limit: solver wall-clock limit in seconds (None: none).
         mip_gap: relative MIP gap for exact solvers.
-        seed: random seed for randomised solvers.
+        seed: random seed for randomised solvers, in [0, 2**63).
         spread_penalty: relative discount of a goodput model's speedup per
             node beyond the first, ``s (1 - spread_penalty (N - 1))``: a
             tie-break towards compact placements (explicit speedup tables are
@@ -62,14 +65,14 @@ class Options:
             the widest spread keeps ``MIN_SPREAD_DISCOUNT`` of its speedup.
     """
 
-    p: float = domain_field(DEFAULT_P, Real())
+    p: float = domain_field(DEFAULT_P, Real(ge=P_RANGE[0], le=P_RANGE[1]))
     restart_delay: float = domain_field(DEFAULT_RESTART_DELAY, Real(ge=0, unit="seconds"))
     interference_avoidance: bool = domain_field(True, Boolean())
-    max_nodes_per_job: int = domain_field(DEFAULT_MAX_NODES_PER_JOB, Integer(ge=1))
+    max_nodes_per_job: int = domain_field(DEFAULT_MAX_NODES_PER_JOB, Integer(ge=1, le=MAX_REPLICAS))
     solver: str = domain_field("milp", Text(what="a name"))
     time_limit: float | None = domain_field(None, Real(gt=0, finite=False, unit="seconds", none=True))
     mip_gap: float = domain_field(DEFAULT_MIP_GAP, Real(ge=0, lt=1))
-    seed: int | None = domain_field(None, Integer(none=True))
+    seed: int | None = domain_field(None, Integer(ge=0, lt=SEED_LIMIT, none=True))
     spread_penalty: float | None = domain_field(None, Real(ge=0, none=True))
 
     def __post_init__(self) -> None:
@@ -89,6 +92,10 @@ class Options:
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], base: "Options | None" = None) -> "Options":
         """Options from a mapping; an unknown key raises :class:`InvalidProblem` naming it."""
+        if not isinstance(values, Mapping):
+            raise InvalidProblem(f"options must be a mapping of option names to values, got {shown(values)}")
+        if base is not None and not isinstance(base, Options):
+            raise InvalidProblem(f"base must be an Options or None, got {shown(base)}")
         known = {f.name for f in fields(cls)}
         for key in values:
             if key not in known:

@@ -6,11 +6,89 @@ its first offending entry, so a user sees which value to fix.
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
 from solvers import InvalidProblem
 
-__all__ = ["as_allocation", "as_count", "as_counts", "as_numeric", "broadcast_args", "first_bad"]
+__all__ = [
+    "DEADLINE_EVERY",
+    "OutOfTime",
+    "as_allocation",
+    "as_count",
+    "as_counts",
+    "as_numeric",
+    "broadcast_args",
+    "check_deadline",
+    "first_bad",
+    "read_json",
+    "read_utf8",
+]
+
+#: How often (in items: jobs) a long loop looks at its deadline: a clock read
+#: per item would cost more than the check it guards.
+DEADLINE_EVERY = 1000
+
+
+class OutOfTime(InvalidProblem):
+    """A step passed its deadline before it had an answer (reading or encoding an instance)."""
+
+
+def read_utf8(path: str | os.PathLike, what: str) -> str:
+    """The text of the file ``path``, which must be UTF-8 (a byte-order mark is
+    allowed); ``what`` names the file in messages ("instance file").
+
+    Raises:
+        InvalidProblem: unreadable, or not UTF-8 (naming the first bad byte and its offset).
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise InvalidProblem(f"cannot read {what} {str(p)!r}: {exc.strerror}") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidProblem(
+            f"{what} {str(p)!r} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start}"
+        ) from None
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """The decoded JSON value of the UTF-8 file ``path`` (see :func:`read_utf8`).
+
+    Python's ``Infinity`` and ``NaN`` literals are read (a field's domain
+    rejects them where they do not belong).
+
+    Raises:
+        InvalidProblem: naming the file: unreadable, not UTF-8, malformed JSON
+            (with line and column), nested deeper than the parser's recursion
+            limit, or an integer literal longer than Python converts
+            (``sys.get_int_max_str_digits()``).
+    """
+    text = read_utf8(path, what)
+    where = repr(str(Path(path)))
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidProblem(f"malformed JSON in {where}: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise InvalidProblem(f"malformed JSON in {where}: nested too deeply") from None
+    except ValueError as exc:  # an integer literal past int's digit limit
+        raise InvalidProblem(f"malformed JSON in {where}: {exc}") from None
+
+
+def check_deadline(deadline: float | None, i: int, total: int, what: str) -> None:
+    """Raise :class:`OutOfTime` when ``deadline`` (``time.monotonic()`` seconds;
+    None: none) has passed, looking at the clock every :data:`DEADLINE_EVERY`
+    items; ``what`` names the step, ``i`` of ``total`` its progress."""
+    if deadline is not None and i % DEADLINE_EVERY == 0 and time.monotonic() > deadline:
+        raise OutOfTime(f"{what} ran past the time limit after {i} of {total} jobs")
 
 
 def first_bad(arr: np.ndarray, bad: np.ndarray) -> str:

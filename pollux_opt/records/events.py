@@ -84,6 +84,7 @@ log = logging.getLogger(__name__)
 EVENT_TYPES = (
     "run_start",        # cluster: the scheduler (re)started; fields: policy, resumed
     "run_stop",         # cluster: the scheduler stopped early, jobs checkpointed; fields: reason, stopped
+    "nodes",            # cluster: nodes joined or left (Ray backend); fields: cluster, joined, left
     "submit",           # job arrived; fields: submitted_replicas, submitted_batch_size, workload
     "start",            # job's first start; fields: placement, batch_size
     "allocation",       # cluster: a decision; fields: placement, objective, solver_s, overhead_s, status
@@ -101,6 +102,7 @@ EVENT_TYPES = (
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "run_start": ("policy",),
     "run_stop": ("reason",),
+    "nodes": ("cluster", "joined", "left"),
     "submit": ("submitted_replicas", "submitted_batch_size"),
     "start": ("placement",),
     "allocation": ("placement", "objective", "solver_s"),
@@ -118,7 +120,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 PLACEMENT_EVENTS = frozenset({"start", "rescale_begin", "rescale_end", "restart_after_fault"})
 
 #: Event types that are about the whole cluster (job_id null).
-CLUSTER_EVENTS = frozenset({"run_start", "run_stop", "allocation"})
+CLUSTER_EVENTS = frozenset({"run_start", "run_stop", "nodes", "allocation"})
 #: An event's ``type`` and its time ``t`` (seconds since the run started).
 _EVENT_TYPE = Choice(EVENT_TYPES)
 _EVENT_TIME = Real(unit="seconds")

@@ -38,9 +38,13 @@ Signatures:
   (forkserver by default: workers fork from a server that imported torch once)
 * ``profile_throughput(spec, configs, *, steps, rounds, workdir, pool) -> Measurements``
   and ``heldout_error(measurements, train_mask)`` (in :mod:`pollux_opt.runtime`)
-* ``JobSpec(name, builder, init_batch_size, max_batch_size, target, ...)``,
+* ``JobSpec(name, builder, init_batch_size, max_batch_size, target=None, epochs=None,
+  progress_target=None, ...)`` (at least one completion criterion),
   ``register_job(spec)``, ``training_job(**fields)`` (decorator), ``get_job(name)``,
   ``job_names()``; builders return :class:`JobParts`
+* a user's own training loop instead of a builder: :mod:`pollux_opt.elastic`
+  (``ElasticDataLoader``, ``ElasticDataParallel``, ``remaining_epochs_until``),
+  named by an entry (:mod:`~pollux_opt.runtime.entry`, ``docs/user-jobs.md``)
 * ``declare_builder_modules(modules)``: let workload files and resumed
   ``job.json`` files name builders of these modules (what a file may run: the
   trust model of :mod:`pollux_opt.runtime.spec`)
@@ -55,8 +59,9 @@ loading the checkpoint) -> ``running`` <-> ``rescaling`` -> ``verifying``
 (target reached; final checkpoint re-evaluated in a fresh process forked
 from the pool's fork server, holding no core of the job) ->
 ``completed``; ``stopped`` after ``stop()`` or a step limit (resume with
-``start``); ``failed`` with ``report().error`` when job code raises or faults
-exceed ``max_restarts``.  A job holds cores exactly while ``running`` or
+``start``); ``failed`` with ``report().error`` when job code raises, its loss
+diverges (:mod:`~pollux_opt.runtime.divergence`) or faults exceed
+``max_restarts``.  A job holds cores exactly while ``running`` or
 ``rescaling`` (``JobState.holds_workers``).
 
 What a job does
@@ -66,8 +71,12 @@ Modules: :mod:`~pollux_opt.runtime.job` (the handle),
 :mod:`~pollux_opt.runtime.controller` and :mod:`~pollux_opt.runtime.intake`
 (its supervisor thread), :mod:`~pollux_opt.runtime.phase`,
 :mod:`~pollux_opt.runtime.status`, :mod:`~pollux_opt.runtime.journal`,
-:mod:`~pollux_opt.runtime.worker` and :mod:`~pollux_opt.runtime.trainer` (the
-worker processes), :mod:`~pollux_opt.runtime.measurements` (typed
+:mod:`~pollux_opt.runtime.worker`, :mod:`~pollux_opt.runtime.trainer`,
+:mod:`~pollux_opt.runtime.control` and :mod:`~pollux_opt.runtime.state` (the
+worker processes; :mod:`~pollux_opt.runtime.session` and
+:mod:`~pollux_opt.runtime.elastic_data` for a user's loop),
+:mod:`~pollux_opt.runtime.divergence` (the divergence rule),
+:mod:`~pollux_opt.runtime.measurements` (typed
 configuration keys), :mod:`~pollux_opt.runtime.agent`, :mod:`~pollux_opt.runtime.adapt`.
 
 * K replicas = K worker processes, one thread each, all-reducing

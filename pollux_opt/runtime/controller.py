@@ -281,19 +281,10 @@ class JobController(WorkerIntake):
             return
         k, n = alloc.num_replicas, alloc.num_nodes
         config = self._batch_for(alloc)
-        reuse = [w for w in self._workers if w.alive()][:k]
-        surplus = [w for w in self._workers if w not in reuse]
-        if surplus:
-            self._pool.release(surplus)
-        workers = reuse + (self._pool.acquire(k - len(reuse), job_key=self.job_id) if len(reuse) < k else [])
+        workers = self._pool.regroup(self._workers, alloc, job_key=self.job_id)
         self._gen += 1
         self._launch_wall = time.time()
-        store = None
-        if k > 1:
-            rdzv = self.workdir / "rendezvous"
-            rdzv.mkdir(exist_ok=True)
-            store = rdzv / f"gen-{self._gen}"
-            store.unlink(missing_ok=True)
+        store = self._pool.rendezvous(workers, self.workdir, self._gen) if k > 1 else None
         params = params_to_dict(self.status.agent.params)
         for rank, w in enumerate(workers):
             w.job_key = self.job_id

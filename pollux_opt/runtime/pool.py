@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from solvers import InvalidProblem
 
@@ -188,6 +189,27 @@ class WorkerPool:
                 w.process.kill()
                 w.process.join(TERMINATE_GRACE_S)
             w.conn.close()
+
+    def regroup(self, workers: list[WorkerHandle], alloc, job_key: str | None = None) -> list[WorkerHandle]:
+        """The workers, in rank order, of a job's next generation on ``alloc`` (a
+        ``WorkerAllocation``): its live current ``workers`` first (kept warm),
+        then acquired ones; the others are released.  Every worker of this pool
+        runs on this machine, so the placement's nodes do not matter here."""
+        k = alloc.num_replicas
+        reuse = [w for w in workers if w.alive()][:k]
+        surplus = [w for w in workers if w not in reuse]
+        if surplus:
+            self.release(surplus)
+        return reuse + (self.acquire(k - len(reuse), job_key=job_key) if len(reuse) < k else [])
+
+    def rendezvous(self, workers: list[WorkerHandle], workdir, generation: int) -> str:
+        """Where ``workers`` (more than one) form generation ``generation``'s gloo
+        group: a new FileStore file in the job's work directory (``store_path``)."""
+        rdzv = Path(workdir) / "rendezvous"
+        rdzv.mkdir(exist_ok=True)
+        store = rdzv / f"gen-{generation}"
+        store.unlink(missing_ok=True)
+        return str(store)
 
     def prepare(self, job_key: str, spec_json: str, workdir: str, count: int = 1) -> int:
         """Have up to ``count`` idle workers build a job's parts ahead of time, so

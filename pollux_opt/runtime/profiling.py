@@ -26,7 +26,7 @@ from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.report import JobState, Measurements, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 
-__all__ = ["heldout_error", "profile_throughput"]
+__all__ = ["heldout_error", "profile_throughput", "serve_in_process"]
 
 #: A target no metric reaches (profiling must not complete the job).
 _UNREACHABLE = 1e300
@@ -133,3 +133,59 @@ def heldout_error(rows: Measurements, train: np.ndarray) -> tuple[ThroughputPara
     measured = test.step_time
     mape = float(np.mean(np.abs(predicted - measured) / measured) * 100.0)
     return params, predicted, mape if math.isfinite(mape) else math.inf
+
+
+def serve_in_process(spec: JobSpec, workdir: str | Path, *, local_bsz: int, accum_steps: int = 0,
+                     options: RuntimeOptions | None = None, checkpoint: str | None = None,
+                     generation: int = 1) -> list[tuple[str, dict]]:
+    """Run one assignment of ``spec`` on one replica in this process: the worker's
+    own :func:`~pollux_opt.runtime.worker.serve_assignment`, without a worker
+    process, controller or pool (for tests and overhead measurements).
+
+    Args:
+        spec: the job (builder protocol or a user's loop).
+        workdir: its work directory (created).
+        local_bsz, accum_steps: the batch configuration.
+        options: e.g. a ``step_limit`` (default options otherwise).
+        checkpoint: metadata path of the checkpoint to resume from (a
+            ``"checkpoint"`` message's ``meta_path``), or None.
+        generation: the assignment's generation.
+
+    Returns:
+        The worker's messages ``(kind, info)`` in order (``"resumed"``,
+        ``"metrics"`` with the step rows, ``"checkpoint"``, ``"paused"``).
+
+    Raises:
+        whatever the job raises (the worker would report it as ``"error"``).
+    """
+    import threading
+    from multiprocessing import Pipe
+
+    from pollux_opt.runtime.lazy_torch import require_torch
+    from pollux_opt.runtime.worker import Assignment, PartsCache, serve_assignment
+
+    torch = require_torch()
+    import torch.distributed as dist
+
+    parent, child = Pipe()
+    messages: list[tuple[str, dict]] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                messages.append(parent.recv())
+            except (EOFError, OSError):
+                return
+
+    reader = threading.Thread(target=drain, name="pollux-in-process", daemon=True)
+    reader.start()
+    a = Assignment(job_id=Path(workdir).name, spec_json=spec.to_json(), workdir=str(Path(workdir).resolve()),
+                   generation=generation, rank=0, world=1, num_nodes=1, store_path=None,
+                   checkpoint_meta=checkpoint, local_bsz=local_bsz, accum_steps=accum_steps,
+                   options=options or RuntimeOptions())
+    try:
+        serve_assignment(child, a, PartsCache(), torch, dist, os.sched_getaffinity(0))
+    finally:
+        child.close()
+        reader.join()
+    return messages

@@ -12,6 +12,7 @@ from solvers import InvalidProblem
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.model.domains import Boolean, Integer, Real, check, check_fields, domain_field
 from pollux_opt.runtime.agent import goodput_model
+from pollux_opt.runtime.divergence import DEFAULT_DIVERGENCE_FACTOR, DEFAULT_DIVERGENCE_REPORTS
 from pollux_opt.runtime.measurements import Measurements
 
 __all__ = [
@@ -122,6 +123,10 @@ class RuntimeOptions:
             sooner by the controller, which watches the worker processes.
         warmup_steps: steps after each (re)start or batch change left out of
             the throughput measurements (first-step allocation and caches).
+        divergence_factor, divergence_reports: the divergence rule of
+            :mod:`~pollux_opt.runtime.divergence` (a report's mean loss above
+            ``divergence_factor`` times the first report's, ``divergence_reports``
+            times in a row, fails the job; a factor of None disables it).
         resume_after_failed_verification: when the fresh-process check does not
             confirm the target, train on from the final checkpoint on the job's
             last allocation (True, for a job driven on its own) or stop holding
@@ -141,6 +146,8 @@ class RuntimeOptions:
     collective_timeout_s: float = domain_field(300.0, _PERIOD_S)
     warmup_steps: int = domain_field(2, Integer(ge=0))
     resume_after_failed_verification: bool = domain_field(True, Boolean())
+    divergence_factor: float | None = domain_field(DEFAULT_DIVERGENCE_FACTOR, Real(gt=1, none=True))
+    divergence_reports: int = domain_field(DEFAULT_DIVERGENCE_REPORTS, Integer(ge=1))
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -129,14 +129,20 @@ def _builder_path(builder: str | Callable[..., Any]) -> str:
     return path
 
 
-def resolve_builder(path: str) -> Callable[["BuildContext"], "JobParts"]:
-    """Import the builder function named by ``"package.module:function"``.
+def resolve_builder(path: str, import_dir: str | None = None) -> Callable[["BuildContext"], "JobParts"]:
+    """Import the builder function named by ``"package.module:function"``
+    (from ``import_dir`` first, if given: :func:`~pollux_opt.runtime.entry.import_from`).
 
     Raises:
         InvalidProblem: a standard-library module (see the module docstring), or not a callable.
     """
     module_name, _, attr = _refuse_stdlib(path).partition(":")
-    obj: Any = importlib.import_module(module_name)
+    if import_dir is not None:
+        from pollux_opt.runtime.entry import import_from
+
+        obj: Any = import_from(module_name, import_dir)
+    else:
+        obj = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
     if not callable(obj):
@@ -227,7 +233,8 @@ class JobSpec:
         init_batch_size: M0, the total batch (samples) the hyper-parameters were
             tuned for; progress is counted in M0-equivalent iterations.
         max_batch_size: largest total batch M (samples).
-        target: validation-metric value at which the job is complete.
+        target: validation-metric value the job must reach to be complete
+            (None: no metric target).
         metric: name of the validation metric (for reports).
         higher_is_better: True if the job completes when metric >= target, False
             when metric <= target (a loss or an error).
@@ -240,13 +247,25 @@ class JobSpec:
         seed: seed of model initialisation and of data order.
         config: JSON-serialisable options passed to the builder.
         description: one line for humans.
+        epochs: epochs the job must complete (a user's loop counts them, see
+            :mod:`pollux_opt.elastic`; the builder protocol's sample stream
+            counts ``samples / train_size``); None: no such criterion.
+        progress_target: M0-equivalent iterations (progress) the job must
+            complete; None: no such criterion.
+        import_dir: absolute directory put first on ``sys.path`` before the
+            builder is imported (a user's job outside any installed package;
+            see :mod:`~pollux_opt.runtime.entry`); None: none.
+
+    Completion: the job is complete when every criterion that is set holds
+    (``target``, ``epochs``, ``progress_target``; at least one must be set),
+    confirmed in a fresh process (:mod:`~pollux_opt.runtime.verify`).
     """
 
     name: str = domain_field(REQUIRED, NAME)
     builder: str
     init_batch_size: int
     max_batch_size: int
-    target: float = domain_field(REQUIRED, Real())
+    target: float | None = domain_field(None, Real(none=True))
     metric: str = domain_field("accuracy", Text())
     higher_is_better: bool = domain_field(True, Boolean())
     lr_scaling: str = domain_field("adascale", Choice(LR_SCALING_RULES))
@@ -257,13 +276,24 @@ class JobSpec:
     seed: int = domain_field(0, Integer(ge=0))
     config: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
+    epochs: int | None = domain_field(None, Integer(ge=1, none=True))
+    progress_target: float | None = domain_field(None, Real(gt=0, none=True))
+    import_dir: str | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.target is None and self.epochs is None and self.progress_target is None:
+            raise InvalidProblem(
+                f"job {self.name!r} needs a completion criterion: set target, epochs or progress_target"
+            )
+        absolute = isinstance(self.import_dir, str) and Path(self.import_dir).is_absolute()
+        if self.import_dir is not None and not absolute:
+            raise InvalidProblem(f"import_dir must be an absolute directory path, got {self.import_dir!r}")
         object.__setattr__(self, "builder", _builder_path(self.builder))
         limits = self.limits()  # validates the batch fields, naming the bad one
         object.__setattr__(self, "max_local_bsz", limits.max_local_bsz)
-        object.__setattr__(self, "target", float(self.target))
+        if self.target is not None:
+            object.__setattr__(self, "target", float(self.target))
         object.__setattr__(self, "eval_every", float(self.eval_every))
         object.__setattr__(self, "config", _canonical_config(self.config))
 
@@ -281,10 +311,16 @@ class JobSpec:
         )
 
     def reached(self, metric: float | None) -> bool:
-        """True if ``metric`` meets the target (NaN and None never do)."""
-        if metric is None or not math.isfinite(metric):
+        """True if ``metric`` meets the target (NaN and None never do, nor any without a target)."""
+        if metric is None or self.target is None or not math.isfinite(metric):
             return False
         return metric >= self.target if self.higher_is_better else metric <= self.target
+
+    def counts_reached(self, progress: float, epochs: float) -> bool:
+        """True if the ``epochs`` and ``progress_target`` criteria (those set) hold."""
+        if self.epochs is not None and epochs < self.epochs:
+            return False
+        return self.progress_target is None or progress >= self.progress_target
 
     def replace(self, **changes: Any) -> "JobSpec":
         """A copy with some fields changed (validated again)."""

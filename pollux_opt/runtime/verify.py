@@ -7,7 +7,9 @@ any job), so the check skips the interpreter start and ``import torch``
 processes.  It can also be run by hand as ``python -m
 pollux_opt.runtime.verify WORKDIR CHECKPOINT_META``.  Either way it
 rebuilds the job from ``WORKDIR/job.json``, loads the checkpoint after checking
-its digest, evaluates the validation metric and writes
+its digest, evaluates the validation metric (a user's loop: runs its
+``main()`` until the wrapper, see :mod:`~pollux_opt.runtime.session`), checks
+the spec's completion criteria and writes
 ``WORKDIR/verification.json`` atomically.  Exit status 0 when the evaluation
 ran (whatever the metric), 1 on an error (written to stderr).
 """
@@ -26,10 +28,16 @@ VERIFICATION_FILE = "verification.json"
 
 
 def verify_checkpoint(workdir: Path, meta_path: Path) -> dict:
-    """Evaluate the checkpoint whose metadata is ``meta_path``; returns the record written."""
+    """Evaluate the checkpoint whose metadata is ``meta_path``; returns the record written.
+
+    The record's ``reached`` says whether every completion criterion of the
+    spec holds: the re-evaluated metric meets the target (if one is set) and
+    the checkpoint's epochs and progress meet theirs (if set).
+    """
     os.environ["OMP_NUM_THREADS"] = "1"
     from pollux_opt.runtime.checkpoint import atomic_write_json, list_checkpoints, load_payload, verify
-    from pollux_opt.runtime.spec import BuildContext, JobParts, JobSpec, resolve_builder
+    from pollux_opt.runtime.entry import LOOP, entry_protocol
+    from pollux_opt.runtime.spec import JobSpec, resolve_builder
     from pollux_opt.runtime.lazy_torch import require_torch
 
     torch = require_torch()
@@ -43,22 +51,65 @@ def verify_checkpoint(workdir: Path, meta_path: Path) -> dict:
     if info is None or not verify(info):
         raise ValueError(f"checkpoint {meta_path} is missing or corrupt")
     torch.manual_seed(spec.seed)
-    parts = resolve_builder(spec.builder)(BuildContext(seed=spec.seed, config=dict(spec.config), workdir=workdir))
+    payload = load_payload(info)
+    fn = resolve_builder(spec.builder, spec.import_dir)
+    if entry_protocol(fn) == LOOP:
+        metric, epochs = _evaluate_loop(spec, fn, payload, info, torch)
+    else:
+        metric, epochs = _evaluate_builder(spec, fn, payload, workdir, torch)
+    runtime = payload["runtime"]
+    counts = spec.counts_reached(float(runtime["progress"]), epochs)
+    reached = counts and (spec.target is None or spec.reached(metric))
+    record = {
+        "checkpoint": str(meta_path), "step": info.step, "metric": metric, "target": spec.target,
+        "higher_is_better": spec.higher_is_better, "reached": reached, "epochs": epochs,
+        "progress": float(runtime["progress"]), "training_metric": info.meta.get("metric"),
+        "seconds": time.perf_counter() - t0, "pid": os.getpid(), "time": time.time(),
+    }
+    atomic_write_json(workdir / VERIFICATION_FILE, record)
+    return record
+
+
+def _evaluate_builder(spec, build, payload: dict, workdir: Path, torch) -> tuple[float, float]:
+    """The builder protocol: (metric, epochs of the sample stream) of the checkpoint."""
+    from pollux_opt.runtime.spec import BuildContext, JobParts
+
+    parts = build(BuildContext(seed=spec.seed, config=dict(spec.config), workdir=workdir))
     if not isinstance(parts, JobParts):
         raise TypeError(f"builder {spec.builder!r} must return JobParts, got {type(parts).__name__}")
-    payload = load_payload(info)
     parts.model.load_state_dict(payload["model"])
     parts.model.eval()
     with torch.no_grad():
         metric = float(parts.evaluate(parts.model))
-    record = {
-        "checkpoint": str(meta_path), "step": info.step, "metric": metric, "target": spec.target,
-        "higher_is_better": spec.higher_is_better, "reached": spec.reached(metric),
-        "training_metric": info.meta.get("metric"), "seconds": time.perf_counter() - t0,
-        "pid": os.getpid(), "time": time.time(),
-    }
-    atomic_write_json(workdir / VERIFICATION_FILE, record)
-    return record
+    return metric, int(payload["runtime"]["samples"]) / parts.train_size
+
+
+def _evaluate_loop(spec, fn, payload: dict, info, torch) -> tuple[float | None, float]:
+    """A user's loop: run its ``main()`` up to the wrapper, which loads the
+    checkpoint's model, checks its digest and evaluates it (None: no evaluate)."""
+    from pollux_opt.runtime.session import LoopSession, VerificationDone, run_session
+    from pollux_opt.runtime.state import param_checksum
+
+    result: dict = {}
+
+    def attach(session, parts, extra):
+        parts.model.load_state_dict(payload["model"])
+        checksum = param_checksum(parts.model)
+        if checksum != info.meta.get("checksum"):
+            raise ValueError(f"parameters loaded from {info.meta_path} have checksum {checksum}, "
+                             f"the checkpoint says {info.meta.get('checksum')}")
+        metric = None
+        if parts.evaluate is not None:
+            parts.model.eval()
+            with torch.no_grad():
+                metric = float(parts.evaluate(parts.model))
+        result["metric"] = metric
+        raise VerificationDone()
+
+    run_session(LoopSession(spec, 0, 1, attach), fn)
+    if "metric" not in result:
+        raise RuntimeError(f"entry {spec.builder!r} returned without creating an ElasticDataParallel")
+    return result["metric"], float(payload["runtime"].get("epoch", 0))
 
 
 def main(argv: list[str] | None = None) -> int:

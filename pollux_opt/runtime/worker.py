@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import random
 import time
@@ -33,19 +34,13 @@ from datetime import timedelta
 from pathlib import Path
 
 from pollux_opt.runtime.checkpoint import WriterLock, load_payload
+from pollux_opt.runtime.entry import LOOP, entry_protocol
 from pollux_opt.runtime.lifeline import ORPHAN_GRACE_S, saving_state
 from pollux_opt.runtime.report import RuntimeOptions
 from pollux_opt.runtime.spec import BuildContext, JobParts, JobSpec, resolve_builder
-from pollux_opt.runtime.trainer import (
-    STOP_PARENT,
-    STOP_REASONS,
-    CollectiveError,
-    Trainer,
-    TrainingState,
-    collective,
-    param_checksum,
-    restore_rng,
-)
+from pollux_opt.runtime.control import STOP_PARENT, STOP_REASONS, CollectiveError, collective
+from pollux_opt.runtime.state import TrainingState, param_checksum, restore_rng
+from pollux_opt.runtime.trainer import Trainer
 from pollux_opt.runtime.lazy_torch import require_torch
 
 __all__ = ["Assignment", "worker_main"]
@@ -60,6 +55,9 @@ WRITER_WAIT_S = 2 * ORPHAN_GRACE_S
 #: job's collectives listen on 127.0.0.1 only and never on a reachable address
 #: (all of a job's workers run on this machine).  Set whatever the environment says.
 GLOO_INTERFACE = "lo"
+#: Prefix of an :class:`Assignment`'s ``store_path`` that names a TCP store
+#: (``tcp://host:port``) rather than a FileStore file.
+TCP_STORE_PREFIX = "tcp://"
 
 
 @dataclass(frozen=True)
@@ -96,7 +94,7 @@ class PartsCache:
         self.key = self.parts = None
         torch.manual_seed(spec.seed)
         random.seed(spec.seed)
-        build = resolve_builder(spec.builder)
+        build = resolve_builder(spec.builder, spec.import_dir)
         parts = build(BuildContext(seed=spec.seed, config=dict(spec.config), workdir=workdir))
         if not isinstance(parts, JobParts):
             raise TypeError(f"builder {spec.builder!r} must return JobParts, got {type(parts).__name__}")
@@ -127,9 +125,11 @@ def _assigned_checkpoint(a: Assignment):
     return info
 
 
-def _load_state(a: Assignment, spec: JobSpec, parts: JobParts, info, torch, dist) -> TrainingState:
-    """Load the checkpoint ``info`` into ``parts`` and return its training state;
-    without one, a fresh state (every rank starting from rank 0's parameters)."""
+def _load_state(a: Assignment, spec: JobSpec, parts: JobParts, info, torch, dist,
+                extra: dict | None = None) -> TrainingState:
+    """Load the checkpoint ``info`` into ``parts`` (and the ``extra`` objects, by
+    name) and return its training state; without one, a fresh state (every
+    rank starting from rank 0's parameters)."""
     if info is None:
         if a.world > 1:
             with torch.no_grad():
@@ -141,8 +141,90 @@ def _load_state(a: Assignment, spec: JobSpec, parts: JobParts, info, torch, dist
     parts.optimizer.load_state_dict(payload["optimizer"])
     if parts.scaler is not None and payload.get("scaler") is not None:
         parts.scaler.load_state_dict(payload["scaler"])
+    saved = payload.get("extra") or {}
+    for name, obj in (extra or {}).items():
+        if name in saved:
+            obj.load_state_dict(saved[name])
     restore_rng(torch, payload["rng"])
     return TrainingState.from_dict(payload["runtime"])
+
+
+class _Launch:
+    """One assignment being set up: its timings and what the "resumed" report says."""
+
+    def __init__(self, conn, a: Assignment, spec: JobSpec, info, torch, dist, received: float) -> None:
+        self.conn, self.a, self.spec, self.info, self.torch, self.dist = conn, a, spec, info, torch, dist
+        self.received = received
+        self.t0 = time.perf_counter()
+        self.t_build = self.t_group = 0.0
+        self.pg = False
+
+    def join_group(self) -> None:
+        a, dist = self.a, self.dist
+        t = time.perf_counter()
+        if a.world > 1:
+            store = rendezvous_store(dist, a)
+            collective(
+                dist.init_process_group, "gloo", store=store, rank=a.rank, world_size=a.world,
+                timeout=timedelta(seconds=a.options.collective_timeout_s),
+            )
+            self.pg = True
+        self.t_group = time.perf_counter() - t
+
+    def trainer(self, parts: JobParts, base_lrs, extra: dict | None = None) -> Trainer:
+        """Load the state into ``parts``, make the trainer, wait for every rank and report "resumed"."""
+        a, torch = self.a, self.torch
+        t = time.perf_counter()
+        state = _load_state(a, self.spec, parts, self.info, torch, self.dist, extra)
+        if a.params is not None:
+            state.params = a.params
+        t_load = time.perf_counter() - t
+        trainer = Trainer(torch, self.dist, self.conn, a, self.spec, parts, base_lrs, state, extra)
+        if a.world > 1:
+            collective(self.dist.barrier)
+        if not _send(self.conn, "resumed", {
+            "generation": a.generation, "rank": a.rank, "step": state.step, "progress": state.progress,
+            "samples": state.samples, "checksum": param_checksum(parts.model), "pid": os.getpid(),
+            "from_checkpoint": None if self.info is None else self.info.step, "train_size": parts.train_size,
+            "build_s": self.t_build, "group_s": self.t_group, "load_s": t_load, "received": self.received,
+        }):
+            trainer.parent_lost = True  # stops at the first step boundary
+        return trainer
+
+
+def _run_builder(launch: _Launch, cache: PartsCache, workdir: Path):
+    """The builder protocol: build (or reuse) the parts, train; returns ``(code, trainer)``."""
+    a, spec, torch = launch.a, launch.spec, launch.torch
+    key = (a.job_id, a.workdir, a.spec_json)
+    t0 = time.perf_counter()
+    parts, base_lrs = cache.get(key, spec, workdir, torch, reuse=launch.info is not None)
+    launch.t_build = time.perf_counter() - t0
+    launch.join_group()
+    trainer = launch.trainer(parts, base_lrs)
+    with saving_state() if a.rank == 0 else contextlib.nullcontext():
+        return trainer.run(), trainer  # rank 0 checkpoints on its way out, also when orphaned
+
+
+def _run_loop(launch: _Launch, fn) -> tuple[int, Trainer]:
+    """A user's own loop (:mod:`~pollux_opt.runtime.session`); returns ``(code, trainer)``."""
+    from pollux_opt.runtime.session import LoopSession, run_session
+
+    a = launch.a
+    launch.join_group()
+    t0 = time.perf_counter()
+
+    def attach(session, parts, extra):
+        launch.t_build = time.perf_counter() - t0  # the user's setup until the wrapper
+        parts.train_size = session.train_size or parts.train_size
+        return launch.trainer(parts, None, extra)
+
+    session = LoopSession(launch.spec, a.rank, a.world, attach)
+    torch = launch.torch
+    torch.manual_seed(launch.spec.seed)
+    random.seed(launch.spec.seed)
+    with saving_state() if a.rank == 0 else contextlib.nullcontext():
+        code = run_session(session, fn)
+    return code, session.trainer
 
 
 def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cpus) -> bool:
@@ -157,8 +239,8 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    pg = False
     writer = WriterLock(workdir)
+    launch = None
     try:
         if a.rank == 0 and not writer.acquire(WRITER_WAIT_S):
             logger.warning("another process still holds %s; writing checkpoints without it", writer.path)
@@ -167,45 +249,28 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
         except (AttributeError, OSError, ValueError):  # pragma: no cover - non-Linux or bad cpu id
             logger.warning("could not set CPU affinity to %s", a.cpu)
         spec = JobSpec.from_json(a.spec_json)
-        info = _assigned_checkpoint(a)
-        key = (a.job_id, a.workdir, a.spec_json)
-        t0 = time.perf_counter()
-        parts, base_lrs = cache.get(key, spec, workdir, torch, reuse=info is not None)
-        t_build = time.perf_counter() - t0
-        if a.world > 1:
-            store = dist.FileStore(a.store_path, a.world)
-            collective(
-                dist.init_process_group, "gloo", store=store, rank=a.rank, world_size=a.world,
-                timeout=timedelta(seconds=a.options.collective_timeout_s),
-            )
-            pg = True
-        t_group = time.perf_counter() - t0 - t_build
-        state = _load_state(a, spec, parts, info, torch, dist)
-        if a.params is not None:
-            state.params = a.params
-        t_load = time.perf_counter() - t0 - t_build - t_group
-        trainer = Trainer(torch, dist, conn, a, spec, parts, base_lrs, state)
-        if a.world > 1:
-            collective(dist.barrier)
-        if not _send(conn, "resumed", {
-            "generation": a.generation, "rank": a.rank, "step": state.step, "progress": state.progress,
-            "samples": state.samples, "checksum": param_checksum(parts.model), "pid": os.getpid(),
-            "from_checkpoint": None if info is None else info.step, "train_size": parts.train_size,
-            "build_s": t_build, "group_s": t_group, "load_s": t_load, "received": received,
-        }):
-            return False
-        with saving_state() if a.rank == 0 else contextlib.nullcontext():
-            code = trainer.run()  # rank 0 checkpoints on its way out, also when orphaned
+        launch = _Launch(conn, a, spec, _assigned_checkpoint(a), torch, dist, received)
+        fn = resolve_builder(spec.builder, spec.import_dir)
+        if entry_protocol(fn) == LOOP:
+            code, trainer = _run_loop(launch, fn)
+        else:
+            code, trainer = _run_builder(launch, cache, workdir)
         writer.release()  # before "paused": the controller may launch the next writer then
-        checksum = param_checksum(parts.model)
-        if pg:
+        state = trainer.state
+        checksum = param_checksum(trainer.parts.model)
+        if launch.pg:
             dist.destroy_process_group()
-            pg = False
+            launch.pg = False
         logger.info("paused at step %d (%s)", state.step, STOP_REASONS.get(code, code))
         return _send(conn, "paused", {
             "generation": a.generation, "rank": a.rank, "step": state.step, "reason": STOP_REASONS.get(code, code),
             "checksum": checksum, "progress": state.progress, "samples": state.samples, "metric": state.metric,
-        }) and code != STOP_PARENT
+        }) and code != STOP_PARENT and not trainer.parent_lost
+    except BaseException:
+        # Into this job's worker log, while its handler is attached (the
+        # controller records the error and traceback in the job's events).
+        logger.exception("assignment failed")
+        raise
     finally:
         writer.release()
         root.removeHandler(handler)
@@ -226,15 +291,33 @@ def prepare_parts(cache: PartsCache, job_id: str, spec_json: str, workdir: str, 
     """Build a job's parts ahead of an assignment (a warm spare for a later scale-up)."""
     try:
         spec = JobSpec.from_json(spec_json)
+        if entry_protocol(resolve_builder(spec.builder, spec.import_dir)) == LOOP:
+            return  # a user's loop builds its objects itself; importing its module is the warm-up
         cache.get((job_id, workdir, spec_json), spec, Path(workdir), torch, reuse=True)
     except Exception:  # noqa: BLE001 - the real assignment will build again and report
         logging.getLogger().exception("preparing job %s failed", job_id)
         cache.key = cache.parts = None
 
 
-def worker_main(conn) -> None:
-    """Entry point of a spawned worker process (see the module docstring)."""
-    os.environ["GLOO_SOCKET_IFNAME"] = GLOO_INTERFACE
+def rendezvous_store(dist, a: Assignment):
+    """The store ``a``'s process group forms through: a client of the TCPStore at
+    ``tcp://host:port`` (one a pool hosts for workers on several machines), else
+    a FileStore at the path ``a.store_path``."""
+    if a.store_path.startswith(TCP_STORE_PREFIX):
+        host, _, port = a.store_path[len(TCP_STORE_PREFIX):].rpartition(":")
+        return dist.TCPStore(host, int(port), a.world, is_master=False,
+                             timeout=timedelta(seconds=a.options.collective_timeout_s))
+    return dist.FileStore(a.store_path, a.world)
+
+
+def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
+    """Entry point of a spawned worker process (see the module docstring);
+    ``gloo_interface`` is the network interface its collectives bind to."""
+    os.environ["GLOO_SOCKET_IFNAME"] = gloo_interface
+    # A pool worker is a daemon (it ends with its scheduler, see lifeline); a
+    # user's DataLoader with num_workers > 0 starts children, which
+    # multiprocessing refuses in a daemon.  They end with this process.
+    multiprocessing.current_process()._config["daemon"] = False
     # One thread per worker: before torch creates its OpenMP pool.
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
@@ -270,7 +353,6 @@ def worker_main(conn) -> None:
             alive = serve_assignment(conn, a, cache, torch, dist, all_cpus)
         except BaseException as exc:  # noqa: BLE001 - reported to the controller, then exit
             tb = traceback.format_exc()
-            logging.getLogger().error("assignment failed: %s", tb)
             _send(conn, "error", {
                 "generation": a.generation, "rank": a.rank, "error": f"{type(exc).__name__}: {exc}", "traceback": tb,
                 "collective": isinstance(exc, CollectiveError),

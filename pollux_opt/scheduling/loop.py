@@ -60,6 +60,9 @@ class JobView:
             (0: never measured; None: unknown).  Allocator policies cap a job at
             a multiple of this, Pollux's exploration rule
             (:func:`pollux_opt.scheduling.policies.views.replica_cap`).
+        weight: the job's priority weight (> 0; 1 by default): its weight in
+            the allocator-driven policies' objectives (a job of weight w counts
+            as w jobs of weight 1).
     """
 
     job_id: str
@@ -77,6 +80,7 @@ class JobView:
     progress: float
     attained_service: float
     max_profiled_replicas: int | None = None
+    weight: float = 1.0
 
 
 class DecisionStatus(str, enum.Enum):
@@ -159,6 +163,9 @@ class Backend(Protocol):
     def finished(self) -> bool:
         """True once every job of the workload has completed or failed."""
         ...
+
+    # Optional: ``current_cluster() -> Cluster``, the nodes now (a backend whose
+    # nodes come and go, such as Ray's); :func:`run` then passes it to the policy.
 
 
 #: Signature of the optional per-round progress callback of :func:`run`.
@@ -245,6 +252,9 @@ def run(
         t0 = time.perf_counter()
         now = backend.now()
         views = backend.views()
+        live = getattr(backend, "current_cluster", None)
+        if live is not None:
+            cluster = live()
         if views:
             decision = _decide(policy, now, cluster, views)
             backend.apply(decision)

@@ -22,6 +22,7 @@ from solvers import InvalidProblem
 
 from pollux_opt.model.domains import Real, check
 from pollux_opt.records.files import atomic_write_csv
+from pollux_opt.records.tables import read_table
 from pollux_opt.workloads.job import WorkloadJob
 
 if TYPE_CHECKING:  # the profiles live in the simulator, which imports this module
@@ -57,15 +58,15 @@ def read_adaptdl_csv(path) -> list[WorkloadJob]:
     """The jobs of an AdaptDL workload CSV (see the module docstring), sorted by arrival then id.
 
     Raises:
-        InvalidProblem: a missing file or column, a duplicate name, or a bad row.
+        InvalidProblem: a missing or unreadable file (not UTF-8, not CSV), a
+            missing column, a duplicate name, or a bad cell (naming its row
+            and column) or row.
     """
     path = Path(path)
     if not path.is_file():
         raise InvalidProblem(f"workload file {str(path)!r} does not exist")
-    df = pd.read_csv(path)
-    missing = [c for c in ADAPTDL_COLUMNS if c not in df.columns]
-    if missing:
-        raise InvalidProblem(f"workload {str(path)!r} lacks columns {missing}")
+    df = read_table(path, "workload", columns=list(ADAPTDL_COLUMNS), numeric=("time",),
+                    integer=("num_replicas", "batch_size"), text=("name", "application"))
     if df.name.duplicated().any():
         raise InvalidProblem(f"workload {str(path)!r}: duplicate job name {df.name[df.name.duplicated()].iloc[0]!r}")
     jobs = [

@@ -31,12 +31,14 @@ hold the users' tuned configurations).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from solvers import InvalidProblem
 
 from pollux_opt.model.domains import NAME, REQUIRED, Integer, Real, check_fields, domain_field
+from pollux_opt.model.job import WEIGHT
 
 __all__ = ["QUICK_TIME_SCALE", "Workload", "WorkloadJob", "builtin_spec"]
 
@@ -46,7 +48,8 @@ QUICK_TIME_SCALE = 0.5
 
 #: Replica counts and batch sizes a user submits.
 _POSITIVE_COUNT = Integer(ge=1)
-_FIELDS = ("id", "kind", "arrival_s", "replicas", "batch_size", "min_replicas", "max_replicas", "spec", "quick_spec")
+_FIELDS = ("id", "kind", "arrival_s", "replicas", "batch_size", "min_replicas", "max_replicas", "spec", "quick_spec",
+           "entry", "import_dir")
 _REQUIRED = _FIELDS[:5]
 
 
@@ -73,6 +76,16 @@ class WorkloadJob:
         spec: changed :class:`~pollux_opt.runtime.spec.JobSpec` fields (real
             runs, e.g. ``{"target": 1.8}``).
         quick_spec: spec fields used instead of ``spec`` in the quick variant.
+        entry: a user's job instead of a registered kind (real runs):
+            ``"script.py:function"`` or ``"package.module:function"``, imported
+            from ``import_dir``; ``kind`` is then the job's name and ``spec``
+            gives its fields (see :mod:`pollux_opt.runtime.entry` and
+            ``docs/user-jobs.md``).
+        import_dir: the directory an entry is imported from (absolute; default:
+            the current directory; a workload file's loader sets its own directory).
+        weight: the job's priority (in ``solvers.WEIGHT_RANGE``, 1 by default): its
+            weight in the allocator-driven policies' objectives (``pollux``,
+            ``fair-jct``), where a job of weight w counts as w jobs of weight 1.
     """
 
     id: str = domain_field(REQUIRED, NAME)
@@ -84,6 +97,9 @@ class WorkloadJob:
     max_replicas: int | None = domain_field(None, Integer(ge=1, none=True))
     spec: Mapping[str, Any] = field(default_factory=dict)
     quick_spec: Mapping[str, Any] | None = None
+    entry: str | None = None
+    import_dir: str | None = None
+    weight: float = domain_field(1.0, WEIGHT)
 
     def __post_init__(self) -> None:
         check_fields(self, prefix="job ", names=("id",))
@@ -99,6 +115,8 @@ class WorkloadJob:
             if v is not None and not isinstance(v, Mapping):
                 raise InvalidProblem(f"{prefix}{name} must be a mapping of JobSpec fields, got {v!r}")
         object.__setattr__(self, "spec", dict(self.spec))
+        if self.entry is not None:
+            object.__setattr__(self, "import_dir", os.path.abspath(self.import_dir or os.getcwd()))
         if self.quick_spec is not None:
             object.__setattr__(self, "quick_spec", dict(self.quick_spec))
 
@@ -112,6 +130,11 @@ class WorkloadJob:
         """
         from pollux_opt.runtime.spec import check_declared_builder
 
+        if self.entry is not None:
+            from pollux_opt.runtime.entry import entry_spec
+
+            return entry_spec(self.entry, self.import_dir, name=self.kind, fields=self.spec,
+                              where=f"workload job {self.id!r}")
         base = builtin_spec(self.kind)
         if self.spec.get("builder", base.builder) != base.builder:
             check_declared_builder(self.spec["builder"], where=f"workload job {self.id!r}")
@@ -125,6 +148,8 @@ class WorkloadJob:
         }
         if self.quick_spec is not None:
             out["quick_spec"] = dict(self.quick_spec)
+        if self.entry is not None:
+            out["entry"], out["import_dir"] = self.entry, self.import_dir
         return out
 
     @classmethod
@@ -189,12 +214,17 @@ class Workload:
         return Workload(f"{self.name}-quick", jobs, self.description + " (quick variant)", self.imports)
 
     def check(self) -> None:
-        """Resolve every job's spec (raises InvalidProblem on an unknown kind or bad field)."""
+        """Resolve every job's spec (raises InvalidProblem on an unknown kind or bad field,
+        or a submitted ``batch_size`` above the spec's ``max_batch_size``: no
+        policy that runs the submitted batch could start the job)."""
         for job in self.jobs:
             try:
-                job.job_spec()
+                spec = job.job_spec()
             except TypeError as exc:
                 raise InvalidProblem(f"workload job {job.id!r}: bad spec field: {exc}") from exc
+            if job.batch_size > spec.max_batch_size:
+                raise InvalidProblem(f"workload job {job.id!r}: batch_size must be at most its max_batch_size "
+                                     f"({spec.max_batch_size}), got {job.batch_size}")
 
     def to_json(self) -> dict:
         out = {"name": self.name, "description": self.description, "jobs": [j.to_json() for j in self.jobs]}

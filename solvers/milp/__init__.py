@@ -1,7 +1,7 @@
 """Exact MILP for the allocation problem: one option per job, nodes packed by arc flow.
 
-The model is a Pyomo ``ConcreteModel``, compiled to arrays with Pyomo's
-``LinearStandardFormCompiler`` and solved by HiGHS through highspy.
+The model is a Pyomo ``ConcreteModel``; the solver hands HiGHS (through
+highspy) the same model as arrays, assembled from the same rules.
 ``docs/formulation.md`` has the full write-up with measured figures.
 Counting nodes by the paths they take through a small packing graph, instead
 of naming each node, removes the symmetry between nodes that made a
@@ -17,17 +17,23 @@ The stages, one module each, in the order :func:`solve_milp` runs them:
 * :mod:`~solvers.milp.strategy`: the exact and the restricted ("large")
   formulation, which decide what each round's model offers;
 * :mod:`~solvers.milp.packing`: node states and the arc-flow packing graph;
+* :mod:`~solvers.milp.structure`: the index lists the rules read;
 * :mod:`~solvers.milp.model`: the Pyomo model (one named rule per
-  constraint family) and its standard form;
+  constraint family);
+* :mod:`~solvers.milp.compiled`: the model as arrays, assembled from the
+  same rules and kept per structure between solves;
 * :mod:`~solvers.milp.warmstart`: placements to warm-start values, and
   solutions back to placements;
 * :mod:`~solvers.milp.highs`: the HiGHS adapter;
-* :mod:`~solvers.milp.solve`: :func:`solve_milp`, the rounds and the result.
+* :mod:`~solvers.milp.solve`: :func:`solve_milp`, the rounds and the result;
+* :mod:`~solvers.milp.export`: :func:`write_model`, the model as an LP or
+  MPS file for other MILP solvers.
 """
 
 from __future__ import annotations
 
 from .bound import Relaxation, relax
+from .export import MODEL_FORMATS, write_model
 from .highs import HIGHS_STATUS
 from .model import build_model
 from .options import DEFAULT_MIP_GAP, FORMULATIONS, OptionTable, option_table, prune_dominated
@@ -39,6 +45,7 @@ __all__ = [
     "DEFAULT_MIP_GAP",
     "FORMULATIONS",
     "HIGHS_STATUS",
+    "MODEL_FORMATS",
     "ExactFormulation",
     "Formulation",
     "OptionTable",
@@ -50,4 +57,5 @@ __all__ = [
     "prune_dominated",
     "relax",
     "solve_milp",
+    "write_model",
 ]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..result import Status
-from .model import StandardForm
+from .compiled import VARIABLES, CompiledModel
 
 __all__ = [
     "HIGHS_STATUS",
@@ -51,9 +51,6 @@ _ROW_TOL = 1e-7
 
 #: Shortest time limit handed to HiGHS (it rejects 0) when the budget is spent building.
 MIN_TIME_LIMIT = 1e-3
-
-#: Names of the model's variable components, in column order (see :mod:`solvers.milp.model`).
-_VARIABLES = ("y", "k", "z", "g", "h", "f")
 
 #: HiGHS model status -> (status when a feasible solution exists, status when not);
 #: any status not listed maps to ``Status.ERROR``.  Filled on first use (highspy import).
@@ -133,20 +130,19 @@ class HighsRun:
     mip_nodes: int  # -1 when the LP relaxation was already integral
     columns: int
     rows: int
+    #: False when ``values`` are a heuristic's answer (the LP dive): HiGHS's
+    #: "optimal" is then the fixed sub-MIP's, not the model's.
+    proven: bool = True
 
 
 class _HighsCall:
     """One ``highspy.Highs`` holding one compiled model (as its LP relaxation at first) and the deadline."""
 
-    def __init__(self, model, form: StandardForm, *, time_limit, mip_gap, threads, verbose, seed) -> None:
+    def __init__(self, form: CompiledModel, *, time_limit, mip_gap, threads, verbose, seed) -> None:
         import highspy
 
-        self.model, self.form = model, form
-        pos = {id(v): i for i, v in enumerate(form.columns)}
-        self.index = {  # variable name -> column of each of its entries, -1 if compiled away
-            name: np.array([pos.get(id(v), -1) for v in getattr(model, name).values()], dtype=np.int64)
-            for name in _VARIABLES
-        }
+        self.form = form
+        self.index = form.index  # variable name -> column of each of its entries, -1 if compiled away
         self.ints = np.flatnonzero(form.integrality)
         self.deadline = None if time_limit is None else time.perf_counter() + time_limit
         h = self.h = new_highs()
@@ -161,7 +157,7 @@ class _HighsCall:
             h.setOptionValue("random_seed", int(seed))
         A = form.A
         h.passModel(
-            len(form.columns),
+            form.num_columns,
             A.shape[0],
             A.nnz,
             int(highspy.MatrixFormat.kRowwise),
@@ -172,9 +168,9 @@ class _HighsCall:
             form.col_up,
             form.row_lo,
             form.row_up,
-            A.indptr.astype(np.int32),
-            A.indices.astype(np.int32),
-            A.data.astype(np.float64),
+            A.indptr.astype(np.int32, copy=False),
+            A.indices.astype(np.int32, copy=False),
+            A.data.astype(np.float64, copy=False),
             np.zeros_like(form.integrality),  # the LP relaxation first
         )
 
@@ -197,8 +193,8 @@ class _HighsCall:
     def values_of(self, x: np.ndarray) -> dict:
         """Variable values by name (``g`` as a dict keyed like ``model.g``) of a column vector."""
         index = self.index
-        out = {name: np.where(index[name] >= 0, x[np.maximum(index[name], 0)], 0.0) for name in _VARIABLES}
-        out["g"] = dict(zip(self.model.g.keys(), out["g"].tolist()))
+        out = {name: np.where(index[name] >= 0, x[np.maximum(index[name], 0)], 0.0) for name in VARIABLES}
+        out["g"] = dict(zip(self.form.g_keys, out["g"].tolist()))
         return out
 
     def rounded_solution(self) -> np.ndarray:
@@ -207,22 +203,23 @@ class _HighsCall:
         x[self.ints] = np.rint(x[self.ints])
         return x
 
-    def outcome(self, values, model_status, bound: float, message: str, mip_nodes: int) -> HighsRun:
+    def outcome(self, values, model_status, bound: float, message: str, mip_nodes: int, *, proven=True) -> HighsRun:
         return HighsRun(
             values=values,
             model_status=model_status,
             bound=bound,
             message=message,
             mip_nodes=mip_nodes,
-            columns=len(self.form.columns),
-            rows=int(self.form.A.shape[0]),
+            columns=self.form.num_columns,
+            rows=self.form.num_rows,
+            proven=proven,
         )
 
 
 def run_highs(
-    model, form: StandardForm, start: dict | None, *, time_limit, mip_gap, threads, verbose, seed, dive=False
+    form: CompiledModel, start: dict | None, *, time_limit, mip_gap, threads, verbose, seed, dive=False
 ) -> HighsRun:
-    """Solve ``model`` (compiled to ``form``): its LP relaxation, then the MIP if that is fractional.
+    """Solve the compiled model ``form``: its LP relaxation, then the MIP if that is fractional.
 
     An integral optimum of the LP relaxation is an optimum of the MIP, and on
     most small instances here the arc-flow relaxation is integral
@@ -244,7 +241,7 @@ def run_highs(
     """
     import highspy
 
-    call = _HighsCall(model, form, time_limit=time_limit, mip_gap=mip_gap, threads=threads, verbose=verbose, seed=seed)
+    call = _HighsCall(form, time_limit=time_limit, mip_gap=mip_gap, threads=threads, verbose=verbose, seed=seed)
     call.run()
     lp_optimal = call.h.getModelStatus() == highspy.HighsModelStatus.kOptimal
     if lp_optimal:
@@ -306,6 +303,7 @@ def _dive(call: _HighsCall, x: np.ndarray, lp_bound: float) -> HighsRun | None:
             lp_bound,
             "LP dive: choices the LP made whole fixed, the rest solved as a MIP",
             int(info.mip_node_count),
+            proven=False,
         )
     h.changeColsBounds(decided.size, decided, form.col_lo[decided], form.col_up[decided])
     h.clearSolver()
@@ -316,10 +314,10 @@ def _set_warm_start(call: _HighsCall, start: dict) -> None:
     """Hand HiGHS the warm start ``start`` (values by variable name) as its starting solution."""
     import highspy
 
-    x0 = np.zeros(len(call.form.columns))
-    for name in _VARIABLES:
+    x0 = np.zeros(call.form.num_columns)
+    for name in VARIABLES:
         if name == "g":
-            vals = np.array([start["g"].get(key, 0.0) for key in call.model.g.keys()])
+            vals = np.array([start["g"].get(key, 0.0) for key in call.form.g_keys])
         else:
             vals = start[name]
         mask = call.index[name] >= 0

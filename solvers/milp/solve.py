@@ -36,7 +36,7 @@ from ..result import Result, Status
 from .bound import Relaxation, relax
 from .budget import MODEL_SECONDS_PER_COLUMN, Budget, OutOfTime, TooLarge
 from .highs import MIN_TIME_LIMIT, HighsRun, load_status_table, new_highs, result_status, run_highs, stopped_early
-from .model import pyomo_model, standard_form
+from .compiled import compiled_model
 from .options import DEFAULT_MIP_GAP, UTILITY_RTOL, OptionTable, check_options, option_table
 from .packing import PackingGraph, packing_graph
 from .strategy import Formulation, choose_formulation
@@ -216,14 +216,12 @@ def _run_rounds(problem, formulation, table, rel, limits: tuple, out: _Rounds, s
         if columns > budget.max_columns:
             raise TooLarge(f"model over MAX_COLUMNS = {budget.max_columns} columns ({columns})")
         budget.check(columns * MODEL_SECONDS_PER_COLUMN)
-        model = pyomo_model(problem, table, graph)
-        budget.check()
-        form = standard_form(model)
+        form, _ = compiled_model(problem, table, graph)
         budget.check()
         warm = warm_start_values(problem, table, graph, start)
         t2 = time.perf_counter()
         remaining = None if budget.deadline is None else max(budget.deadline - t2, MIN_TIME_LIMIT)
-        run = run_highs(model, form, warm, time_limit=remaining, dive=formulation.dive, **highs_options)
+        run = run_highs(form, warm, time_limit=remaining, dive=formulation.dive, **highs_options)
         if budget.deadline is not None:  # HiGHS's presolve and root node do not always read the clock
             out.highs_overrun += max(0.0, time.perf_counter() - max(budget.deadline, t2))
         placement = _feasible_placement(problem, table, graph, run)
@@ -312,8 +310,11 @@ def _status(rounds: _Rounds, rel: Relaxation, mip_gap: float) -> Status:
     scale = max(abs(rel.bound), 1.0) if math.isfinite(rel.bound) else 1.0
     slack = mip_gap * max(abs(rounds.bound), abs(rounds.best_value)) + UTILITY_RTOL * scale
     within_gap = has_solution and rounds.bound - rounds.best_value <= slack
-    if has_solution and status is Status.OPTIMAL and not within_gap and not rounds.certified:
-        status = Status.FEASIBLE  # optimal among the offered options only
+    # HiGHS's "optimal" proves the answer only when the offer holds an optimum
+    # (certified) and the run solved the model itself rather than a dive's sub-MIP.
+    proven = rounds.certified and rounds.run is not None and rounds.run.proven
+    if has_solution and status is Status.OPTIMAL and not within_gap and not proven:
+        status = Status.FEASIBLE  # optimal among the offered options only, or a dive's answer
     elif has_solution and within_gap:
         status = Status.OPTIMAL
     return status

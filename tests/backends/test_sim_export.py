@@ -233,3 +233,27 @@ def test_single_node_profile_with_one_replica_count_extrapolates_without_error(t
     profile = load_profiles(tmp_path / "p")["toy-app"]
     step, sync = profile.step_sync((1, 1), M0 // 2)  # two nodes: never measured
     assert step == pytest.approx(COMPUTE[1]) and sync == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize(
+    "file, content, match",
+    [
+        ("jobs/a/job.json", b"{torn", r"malformed JSON in '.*job\.json': Expecting property name"),
+        ("jobs/a/job.json", b"\xff\xfe{}", r"job file '.*job\.json' is not UTF-8 text: byte 0xff at offset 0"),
+        ("jobs/a/job.json", b'{"spec": {"name": "toy-app"}}', r"job file '.*job\.json' is not a runtime's job\.json: "
+                                                               r"KeyError: 'init_batch_size'"),
+        ("jobs/a/job.json", b"[]", r"is not a runtime's job\.json"),
+        ("jobs/a/steps.csv", b"step,generation\n1,1\n", r"steps table '.*steps\.csv' lacks columns \['num_replicas'"),
+        ("jobs/a/steps.csv", b"", r"steps table '.*steps\.csv' is empty"),
+        ("jobs/a/steps.csv", b"\x00\x9f\x92\x96", r"steps table '.*steps\.csv' is not UTF-8 text"),
+        ("config.json", b"{", r"malformed JSON in '.*config\.json'"),
+        ("config.json", b'{"workload": {"jobs": [{"id": "a"}]}}', r"workload\.jobs must be a list of jobs with id"),
+    ],
+)
+def test_corrupt_run_files_are_named_not_a_traceback(tmp_path, capsys, file, content, match):
+    run, _ = _write_run(tmp_path, "r", {"0": 2})
+    (run / file).write_bytes(content)
+    with pytest.raises(InvalidProblem, match=match):
+        export_profiles([run], tmp_path / "out")
+    assert main(["profile", str(run), "--out", str(tmp_path / "o")]) == 2
+    assert "Traceback" not in capsys.readouterr().err

@@ -3,7 +3,8 @@
 * ``GoodputModel.optimize`` solves each distinct (one node or several, K) once;
 * ``allocate`` keeps the batch configurations found while building the
   speedup table and reuses them to decode the placement;
-* the simulator fits each distinct measurement set once.
+* the simulator fits each distinct measurement set once;
+* the MILP reuses a compiled model structure between rounds.
 """
 
 from __future__ import annotations
@@ -110,6 +111,20 @@ def test_fit_cache_keeps_simulation_result(monkeypatch):
         return real_agent(*args, **{**kwargs, "fit_cache": None})
 
     monkeypatch.setattr(sim_backend, "JobAgent", agent_without_cache)
+    fresh = simulate(jobs, profiles, "pollux", cluster=Cluster.uniform(2, 4), interval=60.0)
+    assert cached.completed == fresh.completed == len(jobs)
+    assert cached.avg_jct == fresh.avg_jct and cached.makespan == fresh.makespan
+
+
+def test_structure_cache_keeps_simulation_result(monkeypatch):
+    import solvers.milp.compiled as compiled
+
+    profiles = {"synth": ParametricProfile("synth", max_epochs=4, epoch_progress=300.0)}
+    jobs = [WorkloadJob(f"j{i}", "synth", 20.0 * (i % 3), 2, 256) for i in range(6)]
+    monkeypatch.setattr(compiled, "STRUCTURES", compiled.StructureCache(compiled.STRUCTURE_CACHE_SIZE))
+    cached = simulate(jobs, profiles, "pollux", cluster=Cluster.uniform(2, 4), interval=60.0)
+    assert compiled.STRUCTURES.hits > 0  # consecutive rounds shared a structure
+    monkeypatch.setattr(compiled, "STRUCTURES", compiled.StructureCache(0))
     fresh = simulate(jobs, profiles, "pollux", cluster=Cluster.uniform(2, 4), interval=60.0)
     assert cached.completed == fresh.completed == len(jobs)
     assert cached.avg_jct == fresh.avg_jct and cached.makespan == fresh.makespan

@@ -97,5 +97,5 @@ def test_node_and_job_ids_must_be_strings_and_counts_become_ints():
     node = Node("n0", np.int64(4))
     job = Job("a", {(1, 1): 1.0}, max_replicas=np.int64(2), placement={"n0": np.int64(1)})
     assert type(node.cpus) is int and type(job.max_replicas) is int and type(job.placement["n0"]) is int
-    with pytest.raises(InvalidProblem, match=r"^num_nodes must be an integer > 0, got True$"):
+    with pytest.raises(InvalidProblem, match=r"^num_nodes must be an integer in \[1, 2147483647\], got True$"):
         Cluster.uniform(True, 4)

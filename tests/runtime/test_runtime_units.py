@@ -217,8 +217,8 @@ def test_job_spec_round_trips_through_json():
         ({"init_batch_size": 0}, "init_batch_size must be an integer >= 1, got 0"),
         ({"max_batch_size": 8}, r"max_batch_size must be >= init_batch_size \(32\), got 8"),
         ({"lr_scaling": "cubic"}, "lr_scaling must be one of"),
-        ({"target": float("inf")}, "target must be a finite number, got inf"),
-        ({"target": "0.9"}, "target must be a finite number, got '0.9'"),
+        ({"target": float("inf")}, "target must be a finite number or None, got inf"),
+        ({"target": "0.9"}, "target must be a finite number or None, got '0.9'"),
         ({"eval_every": 0}, "eval_every must be a finite number > 0, got 0"),
         ({"higher_is_better": 1}, "higher_is_better must be true or false, got 1"),
         ({"metric": ""}, "metric must be a non-empty string, got ''"),
@@ -543,3 +543,48 @@ def test_profiling_pins_replicas_to_cpus_as_the_executor_does(monkeypatch, pin):
     assert calls == ([(1, tuple(cpus[:1])), (2, tuple(cpus[:2]) if len(cpus) >= 2 else None)] if pin
                      else [(1, None), (2, None)])
     assert list(rows.num_replicas) == [1, 2]
+
+
+# ----------------------------------------------------------- divergence rule
+def test_the_divergence_rule_fails_after_k_consecutive_reports_above_the_multiple():
+    from pollux_opt.runtime.divergence import JobDiverged, check_divergence
+    from pollux_opt.runtime.state import TrainingState
+
+    state = TrainingState()
+    check_divergence(state, [2.0, 2.0, float("nan")], 1e3, 3)  # the first report sets the reference
+    assert state.loss_ref == 2.0
+    check_divergence(state, [3e3], 1e3, 3)
+    check_divergence(state, [3e3], 1e3, 3)
+    check_divergence(state, [1.0], 1e3, 3)  # back below the bound: the count starts again
+    assert state.diverging_reports == 0
+    check_divergence(state, [8.8e18], 1e3, 3)
+    check_divergence(state, [8.8e18], 1e3, 3)
+    state.step = 912
+    with pytest.raises(JobDiverged, match=r"training loss 8.8e\+18 at step 912 exceeds 1000 x its initial 2 "
+                                          r"for 3 consecutive reports"):
+        check_divergence(state, [8.8e18], 1e3, 3)
+
+
+def test_the_divergence_rule_is_off_without_a_factor_or_a_positive_reference():
+    from pollux_opt.runtime.divergence import check_divergence
+    from pollux_opt.runtime.state import TrainingState
+
+    for factor, first in ((None, 1.0), (1e3, -0.5)):
+        state = TrainingState()
+        check_divergence(state, [first], factor, 1)
+        for _ in range(5):
+            check_divergence(state, [1e30], factor, 1)
+        assert state.diverging_reports == 0
+
+
+def test_a_job_spec_needs_a_completion_criterion_and_counts_epochs_and_progress():
+    base = dict(name="x", builder="pollux_opt.runtime.builtin_jobs:build_digits_cnn", init_batch_size=8,
+                max_batch_size=64)
+    with pytest.raises(InvalidProblem, match="job 'x' needs a completion criterion: set target, epochs or "
+                                             "progress_target"):
+        JobSpec(**base)
+    spec = JobSpec(**base, epochs=3, progress_target=100.0)
+    assert not spec.counts_reached(150.0, 2.0) and not spec.counts_reached(50.0, 3.0)
+    assert spec.counts_reached(100.0, 3.0) and not spec.reached(1.0)  # no metric target: never by metric
+    with pytest.raises(InvalidProblem, match="import_dir must be an absolute directory path, got 'rel'"):
+        JobSpec(**base, epochs=1, import_dir="rel")

@@ -27,6 +27,7 @@ from solvers import (
 )
 from solvers.conformance import check_result
 from solvers.milp import packing
+from solvers.milp import compiled as milp_compiled
 from solvers.milp import solve as milp_solve
 from solvers.milp.budget import MAX_ARCS, OutOfTime
 from solvers.milp.highs import HighsRun
@@ -194,13 +195,14 @@ def test_round_loop_ends_when_widening_adds_nothing(monkeypatch):
 
 def test_time_limit_covers_the_model_build(monkeypatch):
     slow_seconds, limit = 0.6, 0.4
-    real = milp_solve.pyomo_model
+    real = milp_compiled.assemble
 
     def slow(*args):
         time.sleep(slow_seconds)
         return real(*args)
 
-    monkeypatch.setattr(milp_solve, "pyomo_model", slow)
+    monkeypatch.setattr(milp_compiled, "assemble", slow)
+    monkeypatch.setattr(milp_compiled, "STRUCTURES", milp_compiled.StructureCache(0))  # build every model
     problem = random_problem(7, num_nodes=16, cpus_per_node=4, num_jobs=40)
     start = time.perf_counter()
     result = solve(problem, "milp", time_limit=limit)
@@ -214,7 +216,7 @@ def test_time_limit_covers_the_model_build(monkeypatch):
 def test_highs_time_limit_without_a_solution_falls_back_to_a_feasible_placement(monkeypatch):
     import highspy
 
-    def timed_out(model, form, start, **options):
+    def timed_out(form, start, **options):
         return HighsRun(None, highspy.HighsModelStatus.kTimeLimit, math.nan, "Time limit reached", 0, 1, 1)
 
     monkeypatch.setattr(milp_solve, "run_highs", timed_out)

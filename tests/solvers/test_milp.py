@@ -33,7 +33,8 @@ from solvers.milp import (
     relax,
     solve_milp,
 )
-from solvers.milp.model import pyomo_model, standard_form
+from solvers.milp.compiled import compile_model
+from solvers.milp.model import pyomo_model
 from solvers.milp.packing import packing_graph
 from solvers.milp.solve import utility_sum
 from solvers.milp.warmstart import decode_placement, warm_start_values
@@ -181,6 +182,34 @@ def test_never_below_greedy(problem):
 
 
 @PROPERTY
+@given(extreme_problems())
+def test_restricted_formulation_claims_optimal_only_within_its_bound(problem):
+    """The restricted formulation says OPTIMAL only when its bound proves it, so never below the greedy."""
+    greedy = solve(problem, "greedy")
+    result = solve(problem, "milp", mip_gap=0.0, formulation="large")
+    assert result.status in (Status.OPTIMAL, Status.FEASIBLE)
+    assert result.bound >= greedy.objective * (1 - GREEDY_RTOL)
+    if result.status is Status.OPTIMAL:
+        assert result.objective >= greedy.objective * (1 - GREEDY_RTOL)
+
+
+def test_lp_dive_answer_is_not_called_optimal():
+    """Two jobs that cannot share the nodes (interference avoidance): the dive keeps the worse one, and says so."""
+    problem = Problem(
+        capacity=[2, 8, 100_000],
+        cfg_job=[0, 0, 1], cfg_nodes=[2, 3, 3], cfg_replicas=[5, 8, 3], cfg_speedup=[4.607, 4.3, 1.725],
+        current=np.zeros((2, 3)), restart_factor=[1.0, 1.0], weight=[1.0, 2.0],
+        min_replicas=[3, 1], max_replicas=[10, 12], p=0.5, max_nodes_per_job=5000,
+    )
+    exact = solve(problem, "milp", formulation="exact")
+    large = solve(problem, "milp", formulation="large")
+    assert exact.status is Status.OPTIMAL and exact.objective == pytest.approx(exact.bound)
+    assert exact.objective >= solve(problem, "greedy").objective * (1 - GREEDY_RTOL)
+    assert large.objective < exact.objective * (1 - 1e-3)
+    assert large.status is Status.FEASIBLE and large.bound >= exact.objective
+
+
+@PROPERTY
 @given(tiny_problems(), st.integers(0, 2**32 - 1))
 def test_beats_random_feasible_placements(problem, seed):
     result = solve(problem, "milp")
@@ -296,20 +325,18 @@ def test_every_feasible_placement_encodes_at_its_utility(problem, seed):
     values = warm_start_values(problem, table, graph, placement)
     # A placement that uses a dominated configuration needs the dominating one instead.
     assume(values is not None)
-    c, offset, A, rlo, rhi, clo, chi, integrality, columns = standard_form(model)
-    pos = {id(v): i for i, v in enumerate(columns)}
-    x = np.zeros(len(columns))
+    form = compile_model(model)
+    x = np.zeros(form.num_columns)
     for name in ("y", "k", "z", "h", "f"):
-        for v, val in zip(getattr(model, name).values(), values[name]):
-            if id(v) in pos:
-                x[pos[id(v)]] = val
-    for key, v in model.g.items():
-        if id(v) in pos:
-            x[pos[id(v)]] = values["g"].get(key, 0.0)
-    activity = A @ x
-    assert np.all(activity >= rlo - 1e-9) and np.all(activity <= rhi + 1e-9)
-    assert np.all(x >= clo) and np.all(x <= chi)
-    assert _close(float(c @ x + offset), utility_sum(problem, placement))
+        cols = form.index[name]
+        x[cols[cols >= 0]] = np.asarray(values[name], dtype=np.float64)[cols >= 0]
+    for key, col in zip(form.g_keys, form.index["g"].tolist()):
+        if col >= 0:
+            x[col] = values["g"].get(key, 0.0)
+    activity = form.A @ x
+    assert np.all(activity >= form.row_lo - 1e-9) and np.all(activity <= form.row_up + 1e-9)
+    assert np.all(x >= form.col_lo) and np.all(x <= form.col_up)
+    assert _close(float(form.c @ x + form.offset), utility_sum(problem, placement))
     decoded = decode_placement(problem, table, graph, values)
     assert not violations(problem, decoded)
     assert evaluate(problem, decoded) >= evaluate(problem, placement) * (1 - RTOL)

@@ -9,26 +9,12 @@ replicas to CPUs (:mod:`~pollux_opt.backends.local.cpus`) and applies the
 policy's decisions.  :func:`pollux_opt.backends.local.run.run_workload` runs one
 policy on one workload with it in a run directory.
 
-**Recovery.**  A backend created on a run directory whose event log already
-has events resumes the run: the submitted and finished jobs and the CPUs
-they held come from a replay of the log (:func:`pollux_opt.records.replay.replay`),
-and each unfinished job is re-opened from its work directory, so that it
-resumes from its newest good checkpoint when next started; completed jobs
-stay completed.  Jobs that were running get a ``restart_after_fault`` event
-with an empty placement (their workers ended with the scheduler).
+**Recovery** and **stopping early**: see :mod:`~pollux_opt.backends.local.lifecycle`.
 
 **Rounds.**  The loop decides every ``interval`` seconds, and also as soon as a
 job arrives, finishes or fails (``advance`` returns early), so CPUs freed by a
 finishing job are not left idle until the next round; this applies to every
 policy alike.
-
-**Stopping early.**  ``should_stop`` (a stop signal, see
-:mod:`~pollux_opt.backends.local.signals`) is checked at every poll of
-:meth:`RealBackend.advance` and before each round's views, which then raise
-:class:`RunStopping`;
-:meth:`RealBackend.stop_run` checkpoints and stops every unfinished job, logs
-the stops (``rescale_begin`` and ``rescale_end`` to ``{}``) and a
-``run_stop`` event, and the run resumes from there like after a kill.
 
 **Batch mode.**  A policy whose ``adapts_batch`` is false (``fixed``,
 ``dynamic``) runs each job at its submitted batch size
@@ -63,15 +49,15 @@ from pollux_opt.backends.local.bookkeeping import JobBookkeeping
 from pollux_opt.backends.local.cpus import CpuPinning
 from pollux_opt.backends.local.handle import JobFactory, JobOpener, elastic_factory, elastic_opener, make_options
 from pollux_opt.backends.local.handle import new_pool
+from pollux_opt.backends.local.lifecycle import STOP_GRACE_S, RunLifecycle
 from pollux_opt.model import Cluster
-from pollux_opt.records.events import EventLog, read_events
+from pollux_opt.records.events import EventLog
 from pollux_opt.records.files import safe_name
-from pollux_opt.records.replay import replay
 from pollux_opt.runtime.adapt import executor_batch
 from pollux_opt.scheduling.loop import Decision, JobView
 from pollux_opt.workloads.job import Workload
 
-__all__ = ["JOBS_DIR", "POLL_S", "RealBackend", "RunStopping"]
+__all__ = ["JOBS_DIR", "POLL_S", "STOP_GRACE_S", "RealBackend", "RunStopping"]
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +77,6 @@ FULL_READ_S = 2.0
 #: the first (re)starts of the built-in jobs measured 3.5-9 s on a loaded
 #: 2-core machine (cold worker spawn and ``import torch``); 10 s is the rounded-up top.
 UNMEASURED_RESTART_DELAY_S = 10.0
-#: Seconds :meth:`RealBackend.close` waits for jobs to checkpoint on a graceful stop.
-STOP_GRACE_S = 20.0
 #: Folder of the run directory holding each job's work directory (``jobs/<id>``).
 JOBS_DIR = "jobs"
 
@@ -101,7 +85,7 @@ class RunStopping(Exception):
     """Raised by :meth:`RealBackend.advance` once ``should_stop`` holds (see the module docstring)."""
 
 
-class RealBackend:
+class RealBackend(RunLifecycle):
     """:class:`pollux_opt.scheduling.loop.Backend` over real elastic CPU jobs.
 
     Args:
@@ -178,40 +162,6 @@ class RealBackend:
     # ------------------------------------------------------------------ clock
     def now(self) -> float:
         return self._clock() - self.started_unix
-
-    # ---------------------------------------------------------------- resume
-    def _restore(self) -> None:
-        """Rebuild per-job state from the event log (a resumed run); no-op for a new one."""
-        path = self.events.path
-        events = read_events(path) if path.exists() else []
-        replay(events, self.jobs)
-        self._measured_delays = [float(e["duration_s"]) for e in events
-                                 if e.get("job_id") in self.jobs and e.get("duration_s") is not None]
-        self._last_t = max((float(e["t"]) for e in events), default=-math.inf)
-        now = self.now()
-        # Runtime events older than the newest logged event were translated before the kill.
-        logged_until = self.started_unix + self._last_t
-        for job in self.jobs.values():
-            job.src_time = max(job.src_time, logged_until)
-            if job.finished:
-                job.state = "completed" if job.completed else "failed"
-            if not job.submitted or job.finished:
-                continue
-            try:
-                job.handle = self._opener(self._workdir(job), self.pool)
-            except InvalidProblem:
-                job.handle = None  # never created (killed between the submit event and creation)
-            if job.handle is None:
-                try:
-                    job.handle = self._create(job)
-                except InvalidProblem as exc:
-                    self._finish_failed(job, now, f"could not re-create the job on resume: {exc}")
-                    continue
-            if job.placement:
-                job.hold(now, {})
-                self._emit("restart_after_fault", now, job.id, placement={},
-                           reason="scheduler restarted; workers ended with it")
-            job.report_t = math.nan
 
     # ----------------------------------------------------------- submissions
     def _workdir(self, job: JobBookkeeping) -> Path:
@@ -425,46 +375,3 @@ class RealBackend:
 
     def finished(self) -> bool:
         return all(j.submitted and j.finished for j in self.jobs.values())
-
-    def _stop_jobs(self, jobs: list[JobBookkeeping], timeout: float) -> None:
-        """Ask ``jobs`` to checkpoint and stop; wait up to ``timeout`` seconds for them all."""
-        for job in jobs:
-            try:
-                job.handle.stop()
-            except InvalidProblem:
-                pass
-        deadline = time.monotonic() + timeout
-        for job in jobs:
-            try:
-                job.handle.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except (TimeoutError, RuntimeError):
-                pass
-
-    def stop_run(self, reason: str, timeout: float = STOP_GRACE_S) -> list[str]:
-        """Checkpoint and stop every unfinished job and log it: a stop order per
-        job holding CPUs, what the jobs then report (their stops, or a
-        completion that came first) and a ``run_stop`` event.  Returns the ids of
-        the jobs left stopped (they resume when the run does)."""
-        now = self.now()
-        live = [j for j in self.jobs.values() if j.handle is not None and not j.finished and j.started]
-        for job in live:
-            if job.placement:
-                self._emit("rescale_begin", now, job.id, old_placement=job.placement, placement={}, reason=reason)
-                job.hold(now, {})
-                job.change_t = now
-                self._pinning.release(job.id)
-        self._stop_jobs(live, timeout)
-        self._poll(arrivals=False)
-        stopped = [j.id for j in self.jobs.values() if j.submitted and not j.finished]
-        self._emit("run_stop", self.now(), None, reason=reason, stopped=stopped)
-        return stopped
-
-    def close(self, *, graceful: bool = True, timeout: float = STOP_GRACE_S) -> None:
-        """Stop unfinished jobs (checkpointing them if ``graceful``) and end all workers."""
-        if graceful:
-            self._stop_jobs([j for j in self.jobs.values() if j.handle is not None and not j.finished], timeout)
-        for j in self.jobs.values():
-            if j.handle is not None:
-                j.handle.close()
-        if self._own_pool and self.pool is not None:
-            self.pool.close()

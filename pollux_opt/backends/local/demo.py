@@ -33,6 +33,7 @@ def run_demo(
     policies: tuple[str, ...] = DEMO_POLICIES,
     cluster: Cluster | None = None,
     progress: bool = True,
+    import_dir: str | os.PathLike | None = None,
 ) -> dict[str, dict]:
     """Run ``workload`` under each policy one after another into ``out_dir/<policy>``,
     then write ``out_dir/comparison.json`` and the plots; return policy -> summary.
@@ -40,11 +41,13 @@ def run_demo(
     A policy whose run directory already exists is resumed (a finished one
     just has its summary recomputed).  ``interval`` defaults to
     :data:`QUICK_INTERVAL_S` with ``quick``, else :data:`DEFAULT_INTERVAL_S`.
+    ``import_dir``: where a workload file's user jobs are imported from
+    (:func:`~pollux_opt.workloads.load.load_workload`).
     """
     from pollux_opt.records.plots import plot_all
     from pollux_opt.workloads.load import load_workload
 
-    wl = load_workload(workload, quick=quick)
+    wl = load_workload(workload, quick=quick, import_dir=import_dir)
     interval = interval if interval is not None else (QUICK_INTERVAL_S if quick else DEFAULT_INTERVAL_S)
     out = Path(out_dir)
     summaries: dict[str, dict] = {}

@@ -251,7 +251,7 @@ def job_view(job: JobBookkeeping, now: float, max_replicas: int, fallback_delay:
         min_replicas=min(job.wl.min_replicas, max_replicas), max_replicas=max_replicas,
         submitted_replicas=job.wl.replicas, submitted_batch_size=job.wl.batch_size,
         goodput_model=model_of(report), restart_delay=delay, progress=float(report.progress),
-        attained_service=job.cpu_seconds, max_profiled_replicas=_max_profiled(report),
+        attained_service=job.cpu_seconds, max_profiled_replicas=_max_profiled(report), weight=job.wl.weight,
     )
 
 

@@ -47,6 +47,7 @@ def run_workload(
     progress: bool = True,
     backend_kwargs: Mapping[str, Any] | None = None,
     repair: bool = False,
+    backend_class: type = RealBackend,
 ) -> dict:
     """Run (or resume) one policy on one workload of real jobs; return the summary.
 
@@ -68,9 +69,10 @@ def run_workload(
         pin_cpus: pin replicas to CPUs (see :class:`RealBackend`).
         runtime_options: extra RuntimeOptions fields for every job.
         progress: show a live table (rich) while running.
-        backend_kwargs: extra keyword arguments of :class:`RealBackend` (tests).
+        backend_kwargs: extra keyword arguments of ``backend_class`` (tests; Ray's nodes).
         repair: first move the event log's unreadable lines aside
             (:func:`pollux_opt.records.events.repair_log`).
+        backend_class: :class:`RealBackend` or a subclass of it (the Ray backend).
 
     Raises:
         InvalidProblem: bad arguments, a mismatch with the stored run, an
@@ -86,7 +88,7 @@ def run_workload(
             repair_log(run_dir / EVENTS_FILE)
         cfg, resumed = open_run_config(run_dir, workload, policy, cluster=cluster, interval=interval,
                                        pin_cpus=pin_cpus, runtime_options=runtime_options)
-        _run(run_dir, cfg, resumed, signals, progress, backend_kwargs)
+        _run(run_dir, cfg, resumed, signals, progress, backend_kwargs, backend_class)
         summary = summarize(read_events(run_dir / EVENTS_FILE))
         summary["workload"] = cfg["workload"]["name"]
         atomic_write_json(run_dir / SUMMARY_FILE, summary)
@@ -94,7 +96,7 @@ def run_workload(
 
 
 def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress: bool,
-         backend_kwargs: Mapping[str, Any] | None) -> None:
+         backend_kwargs: Mapping[str, Any] | None, backend_class: type = RealBackend) -> None:
     """The run of ``cfg`` in ``run_dir`` until every job has finished or a stop signal came."""
     from pollux_opt.scheduling.policies import make_policy
 
@@ -111,7 +113,7 @@ def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress
                     workload=workload.name, cluster_cpus=cluster.total_cpus,
                     node_cpus=max(n.cpus for n in cluster.nodes), cluster=cfg["cluster"],
                     interval_s=cfg["interval_s"])
-        backend = RealBackend(
+        backend = backend_class(
             run_dir, workload, cluster, events, adapts_batch=pol.adapts_batch,
             started_unix=cfg["started_unix"], pin_cpus=cfg["pin_cpus"],
             runtime_options=cfg["runtime_options"], should_stop=signals.requested,

@@ -13,7 +13,6 @@ time, so that JCTs include an outage) instead of from its arguments.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -38,14 +37,23 @@ EVENTS_FILE = "events.jsonl"
 SUMMARY_FILE = "summary.json"
 #: Version of the ``config.json`` layout.
 CONFIG_VERSION = 1
+#: Keys a resumed run reads from its ``config.json``.
+_CONFIG_KEYS = ("policy", "workload", "cluster", "interval_s")
 
 
 def load_run_config(run_dir: str | os.PathLike) -> dict:
     """The ``config.json`` of a run directory."""
+    from pollux_opt.model.validate import read_json
+
     path = Path(run_dir) / CONFIG_FILE
     if not path.exists():
         raise InvalidProblem(f"run directory {str(run_dir)!r} has no {CONFIG_FILE}")
-    return json.loads(path.read_text())
+    cfg = read_json(path, "run config")
+    missing = [k for k in _CONFIG_KEYS if not isinstance(cfg, dict) or k not in cfg]
+    if missing:
+        raise InvalidProblem(f"run config {str(path)!r} is incomplete: it lacks {missing} (it is written "
+                             f"when a run starts; start the run in a new directory)")
+    return cfg
 
 
 def cluster_to_json(cluster: Cluster) -> list[dict]:
@@ -100,6 +108,7 @@ def open_run_config(
     if workload is None or policy is None:
         raise InvalidProblem(f"run directory {str(run_dir)!r} is new: give a workload and a policy")
     make_policy(policy)  # an unknown name, or a policy that needs the simulator, is refused here
+    workload.check()  # unknown kinds, or a submitted batch no policy could run, before anything is written
     check("interval", interval, ROUND_INTERVAL)
     cluster = cluster or default_cluster()
     cfg = {

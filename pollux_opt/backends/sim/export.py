@@ -52,21 +52,22 @@ Conversions (runtime convention -> trace convention):
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
 from solvers import InvalidProblem
 
+from pollux_opt.backends.sim.run_records import JobData, find_run_dirs, read_job, read_jsonl, workload_of_run
+from pollux_opt.backends.sim.traces import PLACEMENT_COLUMNS as _PLACEMENT_COLUMNS
+from pollux_opt.backends.sim.traces import SCALABILITY_COLUMNS as _SCALABILITY_COLUMNS
 from pollux_opt.records.files import atomic_write_csv, atomic_write_json, safe_name
 from pollux_opt.runtime.stats import MIN_GRAD_SQR_FRACTION
 from pollux_opt.workloads.adaptdl import write_adaptdl_csv
-from pollux_opt.workloads.job import WorkloadJob
 
 __all__ = ["EXPORT_EPOCHS", "ExportedApp", "export_profiles", "find_run_dirs", "workload_of_run"]
 
@@ -78,15 +79,6 @@ logger = logging.getLogger(__name__)
 #: CPU job of a few hundred steps).
 EXPORT_EPOCHS = 20
 
-#: Default steps left out after each (re)start or batch change when job.json
-#: has no ``warmup_steps`` option (the default of ``RuntimeOptions``).
-DEFAULT_WARMUP_STEPS = 2
-
-#: Job events that start a new generation of workers (and carry its placement).
-_LAUNCH_EVENTS = ("started", "rescaled", "restarted")
-
-_PLACEMENT_COLUMNS = ["placement", "local_bsz", "step_time", "sync_time"]
-_SCALABILITY_COLUMNS = ["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"]
 _VALIDATION_COLUMNS = ["progress", "iteration", "metric", "grad_sqr", "grad_var"]
 
 
@@ -121,130 +113,6 @@ class ExportedApp:
     folder: str
 
 
-@dataclass
-class _JobData:
-    key: str
-    app: str
-    init_batch_size: int
-    max_batch_size: int
-    steps: pd.DataFrame  # with num_nodes, placement, trace_step, trace_sync, warm columns
-    completed: bool
-    final_progress: float
-    validation: pd.DataFrame  # progress, value
-    launch_seconds: list[float]
-    start_seconds: list[float]
-    verify_seconds: list[float]
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a crash: skip it, keep the rest
-            logger.warning("skipping an unreadable line of %s", path)
-    return out
-
-
-def find_run_dirs(paths: Iterable) -> list[Path]:
-    """Run directories (holding ``jobs/``) among ``paths`` or directly under them.
-
-    A demo output folder (``fixed/``, ``dynamic/``, ``pollux/`` run dirs) is
-    expanded to its runs.
-
-    Raises:
-        InvalidProblem: a path is missing or holds no run directory.
-    """
-    runs: list[Path] = []
-    for p in paths:
-        path = Path(p)
-        if not path.is_dir():
-            raise InvalidProblem(f"run dir {str(p)!r} does not exist")
-        if (path / "jobs").is_dir():
-            runs.append(path)
-            continue
-        subs = sorted(d for d in path.iterdir() if (d / "jobs").is_dir())
-        if not subs:
-            raise InvalidProblem(f"run dir {str(p)!r} holds no jobs/ folder (nor run dirs that do)")
-        runs.extend(subs)
-    return runs
-
-
-def _placements_by_generation(events: list[dict], steps: pd.DataFrame) -> dict[int, dict[str, int]]:
-    """``{generation: {node: replicas}}`` from the job's launch events (see module docstring)."""
-    launches = [
-        (int(e["details"].get("step", 0) or 0), e["details"]["placement"])
-        for e in events
-        if e.get("kind") in _LAUNCH_EVENTS and isinstance(e.get("details", {}).get("placement"), dict)
-    ]
-    out = {}
-    for gen, rows in steps.groupby("generation"):
-        first = int(rows.step.min())
-        k = int(rows.num_replicas.iloc[0])
-        fits = [pl for s, pl in launches if s < first and sum(pl.values()) == k]
-        if not fits:
-            fits = [pl for _, pl in launches if sum(pl.values()) == k]
-        out[int(gen)] = {str(n): int(c) for n, c in fits[-1].items()} if fits else {"0": k}
-    return out
-
-
-def _read_job(run: Path, job_dir: Path, run_events: list[dict]) -> _JobData | None:
-    steps_path = job_dir / "steps.csv"
-    job_path = job_dir / "job.json"
-    if not (steps_path.is_file() and job_path.is_file()):
-        logger.warning("skipping %s: no steps.csv or job.json", job_dir)
-        return None
-    meta = json.loads(job_path.read_text())
-    spec = meta["spec"]
-    spec = json.loads(spec) if isinstance(spec, str) else spec
-    app = safe_name(f"spec.name in {str(job_path)!r}", spec.get("name"))  # the profile folder's name
-    steps = pd.read_csv(steps_path)
-    if steps.empty:
-        logger.warning("skipping %s: steps.csv has no rows", job_dir)
-        return None
-    # A resumed generation may repeat steps recorded before a fault: keep the last record.
-    steps = steps.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
-    events = _read_jsonl(job_dir / "events.jsonl")
-    placements = _placements_by_generation(events, steps)
-    steps["num_nodes"] = steps.generation.map(lambda g: len(placements[int(g)]))
-    steps["placement"] = steps.generation.map(
-        lambda g: "".join(str(c) for c in placements[int(g)].values()) if max(placements[int(g)].values()) <= 9 else ""
-    )
-    micro = steps.accum_steps + 1
-    compute = ((steps.step_time - steps.sync_time) / micro).clip(lower=0.0)
-    steps["trace_sync"] = steps.sync_time.clip(lower=0.0)
-    steps["trace_step"] = compute + steps.trace_sync
-    warmup = int((meta.get("options") or {}).get("warmup_steps", DEFAULT_WARMUP_STEPS))
-    config = steps[["generation", "num_replicas", "local_bsz", "accum_steps"]].astype(str).agg(",".join, axis=1)
-    run_id = (config != config.shift()).cumsum()
-    steps["warm"] = steps.groupby(run_id).cumcount() >= warmup
-    completed = any(e.get("kind") == "target_reached" for e in events)
-    job_id = meta.get("job_id", job_dir.name)
-    val = pd.DataFrame(
-        [(float(e["progress"]), float(e["value"])) for e in run_events
-         if e.get("type") == "validation" and e.get("job_id") == job_id and "progress" in e and "value" in e],
-        columns=["progress", "value"],
-    ).sort_values("progress")
-    launch_seconds = [float(e["details"]["seconds"]) for e in events
-                      if e.get("kind") in _LAUNCH_EVENTS[1:] and "seconds" in e.get("details", {})]
-    # Target reached -> verified in a fresh process (the run log's complete event).
-    verify_seconds = [float(e["verify_s"]) for e in run_events
-                      if e.get("type") == "complete" and e.get("job_id") == job_id and e.get("verify_s") is not None]
-    return _JobData(
-        key=f"{run.name}/{job_id}", app=app, init_batch_size=int(spec["init_batch_size"]),
-        max_batch_size=int(spec["max_batch_size"]), steps=steps, completed=completed,
-        final_progress=float(steps.progress.iloc[-1]), validation=val, launch_seconds=launch_seconds,
-        start_seconds=[float(e["details"]["seconds"]) for e in events
-                       if e.get("kind") == _LAUNCH_EVENTS[0] and "seconds" in e.get("details", {})],
-        verify_seconds=verify_seconds,
-    )
-
-
 def _mean_rows(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Mean step and sync time per configuration.
 
@@ -268,7 +136,7 @@ def _batch_grid(m0: int, max_bsz: int) -> list[int]:
     return out + [max_bsz]
 
 
-def _validation(jobs: list[_JobData], m0: int, max_bsz: int) -> tuple[dict[int, pd.DataFrame], float]:
+def _validation(jobs: list[JobData], m0: int, max_bsz: int) -> tuple[dict[int, pd.DataFrame], float]:
     done = [j for j in jobs if j.completed]
     if not done:
         logger.warning("application %r: no job reached its target; using the furthest progress", jobs[0].app)
@@ -315,25 +183,6 @@ def _validation(jobs: list[_JobData], m0: int, max_bsz: int) -> tuple[dict[int, 
     return out, target
 
 
-def workload_of_run(run: Path) -> list[WorkloadJob]:
-    """The jobs of a real run (``config.json``) as a simulator workload (the kind
-    names the exported profile: the job's built-in spec name).
-
-    Raises:
-        InvalidProblem: no readable config.json.
-    """
-    path = Path(run) / "config.json"
-    if not path.is_file():
-        raise InvalidProblem(f"run dir {str(run)!r} has no config.json")
-    config = json.loads(path.read_text())
-    jobs = (config.get("workload") or {}).get("jobs") or []
-    return [
-        WorkloadJob(id=str(j["id"]), kind=str(j["kind"]), arrival_s=float(j.get("arrival_s", 0.0)),
-                    replicas=int(j.get("replicas", 1)), batch_size=int(j["batch_size"]))
-        for j in jobs
-    ]
-
-
 def export_profiles(run_dirs: Sequence, out_dir, *, apps: Sequence[str] | None = None) -> dict[str, ExportedApp]:
     """Write AdaptDL-format profile folders from real runs (see the module docstring).
 
@@ -353,11 +202,11 @@ def export_profiles(run_dirs: Sequence, out_dir, *, apps: Sequence[str] | None =
     for app in apps or ():
         safe_name("apps entry", app)
     runs = find_run_dirs(run_dirs)
-    jobs: list[_JobData] = []
+    jobs: list[JobData] = []
     for run in runs:
-        run_events = _read_jsonl(run / "events.jsonl")
+        run_events = read_jsonl(run / "events.jsonl")
         for job_dir in sorted(d for d in (run / "jobs").iterdir() if d.is_dir()):
-            data = _read_job(run, job_dir, run_events)
+            data = read_job(run, job_dir, run_events)
             if data is not None and (apps is None or data.app in apps):
                 jobs.append(data)
     if not jobs:

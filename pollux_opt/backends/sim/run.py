@@ -19,12 +19,14 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from solvers import InvalidProblem
+
 from pollux_opt.records import metrics as _metrics
 from pollux_opt.scheduling.policies import Requirement, make_policy
 from pollux_opt.records.events import EventLog, jsonable, read_events
 from pollux_opt.records.files import atomic_write_csv, atomic_write_json
 from pollux_opt.model import Cluster
-from pollux_opt.model.domains import Integer, check
+from pollux_opt.model.domains import Integer, Real, check
 from pollux_opt.scheduling.loop import run as run_loop
 from pollux_opt.backends.sim.backend import (
     SIM_DEFAULT_CPUS_PER_NODE,
@@ -36,7 +38,8 @@ from pollux_opt.backends.sim.backend import (
 from pollux_opt.backends.sim.traces import Profile
 from pollux_opt.workloads.job import WorkloadJob
 
-__all__ = ["quiet_library_logs", "run_tasks", "simulate", "SimResult"]
+__all__ = ["MAX_ARRIVAL_ROUNDS", "MAX_SIM_CPUS", "MIN_INTERVAL_S", "SimResult", "quiet_library_logs", "run_tasks",
+           "simulate"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,20 @@ class SimResult:
     solver_seconds: float
     out_dir: str | None
 
+
+#: Shortest scheduling interval of a simulation, seconds.  Pollux schedules every
+#: 60 s; below a second the rounds, not the jobs, dominate the run, and a round
+#: count of (workload span / interval) no longer finishes.
+MIN_INTERVAL_S = 1.0
+#: The last arrival must come within this many rounds of the start (69 days at
+#: Pollux's 60 s; 28 hours at 1 s): the loop runs every round until then, so a
+#: far arrival (1e300 s) would never be reached.
+MAX_ARRIVAL_ROUNDS = 100_000
+#: Largest simulated cluster, replica slots in all: 32 x the largest size the
+#: scale experiment measured (2048, experiments/sim_scale.py); every policy
+#: keeps per-node state, so 10**5 nodes would stall in the first round.
+MAX_SIM_CPUS = 65_536
+_INTERVAL = Real(ge=MIN_INTERVAL_S, unit="seconds")
 
 #: The library's top-level loggers (the simulator, policies and solvers log under these).
 LIBRARY_LOGGERS = ("pollux_opt", "solvers")
@@ -129,8 +146,14 @@ def simulate(
         policy_options: keyword options of the named policy.
         max_rounds: stop after this many rounds.
         progress: per-round callback of the scheduler loop.
+
+    Raises:
+        InvalidProblem: an interval below :data:`MIN_INTERVAL_S`, a cluster of
+            more than :data:`MAX_SIM_CPUS` slots, a job arriving later than
+            :data:`MAX_ARRIVAL_ROUNDS` intervals, or a bad job or setting.
     """
     cluster = cluster or Cluster.uniform(SIM_DEFAULT_NODES, SIM_DEFAULT_CPUS_PER_NODE)
+    _check_scale(jobs, cluster, interval)
     t0 = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
@@ -176,6 +199,21 @@ def simulate(
         summary = _summary(out, result, config or SimConfig(), interval, cluster)
         atomic_write_json(out / "summary.json", summary)
     return result
+
+
+def _check_scale(jobs: Sequence[WorkloadJob], cluster: Cluster, interval: float) -> None:
+    """Reject a simulation that would not finish: see :data:`MIN_INTERVAL_S`,
+    :data:`MAX_ARRIVAL_ROUNDS` and :data:`MAX_SIM_CPUS`."""
+    check("interval", interval, _INTERVAL)
+    if cluster.total_cpus > MAX_SIM_CPUS:
+        raise InvalidProblem(f"the simulated cluster must have at most MAX_SIM_CPUS = {MAX_SIM_CPUS} replica slots, "
+                             f"got {len(cluster.nodes)} nodes with {cluster.total_cpus} in all")
+    late = max(jobs, key=lambda j: j.arrival_s, default=None)
+    if late is not None and late.arrival_s > MAX_ARRIVAL_ROUNDS * interval:
+        raise InvalidProblem(
+            f"job {late.id!r}: arrival_s must be within MAX_ARRIVAL_ROUNDS = {MAX_ARRIVAL_ROUNDS} rounds of "
+            f"{interval:g} s ({MAX_ARRIVAL_ROUNDS * interval:g} s), got {late.arrival_s:g}"
+        )
 
 
 def _summary(out: Path, result: SimResult, config: SimConfig, interval: float, cluster: Cluster) -> dict:

@@ -39,6 +39,7 @@ import pandas as pd
 from solvers import InvalidProblem
 
 from pollux_opt.model.domains import REQUIRED, Integer, Real, Text, check_fields, domain_field
+from pollux_opt.records.tables import read_table
 
 __all__ = [
     "APP_SETTINGS",
@@ -257,28 +258,30 @@ class TraceProfile:
 
 
 _VALIDATION = re.compile(r"validation-(\d+)\.csv$")
+#: Columns a profile's tables must have (placement: replicas per node as digits, e.g. "22").
+PLACEMENT_COLUMNS = ["placement", "local_bsz", "step_time", "sync_time"]
+SCALABILITY_COLUMNS = ["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"]
+_VALIDATION_COLUMNS = ["iteration", "grad_sqr", "grad_var", "progress"]
 
 
 @lru_cache(maxsize=64)
 def _load_cached(folder: str, max_epochs: int | None, max_local_bsz: int | None) -> TraceProfile:
     path = Path(folder)
-    if not path.is_dir():
-        raise InvalidProblem(f"profile folder {folder!r} does not exist")
-    needed = [path / "placements.csv"]
-    for f in needed:
-        if not f.is_file():
-            raise InvalidProblem(f"profile folder {folder!r} has no {f.name}")
-    placements = pd.read_csv(path / "placements.csv", dtype={"placement": str})
-    scal_path = path / "scalability.csv"
-    scalability = (
-        pd.read_csv(scal_path) if scal_path.is_file()
-        else pd.DataFrame(columns=["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"])
-    )
-    validation = {}
-    for f in path.iterdir():
-        m = _VALIDATION.search(f.name)
-        if m:
-            validation[int(m.group(1))] = pd.read_csv(f)
+    if not path.is_dir() or not (path / "placements.csv").is_file():
+        raise InvalidProblem(f"profile folder {folder!r} "
+                             + ("has no placements.csv" if path.is_dir() else "does not exist"))
+    placements = read_table(path / "placements.csv", "profile table", columns=PLACEMENT_COLUMNS,
+                            numeric=PLACEMENT_COLUMNS[1:], text=("placement",))
+    bad = np.flatnonzero(~placements.placement.str.fullmatch(r"[1-9]+").to_numpy(dtype=bool))
+    if bad.size:
+        raise InvalidProblem(f"profile table {str(path / 'placements.csv')!r}: row {bad[0] + 1}, column 'placement' "
+                             f"must be replicas per node as digits 1-9, got {placements.placement.iloc[bad[0]]!r}")
+    scal = path / "scalability.csv"
+    scalability = (read_table(scal, "profile table", columns=SCALABILITY_COLUMNS, numeric=SCALABILITY_COLUMNS)
+                   if scal.is_file() else pd.DataFrame(columns=SCALABILITY_COLUMNS))
+    cols = _VALIDATION_COLUMNS
+    validation = {int(m.group(1)): read_table(f, "profile table", columns=cols, numeric=cols)
+                  for f in path.iterdir() if (m := _VALIDATION.search(f.name))}
     if not validation:
         raise InvalidProblem(f"profile folder {folder!r} has no validation-B.csv file")
     name = path.name
@@ -355,9 +358,9 @@ class ParametricProfile:
     min_local_bsz: int = domain_field(16, _SIZE)
     max_local_bsz: int = domain_field(256, _SIZE)
     max_epochs: int = domain_field(20, _SIZE)
-    epoch_progress: float = domain_field(400.0, _COEFFICIENT)
     noise_start: float = domain_field(1.0, Real(gt=0))
     noise_end: float = domain_field(20.0, _COEFFICIENT)
+    epoch_progress: float = domain_field(400.0, _COEFFICIENT)
 
     def step_sync(self, placement, local_bsz):
         p = _canonical(placement)
@@ -393,12 +396,6 @@ class ParametricProfile:
         check_fields(self)
         if self.alpha_c + self.beta_c <= 0:
             raise InvalidProblem(f"alpha_c + beta_c must be > 0, got {self.alpha_c + self.beta_c!r}")
-        if not self.init_batch_size <= self.max_batch_size:
-            raise InvalidProblem(
-                f"init_batch_size must be in [1, max_batch_size={self.max_batch_size}], "
-                f"got {self.init_batch_size!r}"
-            )
-        if not self.min_local_bsz <= self.max_local_bsz:
-            raise InvalidProblem(
-                f"min_local_bsz must be in [1, max_local_bsz={self.max_local_bsz}], got {self.min_local_bsz!r}"
-            )
+        for low, high in (("init_batch_size", "max_batch_size"), ("min_local_bsz", "max_local_bsz")):
+            if not getattr(self, low) <= getattr(self, high):
+                raise InvalidProblem(f"{low} must be in [1, {high}={getattr(self, high)}], got {getattr(self, low)!r}")

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping
 from solvers import InvalidProblem
 
 from pollux_opt.scheduling.loop import Policy
+from pollux_opt.scheduling.policies.fair_jct import FairJctOraclePolicy, FairJctPolicy
 from pollux_opt.scheduling.policies.fixed import FixedPolicy
 from pollux_opt.scheduling.policies.goodput import DynamicPolicy, PolluxPolicy
 from pollux_opt.scheduling.policies.optimus import OptimusPolicy, StepOracle
@@ -30,6 +31,8 @@ from pollux_opt.scheduling.policies.tiresias import TiresiasPolicy
 __all__ = [
     "POLICIES",
     "DynamicPolicy",
+    "FairJctOraclePolicy",
+    "FairJctPolicy",
     "FixedPolicy",
     "OptimusPolicy",
     "PolicyInfo",
@@ -85,11 +88,17 @@ POLICIES: Mapping[str, PolicyInfo] = MappingProxyType({
                    "throughput-only elastic allocation at each job's submitted batch size"),
         PolicyInfo("pollux", PolluxPolicy,
                    "goodput-optimal allocation and batch sizes (Pollux, OSDI 2021)"),
+        PolicyInfo("fair-jct", FairJctPolicy,
+                   "Pollux's power mean weighted for mean JCT by an online Gittins index of "
+                   "remaining work, under a finish-time fairness bound"),
         PolicyInfo("tiresias", TiresiasPolicy,
                    "discretized 2D least-attained-service with the submitted configuration (Tiresias, NSDI 2019)"),
         PolicyInfo("optimus", OptimusPolicy,
                    "Optimus+Oracle: greedy marginal-gain allocation with true remaining work and step times "
                    "(Optimus, EuroSys 2018)", needs=(Requirement.ORACLE,)),
+        PolicyInfo("fair-jct-oracle", FairJctOraclePolicy,
+                   "fair-jct told the true remaining work: an upper bound for its estimator, "
+                   "simulation only", needs=(Requirement.ORACLE,)),
     )
 })
 

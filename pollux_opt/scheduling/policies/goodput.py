@@ -77,14 +77,20 @@ class _AllocatorPolicy:
         its one-time import is not counted as a round's scheduling overhead."""
         allocate(cluster, [Job("warm-up", {(1, 1): 1.0}, max_replicas=1)], self.options)
 
+    def weights(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, float]:
+        """Job id -> weight in the power mean: the job's priority weight
+        (``view.weight``: a job of weight w counts as w jobs of weight 1) times
+        its :data:`TIE_BREAK` factor."""
+        order = sorted(active, key=lambda v: (not v.placement, v.submit_time, v.job_id))
+        n = len(order)
+        return {v.job_id: v.weight * (1.0 + TIE_BREAK * (n - r) / n) for r, v in enumerate(order)}
+
     def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Decision:
         active = active_views(jobs, cluster)
         if not active:
             return Decision({}, {}, math.nan, math.nan, DecisionStatus.IDLE)
-        order = sorted(active, key=lambda v: (not v.placement, v.submit_time, v.job_id))
-        n = len(order)
-        weight = {v.job_id: 1.0 + TIE_BREAK * (n - r) / n for r, v in enumerate(order)}
-        share = fair_share(cluster, n) if self.fair_share_base else (1, 1)
+        weight = self.weights(cluster, active)
+        share = fair_share(cluster, len(active)) if self.fair_share_base else (1, 1)
         alloc_jobs = [
             job_for_allocator(v, cluster, self.options, fixed_batch=self.fixed_batch, weight=weight[v.job_id],
                               share=share, exploration_factor=self.exploration_factor)

@@ -1,0 +1,45 @@
+"""CPU time per step of a user's own loop (:mod:`pollux_opt.elastic`) against the
+builder protocol on the same model and data.
+
+Run with ``pytest benchmarks/test_user_job_overhead_bench.py --benchmark``.
+Target: the keep-your-loop wrapper costs <= 5 % more per step.  The
+measurement is ``experiments/user_jobs.py``'s (an MLP of two 256-wide hidden
+layers, steps of two micro-batches of 32 samples on one replica, in this
+process; the difference of a short and a long run's CPU seconds per step, the
+fastest of alternating rounds); ``extra_info`` holds both jobs' milliseconds
+per step and every round's overhead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The target, percent more CPU time per step than the builder protocol.
+OVERHEAD_TARGET_PCT = 5.0
+
+
+def _user_jobs():
+    spec = importlib.util.spec_from_file_location("user_jobs", ROOT / "experiments" / "user_jobs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["user_jobs"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_user_loop_step_overhead_against_the_builder_protocol(benchmark, tmp_path):
+    logging.disable(logging.WARNING)
+    user_jobs = _user_jobs()
+    result = benchmark.pedantic(lambda: user_jobs.step_overhead(tmp_path), rounds=1, iterations=1, warmup_rounds=0)
+    benchmark.extra_info.update(
+        builder_ms_per_step=1000 * result["builder_step_s"], loop_ms_per_step=1000 * result["loop_step_s"],
+        overhead_pct=result["overhead_pct"], round_overheads_pct=result["round_overheads_pct"],
+    )
+    assert result["overhead_pct"] <= OVERHEAD_TARGET_PCT, result

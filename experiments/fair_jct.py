@@ -1,0 +1,127 @@
+"""fair-jct against pollux in simulation: the AdaptDL workloads and Philly-sampled loads.
+
+For every (workload, policy): average and p99 JCT, worst rho, Jain's index of
+1 / rho, makespan and the simulation's wall time (16 x 4 nodes, interval 60 s
+by default).  Workloads are the eight AdaptDL CSVs (``--workloads``) and, with
+``--loads``, workloads sampled from ``philly.csv`` by
+:func:`~pollux_opt.workloads.adaptdl.philly_workload` at each job-load
+multiplier and seed.  Writes ``OUT/fair_jct.csv`` (one row per run) and
+``OUT/fair_jct_means.csv`` (per set and policy).
+
+    python experiments/fair_jct.py --out runs/fair-jct [--workloads 1 2 ..] [--jobs 2]
+    python experiments/fair_jct.py --out runs/fair-jct-load --workloads --loads 0.5 1.5 2 --seeds 0 1
+    python experiments/fair_jct.py --quick --out /tmp/q      # 12 jobs of workload-1 on 4 x 4
+
+``--option NAME=VALUE`` passes a fair-jct option (e.g. ``knee=2``); ``--interval`` and
+``--noise`` (log-normal sigma of what jobs report) set the sensitivity axes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from pollux_opt import Cluster
+from pollux_opt.backends.sim import SimConfig, default_trace_dir, load_profiles, quiet_library_logs, run_tasks, simulate
+from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
+from pollux_opt.records.files import atomic_write_csv
+from pollux_opt.workloads.adaptdl import philly_workload, read_adaptdl_csv
+
+log = logging.getLogger("fair_jct")
+POLICIES = ("pollux", "fair-jct")
+QUICK_JOBS = 12
+#: Summary fields copied into each row.
+SUMMARY_FIELDS = ("worst_rho", "frac_rho_gt_1", "jain_index")
+
+
+def _workload(task: dict, profiles):
+    traces = Path(task["traces"])
+    if task["load"] is None:
+        jobs = read_adaptdl_csv(traces / "workloads" / f"workload-{task['workload']}.csv")
+    else:
+        jobs = philly_workload(traces / "philly.csv", profiles, load=task["load"], seed=task["seed"])
+    return jobs[:QUICK_JOBS] if task["quick"] else jobs
+
+
+def run_one(task: dict) -> dict:
+    """Top-level (picklable): simulate one (workload, policy); one CSV row."""
+    quiet_library_logs()
+    profiles = load_profiles(task["traces"])
+    jobs = _workload(task, profiles)
+    cluster = Cluster.uniform(task["nodes"], SIM_DEFAULT_CPUS_PER_NODE)
+    options = task["options"] if task["policy"].startswith("fair-jct") else {}
+    res = simulate(jobs, profiles, task["policy"], cluster=cluster, interval=task["interval"],
+                   config=SimConfig(report_noise=task["noise"]), out_dir=task["out_dir"], policy_options=options)
+    summary = json.loads((Path(task["out_dir"]) / "summary.json").read_text())
+    return {
+        "set": task["set"], "workload": task["name"], "load": task["load"], "seed": task["seed"],
+        "policy": task["policy"], "options": json.dumps(options, sort_keys=True),
+        "interval_s": task["interval"], "report_noise": task["noise"],
+        "jobs": res.num_jobs, "completed": res.completed, "avg_jct_s": res.avg_jct, "p99_jct_s": res.p99_jct,
+        "makespan_s": res.makespan, **{k: summary.get(k) for k in SUMMARY_FIELDS},
+        "wall_s": res.wall_seconds, "solver_s": res.solver_seconds,
+    }
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def tasks_for(args, traces: Path, out: Path) -> list[dict]:
+    options = dict((kv.split("=", 1)[0], _value(kv.split("=", 1)[1])) for kv in args.option)
+    base = {"traces": str(traces), "quick": args.quick, "nodes": 4 if args.quick else SIM_DEFAULT_NODES,
+            "interval": args.interval, "noise": args.noise, "options": options}
+    sets = [dict(set="adaptdl", name=f"workload-{w}", workload=w, load=None, seed=None) for w in args.workloads]
+    sets += [dict(set=f"philly-{load:g}x", name=f"philly-{load:g}x-s{seed}", workload=None, load=load, seed=seed)
+             for load in args.loads for seed in args.seeds]
+    return [{**base, **s, "policy": p, "out_dir": str(out / f"{s['name']}-{p}")}
+            for s in sets for p in args.policies]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", default=None, help="trace folder (default: ../shared/traces/adaptdl-osdi21)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES))
+    ap.add_argument("--workloads", nargs="*", type=int, default=list(range(1, 9)))
+    ap.add_argument("--loads", nargs="*", type=float, default=[])
+    ap.add_argument("--seeds", nargs="*", type=int, default=[0])
+    ap.add_argument("--option", action="append", default=[], help="fair-jct option NAME=VALUE")
+    ap.add_argument("--interval", type=float, default=SIM_DEFAULT_INTERVAL_S)
+    ap.add_argument("--noise", type=float, default=0.0, help="report noise (log-normal sigma of measurements)")
+    ap.add_argument("--jobs", type=int, default=1, help="parallel processes")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.quick:
+        args.workloads, args.loads = [1], []
+    traces = Path(args.traces) if args.traces else default_trace_dir()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+
+    def done(task, row):
+        rows.append(row)
+        log.info("%s %s: avg JCT %.0f s, worst rho %.2f, wall %.0f s", row["workload"], row["policy"],
+                 row["avg_jct_s"], row["worst_rho"] or float("nan"), row["wall_s"])
+        atomic_write_csv(out / "fair_jct.csv", pd.DataFrame(rows))
+
+    run_tasks(run_one, tasks_for(args, traces, out), jobs=args.jobs, on_result=done)
+    df = pd.DataFrame(rows)
+    means = df.groupby(["set", "policy"])[["avg_jct_s", "p99_jct_s", "worst_rho", "jain_index", "wall_s"]].mean()
+    atomic_write_csv(out / "fair_jct_means.csv", means.reset_index())
+    log.info("\n%s", means.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

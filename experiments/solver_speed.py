@@ -1,0 +1,189 @@
+"""Time the allocator's solvers, optionally against a reference copy of ``solvers`` in the same run.
+
+Each measured code (the working tree's ``solvers``, and with ``--reference
+DIR`` the ``solvers`` package found in DIR) runs in its own subprocess, one
+after the other, on the same seeded instances, so that a loaded machine
+affects both alike; the CSV keeps the load average next to each row::
+
+    python experiments/solver_speed.py --reference /path/to/old --out experiments/results/solver_speed.csv
+    python experiments/solver_speed.py --sim    # also one workload-6 Pollux simulation per code
+
+Cases (``solvers.testing.random_problem``; wall and CPU seconds per solve,
+median and 95th percentile):
+
+* ``milp 64 CPUs / 40 jobs, new structure``: 16 x 4 CPUs, 40 jobs, ten seeds,
+  every solve on a structure not seen before (the structure cache emptied);
+* ``milp 64 CPUs / 40 jobs, same structure``: the same instances with other
+  job weights, after one solve of each (other objective, same structure);
+* ``milp 2048 CPUs / 1000 jobs``: 512 x 4 CPUs, 1000 jobs, two seeds (the
+  "large" formulation at the default gap);
+* ``evolutionary 100 x 100, 64 CPUs / 40 jobs``: 100 generations of 100, after compilation;
+* ``simulation workload-6 pollux 16 x 4`` (``--sim``): one 160-job simulation, interval 60 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("solver_speed")
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Workload 6 of the AdaptDL traces (read in place).
+WORKLOAD = ROOT.parent / "shared" / "traces" / "adaptdl-osdi21" / "workloads" / "workload-6.csv"
+#: Seeds of the 64-CPU instances and of the 2048-CPU ones.
+SMALL_SEEDS, LARGE_SEEDS = range(10), range(2)
+#: Solves per instance timed after the first (the 64-CPU cases).
+REPEATS = 3
+
+
+def _time(fn) -> tuple[float, float, object]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return time.perf_counter() - wall, time.process_time() - cpu, out
+
+
+def _row(case: str, walls: list, cpus: list, **extra) -> dict:
+    return {
+        "case": case,
+        "solves": len(walls),
+        "wall_median_s": statistics.median(walls),
+        "wall_p95_s": float(np.percentile(walls, 95)),
+        "cpu_median_s": statistics.median(cpus),
+        **extra,
+    }
+
+
+def _reweighted(problem, seed: int):
+    from solvers import Problem
+
+    fields = {f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)}
+    fields["weight"] = problem.weight * np.random.default_rng(seed).uniform(0.5, 2.0, problem.num_jobs)
+    return Problem(**fields)
+
+
+def _clear_cache() -> None:
+    try:
+        from solvers.milp.compiled import STRUCTURES
+    except ImportError:  # a reference without a structure cache
+        return
+    STRUCTURES.clear()
+
+
+def _milp_cases() -> list[dict]:
+    from solvers import solve
+    from solvers.testing import random_problem
+
+    problems = [random_problem(s, num_nodes=16, cpus_per_node=4, num_jobs=40) for s in SMALL_SEEDS]
+    solve(problems[0], "milp")  # one-off imports
+    rows = []
+    walls, cpus, gaps = [], [], []
+    for _ in range(REPEATS):
+        for p in problems:
+            _clear_cache()
+            w, c, r = _time(lambda: solve(p, "milp"))
+            walls.append(w), cpus.append(c), gaps.append(r.gap)
+    rows.append(_row("milp 64 CPUs / 40 jobs, new structure", walls, cpus, max_gap=max(gaps)))
+    walls, cpus, gaps = [], [], []
+    for i, p in enumerate(problems):
+        solve(p, "milp")
+        for k in range(REPEATS):
+            q = _reweighted(p, 100 * i + k)
+            w, c, r = _time(lambda: solve(q, "milp"))
+            walls.append(w), cpus.append(c), gaps.append(r.gap)
+    rows.append(_row("milp 64 CPUs / 40 jobs, same structure", walls, cpus, max_gap=max(gaps)))
+    walls, cpus, gaps = [], [], []
+    for s in LARGE_SEEDS:
+        p = random_problem(s, num_nodes=512, cpus_per_node=4, num_jobs=1000)
+        _clear_cache()
+        w, c, r = _time(lambda: solve(p, "milp"))
+        walls.append(w), cpus.append(c), gaps.append(r.gap)
+    rows.append(_row("milp 2048 CPUs / 1000 jobs", walls, cpus, max_gap=max(gaps)))
+    return rows
+
+
+def _evolutionary_case() -> dict:
+    from solvers import solve
+    from solvers.testing import random_problem
+
+    problems = [random_problem(s, num_nodes=16, cpus_per_node=4, num_jobs=40) for s in SMALL_SEEDS[:4]]
+    solve(problems[0], "evolutionary", seed=0)  # compilation
+    walls, cpus = [], []
+    for p in problems:
+        w, c, _ = _time(lambda: solve(p, "evolutionary", seed=0, population_size=100, generations=100))
+        walls.append(w), cpus.append(c)
+    return _row("evolutionary 100 x 100, 64 CPUs / 40 jobs", walls, cpus)
+
+
+def _sim_case() -> dict:
+    import contextlib
+    import io
+    import tempfile
+
+    from pollux_opt.cli.main import main as cli
+
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
+        argv = ["simulate", "--workload", str(WORKLOAD), "--policy", "pollux", "--nodes", "16",
+                "--cpus-per-node", "4", "--interval", "60", "--out", out]
+        w, c, _ = _time(lambda: cli(argv))
+        avg_jct = json.loads((Path(out) / "summary.json").read_text()).get("avg_jct_s")
+    return _row("simulation workload-6 pollux 16 x 4", [w], [c], avg_jct_s=avg_jct)
+
+
+def worker(sim: bool) -> None:
+    """Measure in this process and print the rows as JSON."""
+    rows = _milp_cases() + [_evolutionary_case()]
+    if sim:
+        rows.append(_sim_case())
+    for row in rows:
+        row["load_average_1min"] = os.getloadavg()[0]
+    json.dump(rows, sys.stdout)
+
+
+def _run(code: str, path: str | None, sim: bool) -> list[dict]:
+    env = dict(os.environ)
+    if path:
+        env["PYTHONPATH"] = path  # its solvers first; pollux_opt from the working tree
+    cmd = [sys.executable, *(["-P"] if path else []), str(Path(__file__)), "--worker", *(["--sim"] if sim else [])]
+    log.info("measuring %s", code)
+    out = subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    return [{"code": code, **row} for row in json.loads(out.strip().splitlines()[-1])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reference", help="folder holding a reference copy of the solvers package")
+    ap.add_argument("--sim", action="store_true", help="also time one workload-6 Pollux simulation per code")
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "solver_speed.csv"))
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args.sim)
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    import pandas as pd
+
+    from pollux_opt.records.files import atomic_write_csv
+
+    rows = _run("current", None, args.sim)
+    if args.reference:
+        rows += _run("reference", args.reference, args.sim)
+    df = pd.DataFrame(rows)
+    df["cpus"] = os.cpu_count()
+    atomic_write_csv(Path(args.out), df)
+    log.info("wrote %s\n%s", args.out, df.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

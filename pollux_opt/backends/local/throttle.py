@@ -1,0 +1,277 @@
+"""Slower node types on one machine: replicas under a CPU-bandwidth limit (a cgroup CPU quota).
+
+A node of a slow type runs its replica processes in a cgroup whose CFS
+bandwidth limit lets them use ``fraction x slots`` CPUs: ``quota / period``
+CPU-seconds per second (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` on
+cgroup v1, ``cpu.max`` = ``"quota period"`` on v2).  A CPU-bound replica with
+``fraction = 0.5`` then takes twice as long per step: a real, measurable
+slowdown, the CPU analogue of a slower GPU type.
+
+Every cgroup lives under one parent (:data:`PARENT`), named
+``<owner pid>-<node id>``: :func:`clean_stale` removes those whose owner
+(the scheduler process) is gone, after a crash; :class:`Throttle` removes its
+own on close.  Where cgroups cannot be written (no controller, not root, a
+read-only mount) :func:`detect` raises :class:`ThrottleUnavailable` with the
+reason.
+
+Usage::
+
+    with Throttle() as throttle:
+        group = throttle.node("rtx-0", fraction=0.5, slots=2)
+        group.add(pid)          # a replica process of that node
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from solvers import InvalidProblem
+
+from pollux_opt.model.domains import NAME, Integer, Real, check
+from pollux_opt.runtime.lifeline import process_exists
+
+__all__ = [
+    "DEFAULT_PERIOD_US",
+    "MIN_QUOTA_US",
+    "PARENT",
+    "CgroupInfo",
+    "NodeGroup",
+    "Throttle",
+    "ThrottleUnavailable",
+    "clean_stale",
+    "detect",
+    "quota_us",
+]
+
+LOG = logging.getLogger(__name__)
+
+#: Where cgroup file systems are mounted.
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: The one parent of every cgroup this module creates.
+PARENT = "pollux-opt"
+#: CFS bandwidth period, microseconds (the kernel's default, 100 ms).
+DEFAULT_PERIOD_US = 100_000
+#: Smallest quota the kernel accepts, microseconds (1 ms; kernel docs, sched-bwc).
+MIN_QUOTA_US = 1_000
+
+#: Tries to empty and remove a cgroup whose processes keep forking.
+_REMOVE_ATTEMPTS = 5
+
+_FRACTION = Real(gt=0, le=1)
+_PID = Integer(gt=0)
+#: v1 ``cpu.shares`` of an ordinary process (kernel default) and its range.
+_V1_DEFAULT_SHARES = 1024
+_SHARES = Integer(ge=2, le=262_144)
+_SLOTS = Integer(gt=0)
+_PERIOD = Integer(ge=MIN_QUOTA_US, le=1_000_000)
+
+
+class ThrottleUnavailable(RuntimeError):
+    """CPU quotas cannot be set here; the message says why."""
+
+
+@dataclass(frozen=True)
+class CgroupInfo:
+    """The cgroup hierarchy that holds the ``cpu`` controller.
+
+    Attributes:
+        version: 1 or 2.
+        cpu_root: the directory of the root cgroup with the controller.
+    """
+
+    version: int
+    cpu_root: Path
+
+
+def quota_us(fraction: float, slots: int, period_us: int = DEFAULT_PERIOD_US) -> int:
+    """CFS quota (microseconds per period) for ``slots`` replica slots at ``fraction`` of a CPU each.
+
+    ``round(fraction * slots * period_us)``, at least :data:`MIN_QUOTA_US`.
+
+    Raises:
+        InvalidProblem: fraction not in (0, 1], slots < 1, period out of [1 ms, 1 s].
+    """
+    fraction = check("fraction", fraction, _FRACTION)
+    slots = check("slots", slots, _SLOTS)
+    period_us = check("period_us", period_us, _PERIOD)
+    return max(MIN_QUOTA_US, round(fraction * slots * period_us))
+
+
+def detect(root: str | os.PathLike = CGROUP_ROOT) -> CgroupInfo:
+    """Which cgroup version carries the ``cpu`` controller under ``root``, and whether it is writable.
+
+    v2: ``root/cgroup.controllers`` lists ``cpu``; v1: ``root/cpu/cpu.cfs_quota_us``
+    exists (``root/cpu,cpuacct`` as on some distributions too).
+
+    Raises:
+        ThrottleUnavailable: no cpu controller, or not writable by this process.
+    """
+    root = Path(root)
+    controllers = root / "cgroup.controllers"
+    if controllers.is_file() and "cpu" in controllers.read_text().split():
+        info = CgroupInfo(2, root)
+    else:
+        v1 = next((root / d for d in ("cpu", "cpu,cpuacct") if (root / d / "cpu.cfs_quota_us").is_file()), None)
+        if v1 is None:
+            raise ThrottleUnavailable(f"no cgroup cpu controller under {str(root)!r} (neither v2 nor v1)")
+        info = CgroupInfo(1, v1)
+    if not os.access(info.cpu_root, os.W_OK):
+        raise ThrottleUnavailable(f"cgroup cpu controller at {str(info.cpu_root)!r} is not writable by this process")
+    return info
+
+
+def _write(path: Path, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+def _procs(group: Path) -> list[int]:
+    try:
+        return [int(x) for x in (group / "cgroup.procs").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _remove(info: CgroupInfo, group: Path) -> None:
+    """Move ``group``'s processes back to the root cgroup, then remove it.
+
+    A process may fork between the move and the removal (the kernel then
+    refuses with EBUSY): move again, a few times.
+    """
+    for attempt in range(_REMOVE_ATTEMPTS):
+        for pid in _procs(group):
+            try:
+                _write(info.cpu_root / "cgroup.procs", str(pid))
+            except OSError as exc:  # the process exited meanwhile
+                if exc.errno != errno.ESRCH:
+                    raise
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or attempt == _REMOVE_ATTEMPTS - 1:
+                raise
+
+
+def clean_stale(info: CgroupInfo, parent: str = PARENT) -> list[str]:
+    """Remove the cgroups under ``parent`` whose owner process is gone; returns their names."""
+    base = info.cpu_root / parent
+    if not base.is_dir():
+        return []
+    removed = []
+    for group in sorted(p for p in base.iterdir() if p.is_dir()):
+        owner = group.name.split("-", 1)[0]
+        if owner.isdigit() and not process_exists((int(owner), None)):
+            _remove(info, group)
+            removed.append(group.name)
+    if removed:
+        LOG.info("removed %d stale cgroups under %s: %s", len(removed), base, removed)
+    return removed
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """One throttled node's cgroup."""
+
+    node_id: str
+    path: Path
+    quota_us: int
+    period_us: int
+    version: int
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into this node's cgroup."""
+        pid = check("pid", pid, _PID)
+        _write(self.path / "cgroup.procs", str(pid))
+
+    def pids(self) -> list[int]:
+        return _procs(self.path)
+
+
+class Throttle:
+    """Creates throttled node cgroups under :data:`PARENT`; removes them on close.
+
+    Args:
+        root: where the cgroup file systems are mounted (a fake tree in tests).
+        parent: the parent cgroup's name.
+        period_us: the CFS period of every group.
+
+    Raises:
+        ThrottleUnavailable: see :func:`detect`.
+    """
+
+    def __init__(self, root: str | os.PathLike = CGROUP_ROOT, *, parent: str = PARENT,
+                 period_us: int = DEFAULT_PERIOD_US) -> None:
+        self.info = detect(root)
+        self.parent = check("parent", parent, NAME)
+        self.period_us = check("period_us", period_us, _PERIOD)
+        self.groups: dict[str, NodeGroup] = {}
+        base = self.info.cpu_root / self.parent
+        try:
+            base.mkdir(exist_ok=True)
+            if self.info.version == 2:  # a child may only use the controllers its parent delegates
+                for level in (self.info.cpu_root, base):
+                    if "cpu" not in (level / "cgroup.subtree_control").read_text().split():
+                        _write(level / "cgroup.subtree_control", "+cpu")
+        except OSError as exc:
+            raise ThrottleUnavailable(f"cannot create cgroup {str(base)!r}: {exc}") from None
+        clean_stale(self.info, self.parent)
+
+    def node(self, node_id: str, *, fraction: float, slots: int, shares: int | None = None) -> NodeGroup:
+        """A cgroup for ``node_id`` whose processes share ``fraction x slots`` CPUs.
+
+        ``shares``: the group's CPU weight against other processes when CPUs
+        are contended (v1 ``cpu.shares``, default 1024 = one ordinary process;
+        v2 ``cpu.weight`` = shares * 100 / 1024 in [1, 10000]); None keeps the
+        default.  The quota caps the group either way.
+        """
+        node_id = check("node_id", node_id, NAME)
+        if shares is not None:
+            shares = check("shares", shares, _SHARES)
+        if node_id in self.groups:
+            raise InvalidProblem(f"node_id {node_id!r} already has a cgroup")
+        quota = quota_us(fraction, slots, self.period_us)
+        path = self.info.cpu_root / self.parent / f"{os.getpid()}-{node_id}"
+        try:
+            path.mkdir(exist_ok=True)
+            if self.info.version == 2:
+                _write(path / "cpu.max", f"{quota} {self.period_us}")
+                if shares is not None:
+                    _write(path / "cpu.weight", str(min(max(round(shares * 100 / _V1_DEFAULT_SHARES), 1), 10_000)))
+            else:
+                _write(path / "cpu.cfs_period_us", str(self.period_us))
+                _write(path / "cpu.cfs_quota_us", str(quota))
+                if shares is not None:
+                    _write(path / "cpu.shares", str(shares))
+        except OSError as exc:
+            raise ThrottleUnavailable(f"cannot set a CPU quota on {str(path)!r}: {exc}") from None
+        group = self.groups[node_id] = NodeGroup(node_id, path, quota, self.period_us, self.info.version)
+        return group
+
+    def release(self, pid: int) -> None:
+        """Move process ``pid`` back to the root cgroup (unthrottled), e.g. a pool
+        worker that leaves a throttled node for another."""
+        pid = check("pid", pid, _PID)
+        _write(self.info.cpu_root / "cgroup.procs", str(pid))
+
+    def close(self) -> None:
+        """Move every process back to the root cgroup and remove this throttle's cgroups."""
+        while self.groups:
+            _, group = self.groups.popitem()
+            _remove(self.info, group.path)
+        try:  # the shared parent goes with its last child
+            (self.info.cpu_root / self.parent).rmdir()
+        except OSError:  # another scheduler's groups remain, or a fake tree
+            pass
+
+    def __enter__(self) -> "Throttle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

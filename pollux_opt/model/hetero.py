@@ -1,0 +1,149 @@
+"""Throughput on node types a job has not run on: Sia's bootstrap projection, and the speedup base.
+
+On a heterogeneous cluster a job has one throughput model per node type
+(statistical efficiency, from the gradient noise scale, is a property of the
+job and its batch size, so it is shared by all types).  A new job has measured
+nothing; Sia (Jayaram Subramanya et al., SOSP 2023, "bootstrapping throughput
+models") first profiles it on one replica of every type, then estimates a
+configuration of ``K`` replicas on a type ``A`` it has not run at that size
+from the type ``B`` where it has::
+
+    throughput(K, A) = throughput(1, A) / throughput(1, B) * throughput(K, B)
+
+that is, the scaling curve measured on ``B`` carried over to ``A`` at A's
+single-replica speed.  :func:`project_throughputs` applies it: measured rows
+of ``A`` always win; ``B`` is the type with the most measured configurations
+(ties: the largest measured replica count, then the name), as Sia projects
+from the type it knows best.  The rule ignores that ``K`` replicas span a
+different number of nodes on types with different node sizes (Sia's estimate
+does the same); a measured row replaces the estimate as soon as one exists.
+
+The speedup base (:func:`speedup_base`): a job's speedups on every type are
+divided by one number so that they are comparable across types.  Sia divides
+each job's row by its minimum over all configurations; here the base is the
+job's lowest goodput at its fair-share shape over the types, so that on a
+one-type cluster it is exactly today's fair-share base (see
+``docs/heterogeneity.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from solvers import InvalidProblem
+
+from pollux_opt.model.domains import shown
+
+__all__ = ["bootstrap_ratio", "project_throughputs", "projection_source", "speedup_base"]
+
+
+def _positive(what: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidProblem(f"{what} must be a finite number > 0, got {shown(value)}")
+    return float(value)
+
+
+def _rows(type_name: str, rows: object) -> dict[int, float]:
+    """``{replicas: throughput}`` of one type, checked."""
+    if not isinstance(rows, Mapping):
+        raise InvalidProblem(f"measured[{type_name!r}] must map replica counts to throughputs, got {shown(rows)}")
+    out = {}
+    for k, v in rows.items():
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InvalidProblem(f"measured[{type_name!r}] replica count must be an integer >= 1, got {shown(k)}")
+        out[k] = _positive(f"measured[{type_name!r}][{k}]", v)
+    return out
+
+
+def bootstrap_ratio(one_replica: Mapping[str, float], target: str, source: str) -> float:
+    """``throughput(1, target) / throughput(1, source)``: target's speed relative to source's.
+
+    Args:
+        one_replica: samples/s of the job on one replica of each profiled type.
+
+    Raises:
+        InvalidProblem: a type without its one-replica profile, or a non-positive throughput.
+    """
+    for t in (target, source):
+        if t not in one_replica:
+            raise InvalidProblem(
+                f"type {t!r} has no one-replica profile (profiled: {sorted(one_replica)}); "
+                "profile one replica of every type first"
+            )
+    a = _positive(f"one_replica[{target!r}]", one_replica[target])
+    b = _positive(f"one_replica[{source!r}]", one_replica[source])
+    return a / b
+
+
+def projection_source(measured: Mapping[str, Mapping[int, float]], target: str) -> str | None:
+    """The type the projection for ``target`` reads from: most measured replica
+    counts beyond one, then the largest, then the name; None if no other type
+    measured more than one replica."""
+    best = None
+    for t in sorted(measured):
+        if t == target:
+            continue
+        rows = _rows(t, measured[t])
+        multi = [k for k in rows if k > 1]
+        if not multi:
+            continue
+        key = (len(multi), max(multi))
+        if best is None or key > best[0]:
+            best = (key, t)
+    return None if best is None else best[1]
+
+
+def project_throughputs(
+    one_replica: Mapping[str, float], measured: Mapping[str, Mapping[int, float]], target: str
+) -> dict[int, float]:
+    """Throughput (samples/s) of the job on ``target`` by replica count: measured or projected.
+
+    Args:
+        one_replica: the job's one-replica throughput on each profiled type
+            (it must include ``target`` and the source).
+        measured: ``{type: {replicas: throughput}}`` of what the job has run
+            (throughput at the best batch size of each configuration).
+        target: the type to estimate.
+
+    Returns:
+        ``{replicas: throughput}``: ``target``'s measured rows, its one-replica
+        throughput, and the source's other replica counts scaled by
+        :func:`bootstrap_ratio`.
+
+    Raises:
+        InvalidProblem: ``target`` has no one-replica profile, or bad rows.
+    """
+    if target not in one_replica:
+        raise InvalidProblem(
+            f"type {target!r} has no one-replica profile (profiled: {sorted(one_replica)}); "
+            "profile one replica of every type first"
+        )
+    base = _positive(f"one_replica[{target!r}]", one_replica[target])
+    own = _rows(target, measured.get(target, {}))
+    out = {1: base}
+    source = projection_source(measured, target)
+    if source is not None:
+        ratio = bootstrap_ratio(one_replica, target, source)
+        out.update({k: ratio * v for k, v in _rows(source, measured[source]).items() if k > 1})
+    out.update(own)
+    return dict(sorted(out.items()))
+
+
+def speedup_base(goodput_at_share: Mapping[str, float]) -> tuple[str, float]:
+    """``(type, goodput)`` of the lowest fair-share goodput over the types: the speedup base.
+
+    ``goodput_at_share[t]`` is the job's goodput (samples/s x efficiency) at its
+    fair-share shape on type ``t``.  Dividing every type's goodputs by the
+    lowest keeps all speedups comparable and >= 1 at the fair share on any
+    type, like Sia's minimum normalisation; with one type it is that type's
+    fair-share goodput, the base of today's single-type model.
+
+    Raises:
+        InvalidProblem: no types, or a non-positive goodput.
+    """
+    if not goodput_at_share:
+        raise InvalidProblem("goodput_at_share must name at least one type, got {}")
+    values = {t: _positive(f"goodput_at_share[{t!r}]", v) for t, v in goodput_at_share.items()}
+    t = min(values, key=lambda name: (values[name], name))
+    return t, values[t]

@@ -1,0 +1,73 @@
+"""The divergence rule: a job whose training loss blows up is failed, not trained on.
+
+Rank 0 applies it at each progress report (every ``report_interval_s``, see
+:class:`~pollux_opt.runtime.report.RuntimeOptions`) to the mean training loss
+of the steps since the previous report:
+
+* a non-finite loss (or gradient) fails the job at once (checked every step,
+  :meth:`~pollux_opt.runtime.trainer.Trainer.finish_step`);
+* a mean loss above ``divergence_factor`` times the *reference*, the mean of
+  the job's first report, for ``divergence_reports`` consecutive reports fails
+  it with :class:`JobDiverged`, whose message (in the job's error, its
+  ``failed`` event and ``logs/worker-rank0.log``) gives the loss, the bound and
+  the count.
+
+The reference and the count are part of the checkpointed
+:class:`~pollux_opt.runtime.state.TrainingState`, so a restart neither resets
+nor repeats them.  A reference that is not positive (a loss that can be zero
+or negative, such as a log-likelihood ratio) disables the multiple rule; a
+job that reports no loss (a user's loop calling ``loss.backward()`` rather
+than ``model.backward(loss)``, see :mod:`pollux_opt.elastic`) is covered by the
+non-finite gradient check only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+__all__ = ["DEFAULT_DIVERGENCE_FACTOR", "DEFAULT_DIVERGENCE_REPORTS", "JobDiverged", "check_divergence"]
+
+#: Multiple of the first report's loss beyond which a report counts as
+#: diverging (project choice: a healthy job's loss falls from its initial
+#: value; a thousandfold rise is far outside any noise, while a diverging job,
+#: such as an MSE at 1e18 within minutes, passes it within seconds).
+DEFAULT_DIVERGENCE_FACTOR = 1e3
+#: Consecutive diverging reports that fail a job (project choice: about a
+#: second at the default report interval of 0.2 s, so a single spike never does).
+DEFAULT_DIVERGENCE_REPORTS = 5
+
+
+class JobDiverged(RuntimeError):
+    """The training loss stayed above its bound for the rule's number of reports."""
+
+
+def check_divergence(state, losses: Iterable[float], factor: float | None, reports: int) -> None:
+    """Apply the rule to one report's per-step ``losses`` (NaN: not reported).
+
+    Args:
+        state: the :class:`~pollux_opt.runtime.state.TrainingState`; its
+            ``loss_ref`` and ``diverging_reports`` are updated.
+        losses: mean training loss of each step since the previous report.
+        factor: the multiple (None disables the rule).
+        reports: consecutive reports above the bound that fail the job.
+
+    Raises:
+        JobDiverged: the ``reports``-th consecutive report above the bound.
+    """
+    finite = [x for x in losses if x is not None and math.isfinite(x)]
+    if factor is None or not finite:
+        return
+    mean = sum(finite) / len(finite)
+    if state.loss_ref is None:
+        state.loss_ref = mean
+        return
+    if state.loss_ref <= 0 or mean <= factor * state.loss_ref:
+        state.diverging_reports = 0
+        return
+    state.diverging_reports += 1
+    if state.diverging_reports >= reports:
+        raise JobDiverged(
+            f"training loss {mean:.4g} at step {state.step} exceeds {factor:g} x its initial {state.loss_ref:.4g} "
+            f"for {state.diverging_reports} consecutive reports"
+        )

@@ -1,0 +1,134 @@
+"""User jobs named by an *entry*: a function in a user's script or module,
+imported from a directory the user points to.
+
+An entry is ``"path/to/script.py:function"`` (the script's directory goes
+first on ``sys.path``, its module is the file's stem) or
+``"package.module:function"`` (imported from the import directory).  The
+function is either a builder of the builder protocol, ``build(ctx) ->
+JobParts`` (one required parameter), or a user's own training loop,
+``main()`` (no required parameter) that uses :mod:`pollux_opt.elastic`
+(:func:`entry_protocol`).  Relative script paths are relative to the import
+directory: a workload file's own directory, or ``--import DIR``.
+
+Trust model: the one of :mod:`pollux_opt.runtime.spec`.  A workload file that
+names an entry is code (the entry's module is imported when the workload is
+read, and it is declared, so a resumed ``job.json`` may name it); a module of
+Python's standard library is refused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import keyword
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from solvers import InvalidProblem
+
+__all__ = ["ENTRY_REQUIRED_FIELDS", "LOOP", "BUILDER", "entry_protocol", "entry_spec", "import_from", "parse_entry"]
+
+#: The two protocols of an entry function.
+BUILDER, LOOP = "builder", "loop"
+#: Spec fields a workload job with an entry must give (its batch limits).
+ENTRY_REQUIRED_FIELDS = ("init_batch_size", "max_batch_size")
+#: Spec fields of which a workload job with an entry must give at least one (its completion).
+_COMPLETION_FIELDS = ("epochs", "progress_target", "target")
+_lock = threading.Lock()
+
+
+def parse_entry(entry: Any, import_dir: str | Path, *, where: str = "entry") -> tuple[str, str, str]:
+    """``(module, function, directory)`` of ``entry`` (see the module docstring).
+
+    Raises:
+        InvalidProblem: not of either shape, a missing script, or a standard-library module.
+    """
+    from pollux_opt.runtime.spec import stdlib_refusal
+
+    target, _, func = entry.rpartition(":") if isinstance(entry, str) else ("", "", "")
+    if not target or not func.isidentifier():
+        raise InvalidProblem(f"{where}: entry must be 'script.py:function' or 'package.module:function', got {entry!r}")
+    if target.endswith(".py"):
+        path = Path(target).expanduser()
+        path = (path if path.is_absolute() else Path(import_dir) / path).resolve()
+        if not path.is_file():
+            raise InvalidProblem(f"{where}: entry {entry!r}: script {str(path)!r} does not exist")
+        module, directory = path.stem, str(path.parent)
+    else:
+        module, directory = target, str(Path(import_dir).expanduser().resolve())
+    parts = module.split(".")
+    if not all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
+        raise InvalidProblem(f"{where}: entry {entry!r}: {module!r} is not an importable module name")
+    refusal = stdlib_refusal(f"entry {entry!r}", module)
+    if refusal is not None:
+        raise InvalidProblem(f"{where}: {refusal}")
+    return module, func, directory
+
+
+def _from_dir(module, directory: str) -> bool:
+    origin = getattr(module, "__file__", None)
+    return origin is not None and Path(origin).resolve().is_relative_to(directory)
+
+
+def import_from(module: str, directory: str) -> Any:
+    """Import ``module`` with ``directory`` first on ``sys.path``; a module of that
+    name imported from elsewhere before (another job's ``train.py`` in a warm
+    worker) is imported afresh."""
+    with _lock:
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        top = module.split(".")[0]
+        loaded = sys.modules.get(top)
+        if loaded is not None and not _from_dir(loaded, directory):
+            for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+                del sys.modules[name]
+        return importlib.import_module(module)
+
+
+def entry_protocol(fn: Callable) -> str:
+    """:data:`BUILDER` if ``fn`` has a required positional parameter (``build(ctx)``), else :data:`LOOP`."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return BUILDER
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.kind in positional and p.default is inspect.Parameter.empty]
+    return BUILDER if required else LOOP
+
+
+def entry_spec(entry: str, import_dir: str | Path, *, name: str, fields: Mapping[str, Any], where: str):
+    """The :class:`~pollux_opt.runtime.spec.JobSpec` of a workload job named by ``entry``.
+
+    Imports the entry's module (declaring it, see the module docstring) and
+    checks that the function exists and that ``fields`` give the batch limits
+    and a completion criterion.
+
+    Raises:
+        InvalidProblem: a bad entry, a missing module, function or field, each with its own message.
+    """
+    from pollux_opt.runtime.spec import JobSpec, declare_builder_modules
+
+    module, func, directory = parse_entry(entry, import_dir, where=where)
+    for taken in ("builder", "import_dir"):
+        if taken in fields:
+            raise InvalidProblem(f"{where}: spec field {taken!r} cannot be combined with an entry (the entry names it)")
+    try:
+        mod = import_from(module, directory)
+    except ModuleNotFoundError as exc:
+        if exc.name != module.split(".")[0] and exc.name != module:
+            raise InvalidProblem(f"{where}: entry {entry!r}: importing module {module!r} failed: {exc}") from None
+        raise InvalidProblem(f"{where}: entry {entry!r}: module {module!r} not found in {directory!r}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module raised while being imported
+        raise InvalidProblem(f"{where}: entry {entry!r}: importing module {module!r} failed: "
+                             f"{type(exc).__name__}: {exc}") from None
+    if not callable(getattr(mod, func, None)):
+        raise InvalidProblem(f"{where}: entry {entry!r}: module {module!r} has no function {func!r}")
+    missing = [f for f in ENTRY_REQUIRED_FIELDS if f not in fields]
+    if missing:
+        raise InvalidProblem(f"{where}: a job with an entry needs spec field(s) {missing}")
+    if not any(fields.get(f) is not None for f in _COMPLETION_FIELDS):
+        raise InvalidProblem(f"{where}: a job with an entry needs one of the spec fields {list(_COMPLETION_FIELDS)}")
+    declare_builder_modules([module])
+    return JobSpec(name=name, builder=f"{module}:{func}", import_dir=directory, **fields)

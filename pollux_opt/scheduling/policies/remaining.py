@@ -1,0 +1,169 @@
+"""Online estimates of a job's remaining work from what jobs report (no oracle).
+
+A job's *work* is measured in reference seconds: its progress (M0-equivalent
+iterations, :attr:`~pollux_opt.scheduling.loop.JobView.progress`) divided by
+its fitted model's progress rate on one replica at the goodput-best batch
+(:func:`reference_rate`).  Work in these units is comparable across jobs of
+different applications: it is how long the job would take alone on one
+replica.
+
+:class:`WorkHistory` learns the distribution of jobs' total work online from
+the jobs it saw finish (the work they had attained when they left the views),
+and answers, for a job that has attained ``a`` reference seconds:
+
+* :meth:`WorkHistory.gittins`: the Gittins index (Gittins, 1979; for mean
+  response time with unknown sizes, Aalto, Ayesta and Righter, 2009; used for
+  DL jobs with discretised service by Tiresias, NSDI 2019)
+  ``G(a) = max_t P(W <= t | W > a) / E[min(W, t) - a | W > a]``,
+  completions per reference second of service; serving the jobs of highest
+  index first minimises the mean response time of a single server among
+  policies that do not know sizes;
+* :meth:`WorkHistory.remaining`: the mean residual work ``E[W - a | W > a]``.
+
+The distribution is that of the completed jobs *like this one*: those whose
+models have the same batch limits (the job's model family, which the job
+reports with its model), once one of them finished, else of all completed
+jobs (the pooled distribution) once :data:`MIN_SAMPLES` finished.  A job
+beyond every sample, or with no distribution yet, falls back to the Lindy
+estimate of a heavy tail (a job that has run ``a`` runs as long again) applied
+to its family: the family's jobs are taken to be of one size, twice the most
+work any active member has attained, ``W = 2 max a``, so that
+``R = W - a``; of a family's jobs, the one furthest along is then the
+shortest (SRPT within a family of like jobs), and a family of one job is
+least-attained-service (Tiresias' prior-free rule).  :data:`MIN_WORK_S` is
+the floor of ``R``.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from dataclasses import dataclass, field
+from typing import Hashable
+
+import numpy as np
+
+from pollux_opt.model import GoodputModel
+from pollux_opt.scheduling.loop import JobView
+
+__all__ = ["MIN_FAMILY_SAMPLES", "MIN_SAMPLES", "MIN_WORK_S", "WorkHistory", "reference_rate", "work_done"]
+
+#: Completed jobs of all families needed before the pooled distribution is
+#: trusted (project choice: with fewer, one odd job would set every index).
+MIN_SAMPLES = 3
+#: Completed jobs of the job's own family needed to use their distribution
+#: (one: jobs of one model family are taken to be alike).
+MIN_FAMILY_SAMPLES = 1
+#: Floor of the fallback's remaining work, reference seconds (project choice:
+#: one minute of one replica, the order of Pollux's 60 s scheduling interval),
+#: so that the index of a job that has not run yet stays finite.
+MIN_WORK_S = 60.0
+#: Models whose reference rate is cached (a few rounds' worth of active jobs).
+_RATE_CACHE_SIZE = 4096
+
+
+@lru_cache(maxsize=_RATE_CACHE_SIZE)
+def reference_rate(model: GoodputModel) -> float:
+    """Progress per second (M0-equivalent iterations / s) of ``model`` on one
+    replica at its goodput-best batch size; nan if that is infeasible (cached:
+    a job's model changes only when it is refitted)."""
+    choice = model.optimize(1, 1)
+    if not bool(choice.feasible):
+        return math.nan
+    return float(choice.goodput) / model.limits.init_batch_size
+
+
+def work_done(view: JobView) -> float:
+    """Work the job has attained, reference seconds (0 without a usable model)."""
+    if view.goodput_model is None or view.progress <= 0:
+        return 0.0
+    rate = reference_rate(view.goodput_model)
+    return view.progress / rate if math.isfinite(rate) and rate > 0 else 0.0
+
+
+def _family(view: JobView) -> Hashable | None:
+    """What groups jobs as alike: their model's batch limits (None without a model)."""
+    return None if view.goodput_model is None else view.goodput_model.limits
+
+
+@dataclass
+class WorkHistory:
+    """Total work of the jobs seen to finish, learned round by round.
+
+    Call :meth:`observe` with every round's views: a job that was active and is
+    no longer is counted as finished with the work it last reported (an
+    underestimate by at most one interval's progress).
+
+    Attributes:
+        by_family: use the distribution of the job's own family once it has
+            :data:`MIN_FAMILY_SAMPLES` samples (else the pooled one).
+    """
+
+    by_family: bool = True
+    _last: dict[str, tuple[float, Hashable | None]] = field(default_factory=dict, init=False)
+    _pooled: list[float] = field(default_factory=list, init=False)
+    _families: dict[Hashable, list[float]] = field(default_factory=dict, init=False)
+    _front: dict[Hashable | None, float] = field(default_factory=dict, init=False)
+
+    def observe(self, views: list[JobView], work: dict[str, float]) -> None:
+        """Record the jobs that left the views since the last call.
+
+        Args:
+            views: this round's active views.
+            work: job id -> attained work (reference seconds) of those views.
+        """
+        seen = {v.job_id for v in views}
+        for jid in [j for j in self._last if j not in seen]:
+            total, fam = self._last.pop(jid)
+            if total > 0:
+                self._pooled.append(total)
+                if fam is not None:
+                    self._families.setdefault(fam, []).append(total)
+        self._front = {}
+        for v in views:
+            fam = _family(v)
+            self._last[v.job_id] = (work[v.job_id], fam)
+            self._front[fam] = max(self._front.get(fam, 0.0), work[v.job_id])
+
+    @property
+    def completed(self) -> int:
+        """Jobs counted as finished so far."""
+        return len(self._pooled)
+
+    def _samples(self, view: JobView) -> np.ndarray | None:
+        fam = _family(view)
+        own = self._families.get(fam, []) if self.by_family and fam is not None else []
+        if len(own) >= MIN_FAMILY_SAMPLES:
+            return np.sort(np.asarray(own))
+        return np.sort(np.asarray(self._pooled)) if len(self._pooled) >= MIN_SAMPLES else None
+
+    def _fallback(self, view: JobView, attained: float) -> float:
+        """The Lindy estimate of the remaining work over the job's family (see the module docstring)."""
+        front = max(attained, self._front.get(_family(view), 0.0)) if self.by_family else attained
+        return max(2.0 * front - attained, MIN_WORK_S)
+
+    def _residuals(self, view: JobView, attained: float) -> np.ndarray | None:
+        """Sorted ``W - a`` of the samples beyond ``a`` (None: fall back)."""
+        s = self._samples(view)
+        if s is None:
+            return None
+        rest = s[s > attained] - attained
+        return rest if rest.size else None
+
+    def gittins(self, view: JobView, attained: float) -> float:
+        """The Gittins index of the job at ``attained`` reference seconds
+        (completions per reference second of service, > 0)."""
+        rest = self._residuals(view, attained)
+        if rest is None:
+            return 1.0 / self._fallback(view, attained)
+        n = rest.size
+        # Threshold at the k-th residual: k + 1 of n finish; each other spends min(r, t).
+        spent = np.cumsum(rest) + (n - 1 - np.arange(n)) * rest
+        return float(np.max((np.arange(n) + 1) / spent))
+
+    def remaining(self, view: JobView, attained: float) -> float:
+        """The mean residual work ``E[W - a | W > a]``, reference seconds."""
+        rest = self._residuals(view, attained)
+        if rest is None:
+            return self._fallback(view, attained)
+        return float(np.mean(rest))

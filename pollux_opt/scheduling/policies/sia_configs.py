@@ -1,0 +1,111 @@
+"""Sia's configuration set and objective constants (Jayaram Subramanya et al., SOSP 2023).
+
+Sia restricts each job to a small set of *configurations* per node type:
+on one node, a power-of-two replica count up to the node size (1, 2, 4, ...,
+and the full node); beyond one node, whole nodes only (2, 3, ... nodes of the
+type, all their replicas).  A job never spans two types.  With ``c`` replicas
+per node and ``n`` nodes that is ``floor(log2 c) + 1 (+1 if c is not a power
+of two) + (n - 1)`` configurations per type instead of every (nodes,
+replicas) pair, which keeps Sia's integer program small.  The artifact lists
+them for 4- and 8-GPU nodes (``sia-simulator/sia.py``, ``CONFIGS_4GPU`` and
+``CONFIGS_8GPU``: 1, 2, 4 then 4 per node; 1, 2, 4, 8 then 8 per node) and
+caps the node count at the nodes actually profiled
+(``cluster_max_physical_nnodes``); :func:`sia_configurations` is that rule
+for any node size.
+
+The objective constants, as the artifact sets them (``sia-simulator/simulator_config.py``,
+"Sia params", the values of the paper's integer program: the fairness power
+p, the no-allocation penalty and the allocation-change penalty):
+
+- :data:`SIA_P`: the power of the normalised goodputs (fairness), -0.5;
+- :data:`SIA_LAMBDA_NO_ALLOC`: the value of a job left without resources,
+  1.1; it must exceed 1 in magnitude (the least gain of an allocation is 1
+  after normalisation) and carry the sign opposite to p;
+- :data:`SIA_LAMBDA_CHANGE`: penalty on changing a job's allocation, 0.01;
+- the restart factor: Pollux's (``sia_use_pollux_realloc_factor = True``),
+  :func:`pollux_opt.model.job.restart_factor`, with the policy's per-model
+  restart estimates :data:`SIA_RESTART_PENALTY`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from solvers import MAX_CPUS, InvalidProblem
+
+from pollux_opt.model.domains import Integer, check, shown
+
+__all__ = [
+    "SIA_GOODPUT_CLIP",
+    "SIA_LAMBDA_CHANGE",
+    "SIA_LAMBDA_NO_ALLOC",
+    "SIA_P",
+    "SIA_RESTART_PENALTY",
+    "SIA_DEFAULT_RESTART_PENALTY",
+    "sia_configurations",
+    "typed_configurations",
+]
+
+#: Fairness power p of Sia's objective (artifact ``sia_default_p_val``).
+SIA_P = -0.5
+#: Penalty of a job left without an allocation (artifact ``sia_default_lambda_n``).
+SIA_LAMBDA_NO_ALLOC = 1.1
+#: Penalty of a change of a job's allocation (artifact ``sia_default_lambda_a``).
+SIA_LAMBDA_CHANGE = 0.01
+#: Normalised goodputs above this are clipped (artifact ``sia_goodput_clip_val``).
+SIA_GOODPUT_CLIP = 3000.0
+#: The policy's restart-time estimates per model, seconds (artifact
+#: ``sia-simulator/sia.py``, ``get_restart_penalty``; matched by substring of the job name).
+SIA_RESTART_PENALTY: Mapping[str, float] = {
+    "deepspeech": 25.0, "imagenet": 250.0, "cifar": 30.0, "bert": 120.0, "yolov3": 45.0,
+}
+#: Restart estimate of any other model, seconds (same source).
+SIA_DEFAULT_RESTART_PENALTY = 30.0
+
+_SLOTS = Integer(gt=0, le=MAX_CPUS)
+_NODES = Integer(gt=0)
+
+
+def sia_configurations(replicas_per_node: int, num_nodes: int) -> tuple[tuple[int, int], ...]:
+    """Sia's ``(nodes, replicas)`` configurations of one node type, smallest first.
+
+    One node: 1, 2, 4, ... (powers of two below ``replicas_per_node``) and
+    ``replicas_per_node`` itself; then ``(n, n * replicas_per_node)`` for
+    n = 2 .. ``num_nodes``.
+
+    Raises:
+        InvalidProblem: a count that is not a positive integer.
+    """
+    c = check("replicas_per_node", replicas_per_node, _SLOTS)
+    n = check("num_nodes", num_nodes, _NODES)
+    one = []
+    k = 1
+    while k < c:
+        one.append((1, k))
+        k *= 2
+    one.append((1, c))
+    return tuple(one) + tuple((m, m * c) for m in range(2, n + 1))
+
+
+def typed_configurations(types: Mapping[str, tuple[int, int]]) -> tuple[tuple[str, int, int], ...]:
+    """``(type, nodes, replicas)`` of every type, in the mapping's order.
+
+    Args:
+        types: ``{type: (num_nodes, replicas_per_node)}``, e.g. from
+            :meth:`pollux_opt.model.cluster_types.ClusterTypes` (count, replicas_per_node).
+
+    Raises:
+        InvalidProblem: no types, or a bad count (naming the type).
+    """
+    if not types:
+        raise InvalidProblem("types must name at least one node type, got {}")
+    out = []
+    for name, shape in types.items():
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or len(shape) != 2:
+            raise InvalidProblem(f"types[{name!r}] must be (num_nodes, replicas_per_node), got {shown(shape)}")
+        try:
+            configs = sia_configurations(shape[1], shape[0])
+        except InvalidProblem as exc:
+            raise InvalidProblem(f"types[{name!r}]: {exc}") from None
+        out.extend((name, nodes, k) for nodes, k in configs)
+    return tuple(out)

@@ -1,0 +1,170 @@
+"""The index lists the MILP's rules read: one round's model up to its objective.
+
+:class:`ModelStructure` holds plain Python lists (positions into the
+model's variables, see :mod:`solvers.milp.model`) derived from the problem,
+its option table and the round's packing graph.  The rules of
+:func:`~solvers.milp.model.rule_families` read nothing else, so two rounds
+with equal structures have the same variables, rows, matrix and bounds;
+:meth:`ModelStructure.key` names a structure for
+:class:`~solvers.milp.compiled.StructureCache`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ..problem import Problem
+from .options import OptionTable
+from .packing import PackingGraph, choosing_jobs, groups
+
+__all__ = ["JobSets", "ModelStructure", "NodeSets"]
+
+
+class ModelStructure(NamedTuple):
+    """Everything the model's variables and rules read: the model up to its objective.
+
+    Two models with equal structures have the same variables, rows, matrix
+    and bounds; :meth:`key` names a structure for
+    :class:`~solvers.milp.compiled.StructureCache`.
+    """
+
+    jobs: "JobSets"
+    nodes: "NodeSets"
+    slots: bool  # interference avoidance (the slot rows)
+    num_states: int  # h variables
+    num_arcs: int  # f variables
+    num_nodes: int  # upper bound of the g and f variables
+
+    @staticmethod
+    def of(problem: Problem, table: OptionTable, graph: PackingGraph) -> "ModelStructure":
+        return ModelStructure(
+            JobSets.of(problem, table, graph),
+            NodeSets.of(problem, table, graph),
+            bool(graph.slots),
+            int(graph.state_node.size),
+            int(graph.arc_tail.size),
+            int(problem.num_nodes),
+        )
+
+    def key(self) -> bytes:
+        """SHA-256 of the pickled structure: equal keys, equal structures (up to a hash collision)."""
+        import hashlib
+        import pickle
+
+        return hashlib.sha256(pickle.dumps(tuple(self), protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+@dataclass(frozen=True)
+class JobSets:
+    """Job-side index lists the rules read (plain Python lists, positions into the model's variables)."""
+
+    num_jobs: int
+    num_opts: int
+    num_keep: int
+    num_multi: int
+    keep_pos: list  # job -> position among keeps, -1 if none
+    z_pos: list  # job -> position among z variables, -1 if it has no choice
+    num_z: int
+    opts_of_job: list  # job -> its offered options
+    multi_opts: list  # multi-node job position -> its multi-node options
+    fixed_nodes: list  # multi-node job position -> every option has lo = hi
+    lo: list  # option -> fewest nodes
+    hi: list  # option -> most nodes
+    reps: list  # option -> replicas K
+    seg_max: list  # multi-node job position -> largest segment on one node
+    seg_index: list  # (job position, segment size) of the g variables
+    shared_segments: bool  # g variables exist (segments share the multi arcs)
+    item_sizes: list  # replica counts of single-node options
+    singles_of_size: dict  # K -> single-node options of K replicas
+
+    @staticmethod
+    def of(problem: Problem, table: OptionTable, graph: PackingGraph) -> "JobSets":
+        o_job, o_reps, o_lo, o_hi = (a[graph.opt] for a in (table.job, table.reps, table.lo, table.hi))
+        num_multi = graph.multi_jobs.size
+        keep_pos = np.full(problem.num_jobs, -1, dtype=np.int64)
+        keep_pos[table.keep] = np.arange(table.keep.size)
+        multi_pos = np.full(problem.num_jobs, num_multi, dtype=np.int64)
+        multi_pos[graph.multi_jobs] = np.arange(num_multi)
+        is_multi = o_hi > 1
+        multi_opts = groups(np.where(is_multi, multi_pos[o_job], num_multi), num_multi)
+        seg_max = graph.seg_max.tolist()
+        shared_segments = graph.slots and graph.layers > 1
+        seg_index = [(i, s) for i in range(num_multi) for s in range(1, seg_max[i] + 1)]
+        item_sizes = np.unique(o_reps[~is_multi]).tolist()
+        choosing = choosing_jobs(problem, table, graph)
+        z_pos = np.full(problem.num_jobs, -1, dtype=np.int64)
+        z_pos[choosing] = np.arange(choosing.size)
+        return JobSets(
+            num_jobs=problem.num_jobs,
+            num_opts=graph.opt.size,
+            num_keep=table.keep.size,
+            num_multi=num_multi,
+            keep_pos=keep_pos.tolist(),
+            z_pos=z_pos.tolist(),
+            num_z=choosing.size,
+            opts_of_job=groups(o_job, problem.num_jobs),
+            multi_opts=multi_opts,
+            fixed_nodes=[bool(np.all(o_lo[o] == o_hi[o])) for o in multi_opts],
+            lo=o_lo.tolist(),
+            hi=o_hi.tolist(),
+            reps=o_reps.tolist(),
+            seg_max=seg_max,
+            seg_index=seg_index if shared_segments else [],
+            shared_segments=shared_segments,
+            item_sizes=item_sizes,
+            singles_of_size={k: np.flatnonzero(~is_multi & (o_reps == k)).tolist() for k in item_sizes},
+        )
+
+
+@dataclass(frozen=True)
+class NodeSets:
+    """Node-side index lists the rules read: arcs by kind and vertex, node states, kept jobs."""
+
+    arcs_by: dict  # (kind, size, job position) -> arcs
+    vertices: list  # vertices with outgoing arcs, sorted
+    arcs_out: list  # vertex position -> arcs leaving it
+    arcs_in: list  # vertex position -> arcs entering it
+    free_supply: dict  # vertex -> non-holding nodes entering there
+    states_of_node: list  # holding node position -> its states
+    state_res: list  # state -> residual r_t
+    state_slot: list  # state -> slot taken l_t
+    states_at: dict  # vertex -> states entering there
+    kept_here: list  # holding node position -> (keep position, replicas there, multi-node)
+    holding_capacity: list  # holding node position -> cap_n
+
+    @staticmethod
+    def of(problem: Problem, table: OptionTable, graph: PackingGraph) -> "NodeSets":
+        arcs_by = defaultdict(list)
+        for a, key in enumerate(zip(graph.arc_kind.tolist(), graph.arc_size.tolist(), graph.arc_job.tolist())):
+            arcs_by[key].append(a)
+        vertices = np.unique(graph.arc_tail)
+        head_pos = np.searchsorted(vertices, graph.arc_head)
+        inside = head_pos < vertices.size
+        inside[inside] = vertices[head_pos[inside]] == graph.arc_head[inside]
+        state_res, state_slot = graph.state_res.tolist(), graph.state_slot.tolist()
+        states_at = defaultdict(list)
+        for t, (res, taken) in enumerate(zip(state_res, state_slot)):
+            if res > 0:
+                states_at[graph.entry(res, taken)].append(t)
+        keep_multi = (table.keep_nodes > 1).tolist()
+        kept_here = [
+            [(q, int(problem.current[table.keep[q], n]), keep_multi[q]) for q in np.flatnonzero(column > 0).tolist()]
+            for n, column in zip(graph.holding.tolist(), problem.current[table.keep][:, graph.holding].T)
+        ]
+        return NodeSets(
+            arcs_by=dict(arcs_by),
+            vertices=vertices.tolist(),
+            arcs_out=groups(np.searchsorted(vertices, graph.arc_tail), vertices.size),
+            arcs_in=groups(np.where(inside, head_pos, vertices.size), vertices.size),
+            free_supply=graph.free_supply,
+            states_of_node=groups(graph.state_node, graph.holding.size),
+            state_res=state_res,
+            state_slot=state_slot,
+            states_at=dict(states_at),
+            kept_here=kept_here,
+            holding_capacity=[int(problem.capacity[n]) for n in graph.holding],
+        )

@@ -1,0 +1,151 @@
+"""The Ray backend's parts that need no Ray cluster: its view of Ray's nodes,
+following nodes that join and leave (over in-process job stand-ins), where
+work directories go, and the gloo interface of a node's address."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from pollux_opt import InvalidProblem
+from pollux_opt.backends.ray.backend import RayBackend, shared_workdir_root
+from pollux_opt.backends.ray.nodes import RayNodes, interface_of
+from pollux_opt.backends.ray.run import _checkpoint_dir
+from pollux_opt.records.events import EventLog, read_events
+from pollux_opt.scheduling.loop import Decision, DecisionStatus
+from pollux_opt.workloads import Workload, WorkloadJob
+
+
+def _scheduler_fakes():
+    """The scheduler tests' in-process job stand-ins (tests/scheduling/test_scheduler.py)."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "scheduling"))
+    return importlib.import_module("test_scheduler")
+
+
+class FakeRay:
+    """``ray.nodes()`` of a cluster whose nodes a test sets."""
+
+    def __init__(self, nodes: list[dict]) -> None:
+        self.node_list = nodes
+
+    def nodes(self) -> list[dict]:
+        return [dict(n) for n in self.node_list]
+
+
+def _node(hex_id: str, cpus: float, alive: bool = True, ip: str = "10.0.0.1") -> dict:
+    return {"NodeID": hex_id * 4, "Alive": alive, "NodeManagerAddress": ip, "Resources": {"CPU": cpus}}
+
+
+class FakePool:
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+        self.slots: dict[str, int] = {}
+        self.closed = False
+
+    def add_node(self, node: str, count: int) -> None:
+        self.slots[node] = self.slots.get(node, 0) + count
+
+    def cancel(self, job_key: str) -> None:
+        self.cancelled.append(job_key)
+
+    def uncancel(self, job_key: str) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_cluster_is_rays_alive_nodes_with_cpus():
+    ray = FakeRay([_node("aaaa", 2), _node("bbbb", 0), _node("cccc", 1, alive=False), _node("dddd", 1)])
+    nodes = RayNodes(ray)
+    cluster = nodes.cluster()
+    assert [(n.id, n.cpus) for n in cluster.nodes] == [("ray-aaaaaaaaaaaa", 2), ("ray-dddddddddddd", 1)]
+    assert nodes.get("ray-aaaaaaaaaaaa").ray_id == "aaaa" * 4 and nodes.alive("ray-dddddddddddd")
+    ray.node_list[3]["Alive"] = False  # left since the last refresh: not alive, though still listed
+    assert not nodes.alive("ray-dddddddddddd") and nodes.get("ray-cccccccccccc") is None
+    ray.node_list = [_node("bbbb", 0)]
+    assert nodes.refresh() is None
+
+
+def _backend(tmp_path, ray, clock, fakes, workload):
+    kwargs = fakes.fake_kwargs(clock)
+    nodes = RayNodes(ray)
+    events = EventLog(tmp_path / "events.jsonl")
+    backend = RayBackend(tmp_path, workload, nodes.cluster(), events, nodes=nodes, adapts_batch=True,
+                         started_unix=clock.time(), pool=FakePool(), **kwargs)
+    return backend, events
+
+
+def test_a_node_that_joins_is_placed_on_and_the_jobs_of_one_that_leaves_restart_elsewhere(tmp_path):
+    fakes = _scheduler_fakes()
+    clock = fakes.FakeClock()
+    ray = FakeRay([_node("aaaa", 1), _node("bbbb", 1)])
+    workload = Workload("two", (WorkloadJob("a", "digits-cnn", 0.0, 1, 32), WorkloadJob("b", "digits-cnn", 0.0, 1, 32)))
+    backend, events = _backend(tmp_path, ray, clock, fakes, workload)
+    a_node, b_node = "ray-aaaaaaaaaaaa", "ray-bbbbbbbbbbbb"
+    assert len(backend.views()) == 2
+    backend.apply(Decision({"a": {a_node: 1}, "b": {b_node: 1}}, {}, float("nan"), 0.0, DecisionStatus.FIFO))
+    backend.advance(5.0)
+    old_handle = backend.jobs["b"].handle
+    ray.node_list = [_node("aaaa", 1), _node("cccc", 2)]  # b's node left, a node of 2 CPUs joined
+    backend.advance(1.0)
+    assert [(n.id, n.cpus) for n in backend.current_cluster().nodes] == [(a_node, 1), ("ray-cccccccccccc", 2)]
+    assert backend.jobs["b"].placement == {} and backend.jobs["a"].placement == {a_node: 1}
+    assert backend.pool.cancelled == ["b"] and old_handle.closed and backend.jobs["b"].handle is not old_handle
+    assert backend.pool.slots == {a_node: 1, b_node: 1, "ray-cccccccccccc": 2}  # one slot actor per CPU
+    with pytest.raises(InvalidProblem, match="unknown node 'ray-bbbbbbbbbbbb'"):
+        backend.apply(Decision({"b": {b_node: 1}}, {}, float("nan"), 0.0, DecisionStatus.FIFO))
+    backend.apply(Decision({"a": {a_node: 1}, "b": {"ray-cccccccccccc": 2}}, {}, float("nan"), 0.0,
+                           DecisionStatus.FIFO))
+    backend.close()
+    events.close()
+    log = read_events(tmp_path / "events.jsonl")
+    first, change = [e for e in log if e["type"] == "nodes"]
+    assert first["joined"] == [a_node, b_node] and first["left"] == []
+    assert change["joined"] == ["ray-cccccccccccc"] and change["left"] == [b_node]
+    (fault,) = [e for e in log if e["type"] == "restart_after_fault"]
+    assert fault["job_id"] == "b" and fault["placement"] == {} and b_node in fault["reason"]
+    assert [e["placement"] for e in log if e["type"] == "rescale_begin" and e["job_id"] == "b"] == [
+        {"ray-cccccccccccc": 2}]
+
+
+def test_work_directories_go_under_the_shared_checkpoint_directory_one_folder_per_run(tmp_path):
+    run_a, run_b, shared = tmp_path / "a", tmp_path / "b", tmp_path / "shared"
+    assert shared_workdir_root(run_a, None) == run_a
+    root = shared_workdir_root(run_a, shared)
+    assert root.parent == shared and root == shared_workdir_root(run_a, shared)
+    assert root != shared_workdir_root(run_b, shared)
+
+
+def test_a_resumed_run_keeps_its_checkpoint_directory(tmp_path):
+    run = tmp_path / "run"
+    assert _checkpoint_dir(run, tmp_path / "ck") == str((tmp_path / "ck").resolve())
+    assert _checkpoint_dir(run, None) == str((tmp_path / "ck").resolve())
+    with pytest.raises(InvalidProblem, match="keeps its checkpoints in .*ck', not checkpoint_dir=.*other"):
+        _checkpoint_dir(run, tmp_path / "other")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads interface addresses with a Linux ioctl")
+def test_gloo_binds_to_the_interface_of_the_nodes_address():
+    assert interface_of("127.0.0.1").startswith("lo")
+    with pytest.raises(ValueError, match=r"ip='203.0.113.77'"):
+        interface_of("203.0.113.77")
+
+
+def test_a_tcp_store_path_forms_the_group_through_the_store_rank_0_hosts():
+    from types import SimpleNamespace
+
+    from pollux_opt.runtime.worker import rendezvous_store
+
+    calls = []
+    dist = SimpleNamespace(TCPStore=lambda *a, **kw: calls.append(("tcp", a, kw)),
+                           FileStore=lambda *a: calls.append(("file", a, {})))
+    options = SimpleNamespace(collective_timeout_s=30.0)
+    rendezvous_store(dist, SimpleNamespace(store_path="tcp://10.1.2.3:4567", world=2, options=options))
+    rendezvous_store(dist, SimpleNamespace(store_path="/runs/j/rendezvous/gen-1", world=2, options=options))
+    (kind, args, kwargs), (kind2, args2, _) = calls
+    assert kind == "tcp" and args == ("10.1.2.3", 4567, 2) and kwargs["is_master"] is False
+    assert kind2 == "file" and args2 == ("/runs/j/rendezvous/gen-1", 2)

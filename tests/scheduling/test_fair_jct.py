@@ -1,0 +1,200 @@
+"""fair-jct: its online work estimator, its fairness term, its registry entry, and
+priority weights in fair-jct and pollux (a heavier job never finishes later)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from solvers import InvalidProblem
+
+from pollux_opt import Cluster
+from pollux_opt.backends.sim import SimBackend
+from pollux_opt.backends.sim.traces import ParametricProfile
+from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.scheduling.loop import JobView
+from pollux_opt.scheduling.loop import run as run_loop
+from pollux_opt.scheduling.policies import (
+    POLICIES,
+    FairJctOraclePolicy,
+    FairJctPolicy,
+    PolluxPolicy,
+    make_policy,
+    policy_names,
+)
+from pollux_opt.scheduling.policies.fair_jct import predicted_rho
+from pollux_opt.workloads.job import WorkloadJob
+from pollux_opt.scheduling.policies.remaining import MIN_SAMPLES, MIN_WORK_S, WorkHistory, reference_rate
+
+
+def _view(job_id: str, **kw) -> JobView:
+    base = dict(job_id=job_id, submit_time=0.0, state="pending", placement={}, restarts=0, age=0.0,
+                min_replicas=0, max_replicas=4, submitted_replicas=1, submitted_batch_size=128,
+                goodput_model=None, restart_delay=30.0, progress=0.0, attained_service=0.0)
+    return JobView(**{**base, **kw})
+
+
+def _history(totals) -> WorkHistory:
+    """A history that saw jobs of these total works finish (no model: one pooled family)."""
+    h = WorkHistory()
+    views = [_view(f"j{i}") for i in range(len(totals))]
+    h.observe(views, {v.job_id: w for v, w in zip(views, totals)})
+    h.observe([], {})
+    return h
+
+
+def test_gittins_index_matches_its_definition_on_a_small_distribution():
+    h = _history([100.0, 100.0, 1000.0])
+    v = _view("x")
+    # At a = 0: threshold 100 finishes 2 of 3 for expected spend 100 -> 2/300 per s;
+    # threshold 1000 finishes 3 for (100 + 100 + 1000) / 3 -> 3/1200.  Max: 2/300.
+    assert h.gittins(v, 0.0) == pytest.approx(2 / 300)
+    # Past the short jobs only the long one remains: 1 / (1000 - 150).
+    assert h.gittins(v, 150.0) == pytest.approx(1 / 850)
+    assert h.remaining(v, 150.0) == pytest.approx(850.0)
+    assert h.remaining(v, 0.0) == pytest.approx(400.0)
+
+
+def test_gittins_falls_back_to_least_attained_service_without_enough_history():
+    h = _history([100.0] * (MIN_SAMPLES - 1))
+    v = _view("x")
+    assert h.gittins(v, 0.0) == pytest.approx(1 / MIN_WORK_S)
+    assert h.gittins(v, 600.0) == pytest.approx(1 / 600.0)
+    # Beyond every sample: the Lindy estimate (remaining = attained).
+    assert _history([100.0] * MIN_SAMPLES).remaining(v, 500.0) == pytest.approx(500.0)
+
+
+def test_history_counts_a_job_once_it_leaves_the_views():
+    h = WorkHistory()
+    a, b = _view("a"), _view("b")
+    h.observe([a, b], {"a": 10.0, "b": 20.0})
+    h.observe([a, b], {"a": 30.0, "b": 40.0})
+    assert h.completed == 0
+    h.observe([b], {"b": 50.0})
+    assert h.completed == 1 and h._pooled == [30.0]
+
+
+def test_predicted_rho_is_one_for_a_new_job_and_grows_with_waiting():
+    assert predicted_rho(0.0, 0.0, 100.0, 2.0) == pytest.approx(1.0)
+    assert predicted_rho(100.0, 0.0, 100.0, 2.0) == pytest.approx(3.0)
+    assert predicted_rho(0.0, 0.0, 0.0, 2.0) == 1.0
+
+
+def _model() -> GoodputModel:
+    """A CPU-like job: 5 ms + 1 ms/sample compute, small sync, moderate gradient noise."""
+    return GoodputModel(
+        ThroughputParams(0.005, 0.001, 0.002, 0.0005, 0.02, 0.002, 1.5),
+        GradientStats(grad_sqr=1.0, grad_var=0.1, init_batch_size=32),
+        BatchLimits(init_batch_size=32, max_batch_size=4096, max_local_bsz=1024),
+    )
+
+
+def test_fair_jct_weights_favour_short_jobs_until_the_fairness_bound():
+    m = _model()
+    pol = FairJctPolicy(alpha=0.5)
+    pol._history = _history([100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0])
+    cluster = Cluster.uniform(1, 4)
+    # 150 reference seconds done: past the short jobs, so a long one (index 1/9850
+    # against a new job's 1/200, see the Gittins test above).
+    started = _view("started", goodput_model=m, progress=150.0 * reference_rate(m), age=200.0)
+    views = [_view("new"), started]
+    tie = PolluxPolicy().weights(cluster, views)  # Pollux's weights: priority times tie-break
+    w = pol.weights(cluster, views)
+    assert w["new"] == pytest.approx(tie["new"])
+    assert w["started"] == pytest.approx(tie["started"] * (200.0 / 9850.0) ** 0.5)
+    # The same job after a long wait: predicted rho beyond the bound -> the top index.
+    waited = [_view("new"), dataclasses.replace(started, age=50000.0)]
+    assert pol.weights(cluster, waited)["started"] == pytest.approx(tie["started"])
+    # Without the fairness term (knee and bound out of reach) it stays a long job.
+    pol.knee, pol.bound = 1e6, 2e6
+    assert pol.weights(cluster, waited)["started"] == pytest.approx(tie["started"] * (200.0 / 9850.0) ** 0.5)
+    # alpha = 0: Pollux's weights exactly.
+    assert FairJctPolicy(alpha=0.0).weights(cluster, views) == tie
+
+
+def test_fair_jct_priority_weight_multiplies_the_weight():
+    pol = FairJctPolicy()
+    views = [_view("a"), _view("b", weight=3.0)]
+    tie = PolluxPolicy().weights(Cluster.uniform(1, 4), [_view("a"), _view("b")])
+    w = pol.weights(Cluster.uniform(1, 4), views)
+    assert w["b"] / w["a"] == pytest.approx(3.0 * tie["b"] / tie["a"])
+
+
+def test_fair_jct_is_registered_for_real_jobs():
+    assert "fair-jct" in POLICIES and "fair-jct" in policy_names()
+    assert isinstance(make_policy("fair-jct", knee=2.0, bound=4.0), FairJctPolicy)
+
+
+class _Oracle:
+    """Each job's true remaining steps at the initial batch (steps = progress there)."""
+
+    def __init__(self, remaining):
+        self.remaining = remaining
+
+    def remaining_steps(self, job_id, batch_size):
+        return self.remaining[job_id]
+
+
+def test_the_oracle_bound_uses_the_true_remaining_work_and_run_refuses_it():
+    assert "fair-jct-oracle" not in policy_names()  # real runs cannot provide the oracle
+    with pytest.raises(InvalidProblem, match=r"policy 'fair-jct-oracle' needs the simulator's step oracle"):
+        make_policy("fair-jct-oracle")
+    with pytest.raises(InvalidProblem, match=r"fair-jct-oracle needs the simulator's step oracle \(oracle=None\)"):
+        FairJctOraclePolicy()
+    m = _model()
+    rate = reference_rate(m)
+    pol = FairJctOraclePolicy(oracle=_Oracle({"a": 1000.0 * rate, "b": 4000.0 * rate}))
+    views = [_view("a", goodput_model=m), _view("b", goodput_model=m)]
+    est = pol.estimates(Cluster.uniform(1, 4), views)
+    assert est["a"][1] == pytest.approx(1000.0) and est["a"][2] == pytest.approx(1 / 1000.0)
+    assert est["b"][1] == pytest.approx(4000.0) and est["b"][2] == pytest.approx(1 / 4000.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"knee": 3.0, "bound": 2.0}, r"bound must be > knee, got bound=2.0 and knee=3.0"),
+        ({"alpha": -1.0}, r"alpha"),
+        ({"knee": 0.5}, r"knee"),
+    ],
+)
+def test_fair_jct_rejects_bad_options(kwargs, match):
+    with pytest.raises(InvalidProblem, match=match):
+        FairJctPolicy(**kwargs)
+
+
+# ---------------------------------------------------------------- priorities
+#: A synthetic application (the step-time model itself as the truth): runs in well under a second.
+SYNTH = ParametricProfile("synth", max_epochs=20, epoch_progress=400.0)
+
+
+def _weighted_backend(weights):
+    """A simulator of two identical jobs on 1 x 4, differing only in their workload ``weight``."""
+    jobs = [WorkloadJob(id=j, kind="synth", arrival_s=0.0, replicas=2, batch_size=256, weight=weights[j])
+            for j in ("a", "b")]
+    return SimBackend(jobs, {"synth": SYNTH}, Cluster.uniform(1, 4))
+
+
+class _NullLog:
+    def emit(self, *args, **kwargs):
+        return {}
+
+
+@pytest.mark.parametrize("policy", ["pollux", "fair-jct"])
+def test_a_heavier_job_never_finishes_later(policy):
+    # "b" is the heavier one: Pollux's tie-break (by job id) alone would favour "a".
+    backend = _weighted_backend({"a": 1.0, "b": 4.0})
+    run_loop(backend, make_policy(policy), backend.cluster, _NullLog(), interval=120.0, max_rounds=1000)
+    jct = backend.jcts()
+    assert set(jct) == {"a", "b"}
+    assert jct["b"] < jct["a"]
+
+
+@pytest.mark.parametrize("policy", ["pollux", "fair-jct"])
+def test_equal_weights_finish_together(policy):
+    """The reference of the test above: with equal weights neither job is favoured."""
+    backend = _weighted_backend({"a": 1.0, "b": 1.0})
+    run_loop(backend, make_policy(policy), backend.cluster, _NullLog(), interval=120.0, max_rounds=1000)
+    jct = backend.jcts()
+    assert jct["a"] == pytest.approx(jct["b"])
