@@ -18,6 +18,7 @@ import sys
 from typing import Sequence
 
 from solvers import InvalidProblem
+from pollux_opt.extras import MissingExtra
 
 __all__ = ["main", "build_parser"]
 
@@ -91,7 +92,7 @@ def _seconds(text: str) -> float:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from pollux_opt.backends.local import default_cluster, run_workload
+    from pollux_opt.backends.local import run_workload
     from pollux_opt.workloads import load_workload
 
     workload = load_workload(args.workload, quick=args.quick, import_dir=args.import_dir) if args.workload else None
@@ -200,7 +201,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from pollux_opt.backends.local import default_cluster, run_demo
+    from pollux_opt.backends.local import run_demo
 
     cluster = _cluster(args)
     summaries = run_demo(args.out, args.workload, quick=args.quick, interval=args.interval,
@@ -296,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.handler(args) or 0)
-    except InvalidProblem as exc:
+    except (InvalidProblem, MissingExtra) as exc:
         print(f"pollux-opt: error: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except KeyboardInterrupt as exc:

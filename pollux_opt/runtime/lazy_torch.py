@@ -7,9 +7,10 @@ it calls :func:`require_torch` (or :func:`check_torch`) inside a function, so
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from types import ModuleType
+
+from pollux_opt.extras import MissingExtra, require
 
 __all__ = ["TORCH_MISSING", "check_torch", "require_torch"]
 
@@ -31,12 +32,9 @@ def check_torch() -> None:
     except (ImportError, ValueError):  # a None entry in sys.modules blocks the import
         found = False
     if not found:
-        raise ImportError(TORCH_MISSING)
+        raise MissingExtra(TORCH_MISSING)
 
 
 def require_torch() -> ModuleType:
-    """Import and return torch, or raise ImportError with :data:`TORCH_MISSING`."""
-    try:
-        return importlib.import_module("torch")
-    except ImportError as exc:
-        raise ImportError(TORCH_MISSING) from exc
+    """Import and return torch, or raise :class:`~pollux_opt.extras.MissingExtra` with :data:`TORCH_MISSING`."""
+    return require("torch", TORCH_MISSING)

@@ -49,3 +49,14 @@ def test_top_level_api_is_small_and_lazy():
     assert len(pollux_opt.__all__) <= 16
     for name in pollux_opt.__all__:
         assert getattr(pollux_opt, name) is not None
+
+
+def test_a_missing_extra_is_one_line_naming_what_to_install(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed
+    rc = main(["run", "--backend", "ray", "--workload", "mixed", "--quick", "--policy", "pollux",
+               "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "pip install 'pollux-opt[ray]'" in err and "Traceback" not in err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pollux_opt.extras import require
+
 __all__ = ["RAY_MISSING", "require_ray"]
 
 #: What to do where Ray is not installed.
@@ -9,9 +11,5 @@ RAY_MISSING = "the Ray backend needs Ray: pip install 'pollux-opt[ray]'"
 
 
 def require_ray():
-    """The ``ray`` module (ImportError with :data:`RAY_MISSING` where it is not installed)."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(RAY_MISSING) from exc
-    return ray
+    """The ``ray`` module (:class:`~pollux_opt.extras.MissingExtra` with :data:`RAY_MISSING` where it is not installed)."""
+    return require("ray", RAY_MISSING)
