@@ -56,20 +56,20 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Mapping
 
-from pollux_opt.runtime.session import current_session
+from pollux_opt.runtime.user_loop import current_loop
 
 __all__ = ["ElasticDataLoader", "ElasticDataParallel", "in_job", "job_config", "remaining_epochs_until"]
 
 
 def in_job() -> bool:
     """True when the script runs as a pollux-opt job (False: on its own)."""
-    return current_session() is not None
+    return current_loop() is not None
 
 
 def job_config() -> dict:
     """The job spec's ``config`` (a workload job's ``spec.config``); ``{}`` on its own."""
-    session = current_session()
-    return {} if session is None else dict(session.spec.config)
+    user_loop = current_loop()
+    return {} if user_loop is None else dict(user_loop.spec.config)
 
 
 class ElasticDataParallel:
@@ -93,11 +93,11 @@ class ElasticDataParallel:
 
     def __init__(self, model, optimizer, *, evaluate: Callable[[Any], float] | None = None, scheduler=None,
                  scaler=None, extra: Mapping[str, Any] | None = None, max_grad_norm: float | None = None) -> None:
-        self.__dict__.update(module=model, optimizer=optimizer, _loss=None, _session=current_session())
-        session = self._session
-        if session is None:
+        self.__dict__.update(module=model, optimizer=optimizer, _loss=None, _loop=current_loop())
+        user_loop = self._loop
+        if user_loop is None:
             return
-        session.attach(model, optimizer, evaluate=evaluate, scheduler=scheduler, scaler=scaler,
+        user_loop.attach(model, optimizer, evaluate=evaluate, scheduler=scheduler, scaler=scaler,
                                  extra=extra, max_grad_norm=max_grad_norm)
         real_step = optimizer.step  # the trainer keeps it
 
@@ -112,7 +112,7 @@ class ElasticDataParallel:
             real = scheduler.step
 
             def scheduler_step(*args, **kwargs):
-                if session.plan is not None:
+                if user_loop.plan is not None:
                     return None  # between the micro-batches of a step: the step is not applied yet
                 return real(*args, **kwargs)
 
@@ -133,7 +133,7 @@ class ElasticDataParallel:
         if closure is not None:
             raise ValueError("optimizer.step(closure) is not supported in a pollux-opt job")
         loss, self.__dict__["_loss"] = self._loss, None
-        self._session.micro_done(loss)
+        self._loop.micro_done(loss)
 
 
 def _zero_grad(optimizer):
@@ -168,23 +168,23 @@ class ElasticDataLoader:
                  num_workers: int = 0, **loader_kwargs) -> None:
         self.dataset, self.batch_size, self.shuffle = dataset, batch_size, shuffle
         self.loader_kwargs = dict(loader_kwargs, collate_fn=collate_fn, num_workers=num_workers)
-        session = current_session()
-        if session is not None:
-            session.train_size = len(dataset)
+        user_loop = current_loop()
+        if user_loop is not None:
+            user_loop.train_size = len(dataset)
 
     def __len__(self) -> int:
         return -(-len(self.dataset) // self.batch_size)
 
     def __iter__(self) -> Iterator:
-        session = current_session()
-        if session is None:
+        user_loop = current_loop()
+        if user_loop is None:
             from torch.utils.data import DataLoader
 
             return iter(DataLoader(self.dataset, batch_size=self.batch_size, shuffle=self.shuffle,
                                    **self.loader_kwargs))
         from pollux_opt.runtime.elastic_data import epoch_batches
 
-        return epoch_batches(session, self.dataset, self.shuffle, self.loader_kwargs)
+        return epoch_batches(user_loop, self.dataset, self.shuffle, self.loader_kwargs)
 
 
 def remaining_epochs_until(epochs: int) -> Iterator[int]:
@@ -192,9 +192,9 @@ def remaining_epochs_until(epochs: int) -> Iterator[int]:
 
     In a job whose spec sets ``epochs``, the spec's number is the limit if it is smaller.
     """
-    session = current_session()
-    if session is None:
+    user_loop = current_loop()
+    if user_loop is None:
         yield from range(epochs)
         return
-    while session.epochs_left(epochs):
-        yield session.trainer.state.epoch
+    while user_loop.epochs_left(epochs):
+        yield user_loop.trainer.state.epoch

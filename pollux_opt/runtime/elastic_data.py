@@ -81,26 +81,26 @@ def _batches(dataset, sampler: StepBatches, loader_kwargs: Mapping[str, Any]) ->
     return iter(DataLoader(dataset, batch_sampler=sampler, generator=torch.Generator(), **kwargs))
 
 
-def epoch_batches(session, dataset, shuffle: bool, loader_kwargs: Mapping[str, Any]) -> Iterator:
+def epoch_batches(user_loop, dataset, shuffle: bool, loader_kwargs: Mapping[str, Any]) -> Iterator:
     """The micro-batches of the rest of the current epoch on this rank (see the module docstring)."""
     import torch
 
-    trainer = session._require()
-    state, spec = trainer.state, session.spec
+    trainer = user_loop._require()
+    state, spec = trainer.state, user_loop.spec
     size = len(dataset)
     order = EpochSampler(torch, size, spec.seed).permutation(state.epoch) if shuffle else torch.arange(size)
     it, expected = None, None
     while True:
-        b = session.begin_step(size - state.epoch_pos)
+        b = user_loop.begin_step(size - state.epoch_pos)
         if b == 0:
-            session.end_epoch()
+            user_loop.end_epoch()
             return
-        m, s, _ = session.plan
+        m, s, _ = user_loop.plan
         if it is None or expected != (state.epoch_pos, m, s):
-            it = _batches(dataset, StepBatches(order, state.epoch_pos, session.world, session.rank, m, s),
+            it = _batches(dataset, StepBatches(order, state.epoch_pos, user_loop.world, user_loop.rank, m, s),
                           loader_kwargs)
-        expected = (state.epoch_pos + session.world * (s + 1) * b, m, s)
+        expected = (state.epoch_pos + user_loop.world * (s + 1) * b, m, s)
         for _ in range(s + 1):
             yield next(it)
-        if session.plan is not None:
+        if user_loop.plan is not None:
             raise RuntimeError("call optimizer.step() once for every batch of an ElasticDataLoader")

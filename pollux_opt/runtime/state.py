@@ -4,7 +4,7 @@ an uninterrupted one would (RNG state, parameter checksums).
 
 Shared by the two ways to define a job: the builder protocol's loop
 (:class:`~pollux_opt.runtime.trainer.Trainer`) and a user's own loop
-(:mod:`pollux_opt.elastic`, through :mod:`~pollux_opt.runtime.session`).
+(:mod:`pollux_opt.elastic`, through :mod:`~pollux_opt.runtime.user_loop`).
 """
 
 from __future__ import annotations

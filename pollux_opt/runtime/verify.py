@@ -8,7 +8,7 @@ processes.  It can also be run by hand as ``python -m
 pollux_opt.runtime.verify WORKDIR CHECKPOINT_META``.  Either way it
 rebuilds the job from ``WORKDIR/job.json``, loads the checkpoint after checking
 its digest, evaluates the validation metric (a user's loop: runs its
-``main()`` until the wrapper, see :mod:`~pollux_opt.runtime.session`), checks
+``main()`` until the wrapper, see :mod:`~pollux_opt.runtime.user_loop`), checks
 the spec's completion criteria and writes
 ``WORKDIR/verification.json`` atomically.  Exit status 0 when the evaluation
 ran (whatever the metric), 1 on an error (written to stderr).
@@ -87,12 +87,12 @@ def _evaluate_builder(spec, build, payload: dict, workdir: Path, torch) -> tuple
 def _evaluate_loop(spec, fn, payload: dict, info, torch) -> tuple[float | None, float]:
     """A user's loop: run its ``main()`` up to the wrapper, which loads the
     checkpoint's model, checks its digest and evaluates it (None: no evaluate)."""
-    from pollux_opt.runtime.session import LoopSession, VerificationDone, run_session
+    from pollux_opt.runtime.user_loop import UserLoop, VerificationDone, run_user_loop
     from pollux_opt.runtime.state import param_checksum
 
     result: dict = {}
 
-    def attach(session, parts, extra):
+    def attach(user_loop, parts, extra):
         parts.model.load_state_dict(payload["model"])
         checksum = param_checksum(parts.model)
         if checksum != info.meta.get("checksum"):
@@ -106,7 +106,7 @@ def _evaluate_loop(spec, fn, payload: dict, info, torch) -> tuple[float | None, 
         result["metric"] = metric
         raise VerificationDone()
 
-    run_session(LoopSession(spec, 0, 1, attach), fn)
+    run_user_loop(UserLoop(spec, 0, 1, attach), fn)
     if "metric" not in result:
         raise RuntimeError(f"entry {spec.builder!r} returned without creating an ElasticDataParallel")
     return result["metric"], float(payload["runtime"].get("epoch", 0))

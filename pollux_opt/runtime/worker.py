@@ -206,25 +206,25 @@ def _run_builder(launch: _Launch, cache: PartsCache, workdir: Path):
 
 
 def _run_loop(launch: _Launch, fn) -> tuple[int, Trainer]:
-    """A user's own loop (:mod:`~pollux_opt.runtime.session`); returns ``(code, trainer)``."""
-    from pollux_opt.runtime.session import LoopSession, run_session
+    """A user's own loop (:mod:`~pollux_opt.runtime.user_loop`); returns ``(code, trainer)``."""
+    from pollux_opt.runtime.user_loop import UserLoop, run_user_loop
 
     a = launch.a
     launch.join_group()
     t0 = time.perf_counter()
 
-    def attach(session, parts, extra):
+    def attach(user_loop, parts, extra):
         launch.t_build = time.perf_counter() - t0  # the user's setup until the wrapper
-        parts.train_size = session.train_size or parts.train_size
+        parts.train_size = user_loop.train_size or parts.train_size
         return launch.trainer(parts, None, extra)
 
-    session = LoopSession(launch.spec, a.rank, a.world, attach)
+    user_loop = UserLoop(launch.spec, a.rank, a.world, attach)
     torch = launch.torch
     torch.manual_seed(launch.spec.seed)
     random.seed(launch.spec.seed)
     with saving_state() if a.rank == 0 else contextlib.nullcontext():
-        code = run_session(session, fn)
-    return code, session.trainer
+        code = run_user_loop(user_loop, fn)
+    return code, user_loop.trainer
 
 
 def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cpus) -> bool:

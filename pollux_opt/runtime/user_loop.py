@@ -1,17 +1,17 @@
 """A user's own training loop run as one assignment of an elastic job: the
 worker side of :mod:`pollux_opt.elastic`.
 
-The worker process calls the user's ``main()`` with a :class:`LoopSession`
+The worker process calls the user's ``main()`` with a :class:`UserLoop`
 current; the wrappers of :mod:`pollux_opt.elastic` find it and drive the
 same :class:`~pollux_opt.runtime.trainer.Trainer` as the builder protocol:
 
-* ``ElasticDataParallel(model, optimizer, ...)`` calls :meth:`LoopSession.attach`:
+* ``ElasticDataParallel(model, optimizer, ...)`` calls :meth:`UserLoop.attach`:
   the checkpoint is loaded into the user's objects (model, optimizer, LR
   scheduler, grad scaler, extra state), rank 0's parameters reach every rank,
   and the worker reports that it trains;
-* the data loader calls :meth:`LoopSession.begin_step` before a step's first
+* the data loader calls :meth:`UserLoop.begin_step` before a step's first
   micro-batch, and the wrapped ``optimizer.step()`` calls
-  :meth:`LoopSession.micro_done` after each micro-batch's backward pass;
+  :meth:`UserLoop.micro_done` after each micro-batch's backward pass;
 * a stop (a rescale, a stop request, the target) is raised at a step boundary
   as :class:`Preempted`, after rank 0 checkpointed: it unwinds the user's
   loop (it is a ``BaseException``, so the user's ``except Exception`` does not
@@ -20,7 +20,7 @@ same :class:`~pollux_opt.runtime.trainer.Trainer` as the builder protocol:
 ``main()`` returning is the end of the user's training: the job is complete
 if its spec's completion criteria hold (rank 0 writes the final checkpoint,
 checked in a fresh process), and fails naming the criterion otherwise.  In
-the verification process (:mod:`~pollux_opt.runtime.verify`) the session is in
+the verification process (:mod:`~pollux_opt.runtime.verify`) the user loop is in
 *verify* mode: ``attach`` loads the final checkpoint, evaluates it and ends
 ``main()`` with :class:`VerificationDone`.
 """
@@ -34,14 +34,14 @@ from typing import Any, Callable, Mapping
 from pollux_opt.runtime.control import STOP_TARGET, CollectiveError, StopTraining
 from pollux_opt.runtime.spec import JobParts, JobSpec
 
-__all__ = ["CollectiveAbort", "LoopSession", "Preempted", "VerificationDone", "current_session", "run_session"]
+__all__ = ["CollectiveAbort", "UserLoop", "Preempted", "VerificationDone", "current_loop", "run_user_loop"]
 
 _local = threading.local()
 
 
-def current_session() -> "LoopSession | None":
-    """The session of the entry running in this thread (None: a script run on its own)."""
-    return getattr(_local, "session", None)
+def current_loop() -> "UserLoop | None":
+    """The user loop of the entry running in this thread (None: a script run on its own)."""
+    return getattr(_local, "user_loop", None)
 
 
 class Preempted(BaseException):
@@ -107,12 +107,12 @@ def checkpointed(scheduler=None, extra: Mapping[str, Any] | None = None) -> dict
     return out
 
 
-class LoopSession:
+class UserLoop:
     """One assignment (or one verification) of a user's loop; see the module docstring.
 
     Args:
         spec: the job.
-        attach_fn: ``(session, parts, extra) -> Trainer | None``, what the
+        attach_fn: ``(user_loop, parts, extra) -> Trainer | None``, what the
             worker (or the verification) does when the wrapper is created.
     """
 
@@ -232,15 +232,15 @@ def _criteria(spec: JobSpec) -> str:
     return ", ".join(parts)
 
 
-def run_session(session: LoopSession, fn: Callable[[], Any]) -> int:
-    """Run the user's ``fn`` with ``session`` current; returns the stop code.
+def run_user_loop(user_loop: UserLoop, fn: Callable[[], Any]) -> int:
+    """Run the user's ``fn`` with ``user_loop`` current; returns the stop code.
 
     Raises:
         CollectiveError: a collective failed (rank 0 checkpointed its last step).
         VerificationDone: never; a verification's end returns STOP_TARGET.
         RuntimeError: ``fn`` returned without creating the wrapper, or before its criteria.
     """
-    _local.session = session
+    _local.user_loop = user_loop
     try:
         try:
             fn()
@@ -250,8 +250,8 @@ def run_session(session: LoopSession, fn: Callable[[], Any]) -> int:
             raise abort.error from None
         except VerificationDone:
             return STOP_TARGET
-        if session.trainer is None:
-            raise RuntimeError(f"entry {session.spec.builder!r} returned without creating an ElasticDataParallel")
-        return session.complete()
+        if user_loop.trainer is None:
+            raise RuntimeError(f"entry {user_loop.spec.builder!r} returned without creating an ElasticDataParallel")
+        return user_loop.complete()
     finally:
-        _local.session = None
+        _local.user_loop = None
