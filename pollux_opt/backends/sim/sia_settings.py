@@ -8,13 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from solvers import InvalidProblem
-
-from pollux_opt.model.domains import Boolean, check_fields, domain_field, shown
+from pollux_opt.model.domains import Boolean, Real, check, check_fields, domain_field
 
 __all__ = ["SIA_CALIBRATION", "SIA_DEFAULT_RESTART_DELAY", "SIA_MAX_LOCAL_BSZ", "SIA_RESTART_DELAY", "SiaSimSettings"]
+
+#: A calibration factor or a delay in seconds.
+_POSITIVE = Real(gt=0)
 
 #: Slowdown of real runs over Sia's simulator, per application (artifact
 #: ``sia-simulator/simulator_config.py``, ``SLOWDOWNS``, "fitted to real-world
@@ -55,8 +54,7 @@ class SiaSimSettings:
         check_fields(self, prefix="sia settings ")
         for what, table in (("calibration", self.calibration), ("restart_delay", self.restart_delay)):
             for app, v in table.items():
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0:
-                    raise InvalidProblem(f"sia settings {what}[{app!r}] must be a finite number > 0, got {shown(v)}")
+                check(f"sia settings {what}[{app!r}]", v, _POSITIVE)
 
     def goodput_factor(self, app: str) -> float:
         """``1 / slowdown`` of ``app`` when enabled (1 for unlisted applications), else 1."""
