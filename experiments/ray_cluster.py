@@ -7,7 +7,7 @@ CPU each, ``ray.cluster_utils.Cluster`` on this machine) against the local backe
 * ``compare``: the quick ``mixed`` workload under each policy on the Ray
   cluster and on the local backend with the same 2 x 1 CPUs of this machine;
   average JCT, makespan, scheduler overhead (mean per round, % of the
-  interval) side by side.  Writes ``ray_vs_local.csv``; the run directories
+  interval) and where a job's time goes (:data:`PHASES`) side by side.  Writes ``ray_vs_local.csv``; the run directories
   stay under ``--runs`` for ``experiments/sim_fidelity.py`` (the simulator
   replay with profiles measured in the Ray runs, ``ray_fidelity.csv``).
 
@@ -108,6 +108,32 @@ def _wait_steps(job, steps: int) -> None:
         time.sleep(0.1)
 
 
+#: Phases of a job's time in a run, from its events: name -> (from, to), each
+#: the first event of its kind but the last validation.  Starting covers the
+#: workers' start, the job's build and the steps to its first evaluation.
+PHASES = {"wait_s": ("submit", "start"), "startup_s": ("start", "validation"),
+          "train_s": ("validation", "last validation"), "verify_s": ("last validation", "complete")}
+
+
+def job_phases(run_dir: Path) -> dict[str, float]:
+    """Mean seconds per job of each of :data:`PHASES` in the run ``run_dir``
+    (they add up to its average JCT)."""
+    from pollux_opt.records.events import read_events
+
+    events = read_events(run_dir / "events.jsonl")
+    totals = dict.fromkeys(PHASES, 0.0)
+    jobs = sorted({e["job_id"] for e in events if e["job_id"]})
+    for job in jobs:
+        times: dict[str, float] = {}
+        for e in (e for e in events if e["job_id"] == job):
+            times.setdefault(e["type"], e["t"])
+            if e["type"] == "validation":
+                times["last validation"] = e["t"]
+        for name, (a, b) in PHASES.items():
+            totals[name] += times[b] - times[a]
+    return {name: total / len(jobs) for name, total in totals.items()}
+
+
 def compare(policies: list[str], runs: Path) -> pd.DataFrame:
     """The quick mixed workload under ``policies``, on Ray and on the local backend."""
     from pollux_opt.backends.ray import run_ray_workload
@@ -132,7 +158,7 @@ def compare(policies: list[str], runs: Path) -> pd.DataFrame:
                          "makespan_s": s["makespan_s"], "completed": sum(j["completed"] for j in s["jobs"]),
                          "jobs": len(s["jobs"]), "mean_overhead_s": s["mean_overhead_s"],
                          "overhead_pct_of_interval": s["overhead_pct_of_interval"],
-                         "mean_load1": s["mean_load1"], "wall_s": time.time() - t0})
+                         "mean_load1": s["mean_load1"], "wall_s": time.time() - t0, **job_phases(out)})
             log.warning("%s %s: avg JCT %.1f s", backend, policy, s["avg_jct_s"])
     return pd.DataFrame(rows)
 

@@ -19,7 +19,8 @@ each adding a section when present: ``solver_comparison.csv``
 ``real_cluster.csv`` (the rows of ``real_cluster.py``'s ``headline.json``),
 ``solver_speed.csv`` (``solver_speed.py``), ``ray_*.csv`` (``ray_cluster.py``;
 ``ray_fidelity.csv``: ``sim_fidelity.py`` on its Ray runs), ``user_jobs.csv``
-(``user_jobs.py``), ``fuzz.csv`` (``fuzz_instances.py``) and ``fair_jct.csv``,
+(``user_jobs.py``), ``fuzz.csv`` (``fuzz_instances.py``), ``kills.csv``
+(``kill_runs.py``) and ``fair_jct.csv``,
 ``fair_jct_estimator.csv`` (``fair_jct.py``, ``fair_jct_estimator.py``).
 The ``*_quick.csv`` files are smoke runs and are not reported.
 """
@@ -94,6 +95,9 @@ OPTIONAL_COLUMNS = {
     "user_jobs.csv": ["part", "job", "value_pct", "target_pct", "detail", "load1"],
     "fuzz.csv": ["front_end", "mode", "cases", "answered", "rejected", "tracebacks", "hangs", "wrong_status",
                  "max_case_seconds"],
+    "kills.csv": ["test", "policy", "kills", "scheduler_kills", "worker_kills", "rank0_kills", "jobs", "verified",
+                  "steps_repeated_where_none_may_be", "steps_repeated_after_rank0_kills", "processes_left",
+                  "temp_dirs_left", "same_outcome_as_without_kills", "load1"],
     "fair_jct.csv": ["set", "workload", "policy", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index", "wall_s"],
     "fair_jct_estimator.csv": ["workload", "variant", "application", "samples", "median_rel_error",
                                "p90_rel_error", "median_ratio"],
@@ -133,6 +137,7 @@ class Results:
     ray: dict | None = None  # ray_*.csv by file name (those present), None without any
     user_jobs: pd.DataFrame | None = None
     fuzz: pd.DataFrame | None = None
+    kills: pd.DataFrame | None = None
     fair_jct: pd.DataFrame | None = None
     fair_jct_estimator: pd.DataFrame | None = None
 
@@ -193,6 +198,7 @@ def load_results(results_dir: Path) -> Results:
         ray={n: t for n, t in tables.items() if n.startswith("ray_") and t is not None} or None,
         user_jobs=tables["user_jobs.csv"],
         fuzz=tables["fuzz.csv"],
+        kills=tables["kills.csv"],
         fair_jct=tables["fair_jct.csv"],
         fair_jct_estimator=tables["fair_jct_estimator.csv"],
     )
@@ -564,6 +570,15 @@ def ray_section(results: Results) -> list[str]:
                 "interval.", "",
                 *md_table(["policy", "Ray avg JCT (s)", "local (s)", "Ray vs local", "Ray overhead",
                            "local overhead", "load (Ray / local)"], rows, [False] + [True] * 6), ""]
+        if set(RAY_PHASES) <= set(vs.columns):
+            rows = [[_name(r.policy, REAL_POLICY_NAMES), str(r.backend), f"{r.avg_jct_s:.1f}",
+                     *(f"{getattr(r, c):.1f}" for c in RAY_PHASES)] for r in vs.itertuples()]
+            out += ["Where a job's time goes, mean seconds per job (from each run's events): waiting for CPUs "
+                    "(submit to start), starting (the workers' start, the job's build and the steps to its first "
+                    "evaluation), training (first to last evaluation) and verifying (last evaluation to the "
+                    "verified completion, in a fresh process).", "",
+                    *md_table(["policy", "backend", "avg JCT", *RAY_PHASES.values()], rows,
+                              [False, False] + [True] * 5), ""]
     fid = results.ray.get("ray_fidelity.csv")
     if fid is not None:
         rows = [[str(r.policy), str(r.variant), f"{r.real_avg_jct_s:.1f}", f"{r.sim_avg_jct_s:.1f}",
@@ -616,6 +631,43 @@ def fuzz_section(results: Results) -> list[str]:
                    "wrong status", "slowest case (s)"], rows, [False, False] + [True] * 7),
         "",
     ]
+
+
+def _count(v) -> str:
+    return "" if _missing(v) else f"{float(v):.0f}"
+
+
+def kills_section(results: Results) -> list[str]:
+    if results.kills is None:
+        return []
+    rows = []
+    for r in results.kills.itertuples():
+        same = r.same_outcome_as_without_kills
+        rows.append([str(r.test), str(r.policy), _count(r.kills), _count(r.scheduler_kills), _count(r.worker_kills),
+                     _count(r.rank0_kills), "" if _missing(r.jobs) else f"{r.verified:.0f} / {r.jobs:.0f}",
+                     _count(r.steps_repeated_where_none_may_be), _count(r.steps_repeated_after_rank0_kills),
+                     _count(r.processes_left), _count(r.temp_dirs_left),
+                     "" if _missing(same) else ("yes" if str(same) == "True" else "no")])
+    return [
+        "## Kills and Ctrl-C",
+        "",
+        "`experiments/kill_runs.py` (the slow tests of `tests/e2e/test_kills.py`): `pollux-opt run` on four "
+        "real jobs and 2 CPUs, with SIGKILLs of the scheduler (resumed at once with the same `--out`) and of "
+        "training workers at random moments, a single scheduler SIGKILL, and Ctrl-C to the process group "
+        "followed by a rerun. A kill of rank 0 may repeat the steps since its last checkpoint (at most "
+        "`checkpoint_interval_s` of training, asserted); every other kill and the stop may repeat none. "
+        f"Load average during the runs: {results.kills.load1.iloc[0]:.1f}.",
+        "",
+        *md_table(["run", "policy", "kills", "of the scheduler", "of a worker", "of which rank 0", "jobs verified",
+                   "steps repeated where none may be", "steps repeated after a rank-0 kill", "processes left",
+                   "temporary folders left", "same end as without kills"], rows,
+                  [False, False] + [True] * 10),
+        "",
+    ]
+
+
+#: ray_vs_local.csv's phase columns and their headers.
+RAY_PHASES = {"wait_s": "waiting", "startup_s": "starting", "train_s": "training", "verify_s": "verifying"}
 
 
 FAIR_JCT_POLICIES = {"pollux": "Pollux", "fair-jct": "fair-jct", "fair-jct-oracle": "fair-jct+oracle (bound)"}
@@ -701,6 +753,7 @@ def render_doc(results: Results) -> str:
         *ray_section(results),
         *user_jobs_section(results),
         *fuzz_section(results),
+        *kills_section(results),
         "## Solver benchmarks",
         "",
         "The allocator's own timings (build + solve per instance, the Pollux reference scheduler's recorded "

@@ -100,9 +100,14 @@ class ElasticDataParallel:
         user_loop.attach(model, optimizer, evaluate=evaluate, scheduler=scheduler, scaler=scaler,
                                  extra=extra, max_grad_norm=max_grad_norm)
         real_step = optimizer.step  # the trainer keeps it
+        state = self.__dict__
+        micro_done = user_loop.micro_done
 
         def step(closure=None):
-            return self._step(closure)
+            if closure is not None:
+                raise ValueError("optimizer.step(closure) is not supported in a pollux-opt job")
+            loss, state["_loss"] = state["_loss"], None
+            micro_done(loss)
 
         if hasattr(real_step, "_wrapped_by_lr_sched"):
             step._wrapped_by_lr_sched = True  # torch's LR schedulers check that they wrapped optimizer.step
@@ -128,12 +133,6 @@ class ElasticDataParallel:
         """``loss.backward()``, reporting the (mean) loss of the micro-batch."""
         self.__dict__["_loss"] = loss.detach()
         loss.backward()
-
-    def _step(self, closure=None):
-        if closure is not None:
-            raise ValueError("optimizer.step(closure) is not supported in a pollux-opt job")
-        loss, self.__dict__["_loss"] = self._loss, None
-        self._loop.micro_done(loss)
 
 
 def _zero_grad(optimizer):

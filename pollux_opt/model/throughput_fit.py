@@ -13,9 +13,9 @@ References:
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -28,8 +28,6 @@ from pollux_opt.model.throughput import (
     GAMMA_MIN,
     PARAM_NAMES,
     ThroughputParams,
-    unchecked_step_time,
-    unchecked_sync_time,
 )
 from pollux_opt.model.throughput_priors import (
     COLOCATION_PRIOR_WEIGHT,
@@ -153,33 +151,104 @@ class _FitRows:
         return cls(nodes, replicas, m, s, step, sync, sync_ok)
 
 
-def _residual_function(
-    rows: _FitRows, layout: FitLayout, expand: Callable[[np.ndarray], np.ndarray]
-) -> Callable[[np.ndarray], np.ndarray]:
-    """Residuals of free parameters ``x``: log step times, log sync times, then the priors."""
-    nodes, replicas, m, s = rows.nodes, rows.replicas, rows.m, rows.s
-    log_step = np.log(rows.step)
-    log_sync = np.log(rows.sync[rows.sync_ok])
-    sync_rows = (nodes[rows.sync_ok], replicas[rows.sync_ok])
-    retro = [(ia, ib) for ia, ib in ((_AN, _BN), (_AR, _BR)) if ib in layout.free]
-    colocated = layout.colocated
+class _Residuals:
+    """Residuals of the free parameters: log step times, log sync times, then the priors.
 
-    def residuals(x: np.ndarray) -> np.ndarray:
-        theta = expand(x)
-        r_step = np.log(unchecked_step_time(theta, nodes, replicas, m, s)) - log_step
-        r_sync = np.log(unchecked_sync_time(theta, *sync_rows)) - log_sync
+    ``residuals(x)`` takes one float[F] point; :meth:`batch` takes float[B, F]
+    points and gives float[B, M], row ``b`` bit-identical to ``residuals(X[b])``:
+    the same elementwise operations in the same order (``ratio ** gamma`` is
+    taken per distinct gamma with a scalar exponent, as numpy evaluates the
+    one-point case), on precomputed row masks.  :meth:`map` is the ``workers``
+    map of :func:`scipy.optimize.least_squares`: it evaluates the points of a
+    finite-difference Jacobian in one batch (the least-squares run is the
+    same, to the bit, with fewer Python calls).
+    """
+
+    def __init__(self, rows: _FitRows, layout: FitLayout) -> None:
+        free = layout.free
+        slots = free + list(layout.fixed)
+        self._fixed = np.array(list(layout.fixed.values()), dtype=np.float64)
+        self._src = np.empty(len(PARAM_NAMES), dtype=np.int64)
+        self._scale = np.ones(len(PARAM_NAMES))
+        for i in range(len(PARAM_NAMES)):  # as FitLayout.expander
+            j, self._scale[i] = layout.tie.get(i, (i, 1.0))
+            self._src[i] = slots.index(j)
+        nodes, replicas, ok = rows.nodes, rows.replicas, rows.sync_ok
+        self._m, self._s = rows.m, rows.s
+        self._accumulated = bool(np.any(rows.s != 0))
+        self._colocated_rows = replicas > nodes
+        self._multi = nodes > 1
+        self._extra = np.maximum(replicas - 2.0, 0.0)
+        self._synced = replicas > 1
+        self._sync_multi = self._multi[ok]
+        self._sync_extra = self._extra[ok]
+        self._sync_synced = self._synced[ok]
+        self._log_step = np.log(rows.step)
+        self._log_sync = np.log(rows.sync[ok])
+        self._retro = [(ia, ib) for ia, ib in ((_AN, _BN), (_AR, _BR)) if ib in free]
+        self._colocated = layout.colocated
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.batch(x[None, :])[0]
+
+    def map(self, fun, points) -> list:
+        """``[fun(x) for x in points]``, evaluated as one batch (``fun`` is these residuals, wrapped)."""
+        return list(self.batch(np.array(list(points), dtype=np.float64)))
+
+    def theta(self, x: np.ndarray) -> np.ndarray:
+        """float[B, 9]: the full parameters of free parameters float[B, F] (:meth:`FitLayout.expander`)."""
+        fixed = np.broadcast_to(self._fixed, (x.shape[0], self._fixed.size))
+        return np.concatenate([x, fixed], axis=1)[:, self._src] * self._scale
+
+    @staticmethod
+    def _sync(theta: np.ndarray, multi: np.ndarray, extra: np.ndarray, synced: np.ndarray) -> np.ndarray:
+        """:func:`~pollux_opt.model.throughput.unchecked_sync_time` per point (rows along axis 1)."""
+        alpha = np.where(multi, theta[:, _AR, None], theta[:, _AN, None])
+        beta = np.where(multi, theta[:, _BR, None], theta[:, _BN, None])
+        t = alpha + beta * extra
+        return np.where(synced, t, 0.0)
+
+    def _step(self, theta: np.ndarray) -> np.ndarray:
+        """:func:`~pollux_opt.model.throughput.unchecked_step_time` per point (rows along axis 1)."""
+        slowdown = 1.0 + theta[:, _KAPPA, None] * self._colocated_rows
+        bm = theta[:, _BC, None] * self._m
+        t_c = (theta[:, _AC, None] + bm) * slowdown
+        t_s = self._sync(theta, self._multi, self._extra, self._synced)
+        big = np.maximum(t_c, t_s)
+        ratio = np.minimum(t_c, t_s) / big
+        gamma = theta[:, _GAMMA]
+        first = gamma[0]
+        if np.all(gamma == first):
+            combined = big * (1.0 + ratio**first) ** (1.0 / first)
+        else:
+            combined = np.empty_like(big)
+            for g in np.unique(gamma):
+                at = gamma == g
+                combined[at] = big[at] * (1.0 + ratio[at] ** g) ** (1.0 / g)
+        if not self._accumulated:  # 0 * t_a + c is c, to the bit (t_a is finite)
+            return combined
+        t_a = (theta[:, _AA, None] + bm) * slowdown
+        return self._s * t_a + combined
+
+    def batch(self, x: np.ndarray) -> np.ndarray:
+        """float[B, M] residuals of the points float[B, F]."""
+        theta = self.theta(x)
+        r_step = np.log(self._step(theta)) - self._log_step
+        sync = self._sync(theta, self._sync_multi, self._sync_extra, self._sync_synced)
+        r_sync = np.log(sync) - self._log_sync
         # Optimistic retrogression prior: beta / (alpha + beta) -> 0 where the data allow.
-        r_prior = [RETROGRESSION_PRIOR_WEIGHT * theta[ib] / (theta[ia] + theta[ib]) for ia, ib in retro]
-        if colocated:  # Optimistic co-location prior: kappa -> 0 where the data allow.
-            r_prior.append(COLOCATION_PRIOR_WEIGHT * theta[_KAPPA])
-        return np.concatenate([r_step, r_sync, r_prior])
+        r_prior = [RETROGRESSION_PRIOR_WEIGHT * theta[:, ib] / (theta[:, ia] + theta[:, ib]) for ia, ib in self._retro]
+        if self._colocated:  # Optimistic co-location prior: kappa -> 0 where the data allow.
+            r_prior.append(COLOCATION_PRIOR_WEIGHT * theta[:, _KAPPA])
+        priors = np.stack(r_prior, axis=1) if r_prior else np.empty((x.shape[0], 0))
+        return np.concatenate([r_step, r_sync, priors], axis=1)
 
-    return residuals
+
+#: ``least_squares`` takes a ``workers`` map for its finite differences (scipy >= 1.16).
+_LSQ_WORKERS = "workers" in inspect.signature(least_squares).parameters
 
 
-def _multistart_least_squares(
-    rows: _FitRows, free: list[int], residuals: Callable[[np.ndarray], np.ndarray]
-):
+def _multistart_least_squares(rows: _FitRows, free: list[int], residuals: _Residuals):
     """Best :func:`scipy.optimize.least_squares` result over the gamma starts."""
     floor_params = {_AC, _BC, _AN, _AR}
     lower = np.array(
@@ -188,11 +257,12 @@ def _multistart_least_squares(
     upper = np.array([GAMMA_MAX if i == _GAMMA else np.inf for i in free])
     init = _initial_guess(rows.nodes, rows.replicas, rows.m, rows.s, rows.step, rows.sync, rows.sync_ok)
     starts = GAMMA_STARTS if _GAMMA in free else (GAMMA_PRIOR,)
+    extra = {"workers": residuals.map} if _LSQ_WORKERS else {}
     best = None
     for gamma0 in starts:
         init[_GAMMA] = gamma0
         x0 = np.clip(init[free], lower, upper)
-        result = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", method="trf")
+        result = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", method="trf", **extra)
         if not result.success:
             logger.debug("throughput fit from gamma=%g did not converge: %s", gamma0, result.message)
         if best is None or result.cost < best.cost:
@@ -266,7 +336,7 @@ def fit_throughput(
     rows = _FitRows.checked(num_nodes, num_replicas, local_bsz, step_time, sync_time, accum_steps)
     layout = fit_layout(rows)
     expand = layout.expander()
-    best = _multistart_least_squares(rows, layout.free, _residual_function(rows, layout, expand))
+    best = _multistart_least_squares(rows, layout.free, _Residuals(rows, layout))
     theta = expand(best.x)
     params = ThroughputParams(
         *(float(v) for v in theta[:_AA]), alpha_a=float(theta[_AA]) if layout.accumulated else None,

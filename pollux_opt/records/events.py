@@ -159,26 +159,41 @@ class EventLog:
     """Append-only JSONL event log; each :meth:`emit` is one line, flushed and fsynced.
 
     Opening an existing file appends to it (a resumed run); a torn last line
-    left by a kill is truncated first.  With ``durable=False`` lines are
+    left by a kill is truncated first.  With ``ordered`` (the default, for
+    real runs) an event is stamped never earlier than the one before it (in
+    this file, across resumes): the log is one ordered history whichever part
+    of a run emits an event (the scheduling loop, a backend translating its
+    jobs' reports, a resumed run's start), and a time a moment before the last
+    one written moves up to it.  A simulation writes each event at its exact
+    simulated time, in the order its rounds produce them (``ordered=False``: a
+    restart's end, computed ahead, may precede an arrival or a completion
+    before it).  With ``durable=False`` lines are
     flushed but fsynced once, on :meth:`close`: for logs that are rerun from
     scratch rather than resumed (a simulation), where an fsync per event is
     most of the log's cost.
     """
 
-    def __init__(self, path: str | os.PathLike, *, durable: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, *, durable: bool = True, ordered: bool = True) -> None:
         self.path = Path(path)
-        self.durable = durable
+        self.durable, self.ordered = durable, ordered
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._last_t = -math.inf
         self._repair()
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def _repair(self) -> None:
+        """Truncate a torn last line; read the last event's time."""
         if not self.path.exists():
             return
         data = self.path.read_bytes()
+        keep = data.rfind(b"\n") + 1
+        last = data[data.rfind(b"\n", 0, max(keep - 1, 0)) + 1:keep]
+        try:
+            self._last_t = float(json.loads(last)["t"])
+        except (ValueError, KeyError, TypeError):
+            pass  # empty, or a line the reader rejects (a resumed run reads the log first)
         if not data or data.endswith(b"\n"):
             return
-        keep = data.rfind(b"\n") + 1
         log.warning("event log %s: dropping a torn last line (%d bytes)", self.path, len(data) - keep)
         with open(self.path, "r+b") as fh:
             fh.truncate(keep)
@@ -186,9 +201,11 @@ class EventLog:
             os.fsync(fh.fileno())
 
     def emit(self, type: str, t: float, job_id: str | None = None, **fields: Any) -> dict:
-        """Append one event and return it (as written)."""
+        """Append one event and return it (as written: if ``ordered``, ``t`` no earlier than the last event's)."""
         event = {"t": float(t), "job_id": job_id, "type": type, **jsonable(fields)}
         _check(event)
+        if self.ordered:
+            event["t"] = self._last_t = max(event["t"], self._last_t)
         self._fh.write(json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n")
         self._fh.flush()
         if self.durable:

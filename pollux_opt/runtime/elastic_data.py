@@ -49,32 +49,29 @@ class StepBatches:
         self.local_bsz, self.accum_steps = local_bsz, accum_steps
 
     def __iter__(self) -> Iterator[list[int]]:
-        pos, size, micro_n = self.start, len(self.order), self.accum_steps + 1
+        # A NumPy view of the order: its slices and lists cost a fraction of a tensor's.
+        order = self.order.numpy()
+        pos, size, micro_n = self.start, len(order), self.accum_steps + 1
         while True:
             b = micro_size(size - pos, self.world, self.local_bsz, self.accum_steps)
             if b == 0:
                 return
-            for j in range(micro_n):
-                first = pos + (self.rank * micro_n + j) * b
-                yield self.order[first : first + b].tolist()
+            first = pos + self.rank * micro_n * b
+            for _ in range(micro_n):
+                yield order[first : first + b].tolist()
+                first += b
             pos += self.world * micro_n * b
 
 
-def _direct(dataset, sampler: StepBatches, collate_fn) -> Iterator:
-    """What a ``DataLoader`` without worker processes yields for ``sampler`` (see the module docstring)."""
-    if collate_fn is None:
-        from torch.utils.data import default_collate as collate_fn
-    getitems = getattr(dataset, "__getitems__", None)
-    for idx in sampler:
-        yield collate_fn(getitems(idx) if getitems else [dataset[i] for i in idx])
+def _is_direct(loader_kwargs: Mapping[str, Any]) -> bool:
+    """True when the in-thread fetch serves these ``ElasticDataLoader`` options (see the module docstring)."""
+    return not loader_kwargs.get("num_workers") and set(k for k, v in loader_kwargs.items() if v) <= _DIRECT_OPTIONS
 
 
-def _batches(dataset, sampler: StepBatches, loader_kwargs: Mapping[str, Any]) -> Iterator:
+def _loader(dataset, sampler: StepBatches, loader_kwargs: Mapping[str, Any]) -> Iterator:
     import torch
     from torch.utils.data import DataLoader
 
-    if not loader_kwargs.get("num_workers") and set(k for k, v in loader_kwargs.items() if v) <= _DIRECT_OPTIONS:
-        return _direct(dataset, sampler, loader_kwargs.get("collate_fn"))
     kwargs = {k: v for k, v in loader_kwargs.items() if k != "drop_last"}  # with a batch_sampler, the sampler's
     # Its own generator: a DataLoader draws a seed when it starts, which must
     # not shift the step's seeded stream (dropout) of the script.
@@ -89,6 +86,42 @@ def epoch_batches(user_loop, dataset, shuffle: bool, loader_kwargs: Mapping[str,
     state, spec = trainer.state, user_loop.spec
     size = len(dataset)
     order = EpochSampler(torch, size, spec.seed).permutation(state.epoch) if shuffle else torch.arange(size)
+    if _is_direct(loader_kwargs):
+        return _direct_batches(user_loop, dataset, order, loader_kwargs.get("collate_fn"))
+    return _loader_batches(user_loop, dataset, order, loader_kwargs)
+
+
+def _direct_batches(user_loop, dataset, order, collate_fn) -> Iterator:
+    """The micro-batches of :func:`epoch_batches` fetched in this thread, as a
+    ``DataLoader`` without worker processes would fetch the index lists of
+    :class:`StepBatches`, in one generator (each layer of generators would be
+    paid in every micro-batch)."""
+    if collate_fn is None:
+        from torch.utils.data import default_collate as collate_fn
+    getitems = getattr(dataset, "__getitems__", None)
+    state, rank = user_loop.trainer.state, user_loop.rank
+    order = order.numpy()  # its slices and lists cost a fraction of a tensor's
+    size = len(order)
+    while True:
+        b = user_loop.begin_step(size - state.epoch_pos)
+        if b == 0:
+            user_loop.end_epoch()
+            return
+        micro_n = user_loop.plan[1] + 1
+        first = state.epoch_pos + rank * micro_n * b  # the layout of StepBatches
+        for _ in range(micro_n):
+            idx = order[first : first + b].tolist()
+            yield collate_fn(getitems(idx) if getitems else [dataset[i] for i in idx])
+            first += b
+        if user_loop.plan is not None:
+            raise RuntimeError("call optimizer.step() once for every batch of an ElasticDataLoader")
+
+
+def _loader_batches(user_loop, dataset, order, loader_kwargs: Mapping[str, Any]) -> Iterator:
+    """The micro-batches of :func:`epoch_batches` from a ``DataLoader`` over
+    :class:`StepBatches`, replaced when a step brings another batch configuration."""
+    state = user_loop.trainer.state
+    size = len(order)
     it, expected = None, None
     while True:
         b = user_loop.begin_step(size - state.epoch_pos)
@@ -97,8 +130,8 @@ def epoch_batches(user_loop, dataset, shuffle: bool, loader_kwargs: Mapping[str,
             return
         m, s, _ = user_loop.plan
         if it is None or expected != (state.epoch_pos, m, s):
-            it = _batches(dataset, StepBatches(order, state.epoch_pos, user_loop.world, user_loop.rank, m, s),
-                          loader_kwargs)
+            it = _loader(dataset, StepBatches(order, state.epoch_pos, user_loop.world, user_loop.rank, m, s),
+                         loader_kwargs)
         expected = (state.epoch_pos + user_loop.world * (s + 1) * b, m, s)
         for _ in range(s + 1):
             yield next(it)

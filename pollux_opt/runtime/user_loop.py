@@ -27,7 +27,6 @@ the verification process (:mod:`~pollux_opt.runtime.verify`) the user loop is in
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Any, Callable, Mapping
 
@@ -150,46 +149,45 @@ class UserLoop:
         return self.trainer
 
     # --------------------------------------------------------------- a step
-    @contextlib.contextmanager
-    def _guard(self):
-        """Map the trainer's stop and collective failures to the exceptions that leave the user's loop."""
-        trainer = self.trainer
-        try:
-            yield
-        except StopTraining as stop:
-            trainer.finish(stop.code)
-            raise Preempted(stop.code) from None
-        except CollectiveError as exc:
-            if self.rank == 0:
-                trainer.save_after_fault()
-            raise CollectiveAbort(exc) from None
+    def _leave(self, exc: Exception) -> BaseException:
+        """The exception that leaves the user's loop for the trainer's stop or
+        collective failure ``exc`` (after rank 0's checkpoint)."""
+        if isinstance(exc, StopTraining):
+            self.trainer.finish(exc.code)
+            return Preempted(exc.code)
+        if self.rank == 0:
+            self.trainer.save_after_fault()
+        return CollectiveAbort(exc)
 
     def begin_step(self, epoch_left: int) -> int:
         """Start a step with ``epoch_left`` samples left in the epoch; returns
         the step's micro-batch size (0: the epoch ends before this step)."""
-        trainer = self._require()
-        with self._guard():
+        trainer = self.trainer or self._require()
+        try:
             m, s = trainer.begin_step()
-        n = self.world * (s + 1)
-        micro = min(m, epoch_left // n)
+        except (StopTraining, CollectiveError) as exc:
+            raise self._leave(exc) from None
+        micro = min(m, epoch_left // (self.world * (s + 1)))
         self.plan = (m, s, micro) if micro > 0 else None
         return micro
 
     def micro_done(self, loss=None) -> bool:
         """After one micro-batch's backward pass: fold its gradient in; on the
         step's last one, reduce and update.  Returns True if the step was applied."""
-        trainer = self._require()
-        if self.plan is None:
+        trainer, plan = self.trainer or self._require(), self.plan
+        if plan is None:
             raise RuntimeError("optimizer.step() was called outside an ElasticDataLoader batch")
-        m, s, micro = self.plan
         trainer.add_micro(loss)
-        if trainer._micro < s + 1:
+        m, s, micro = plan
+        if trainer._micro <= s:
             return False
         self.plan = None
-        with self._guard():
+        try:
             trainer.finish_step(micro)
             trainer.state.epoch_pos += self.world * (s + 1) * micro
             trainer.after_step()
+        except (StopTraining, CollectiveError) as exc:
+            raise self._leave(exc) from None
         return True
 
     def end_epoch(self) -> None:

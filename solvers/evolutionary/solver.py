@@ -284,7 +284,8 @@ def _best_placement(problem: Problem, state, incumbent: np.ndarray | None) -> tu
     fitness = np.asarray(state.fitness)
     ranked = np.argsort(-fitness, kind="stable")[:FINAL_CANDIDATES]
     ranked = ranked[fitness[ranked] > -np.inf]
-    best_found = np.asarray(state.population[ranked])  # only these leave the device
+    # Indexed on the host: an eager device gather would compile once per count of candidates.
+    best_found = np.asarray(state.population)[ranked]
 
     j, n = problem.num_jobs, problem.num_nodes
     candidates = [x[:n, :j].T.astype(np.int64) for x in best_found]

@@ -38,10 +38,10 @@ from .highs import HIGHS_STATUS
 from .model import build_model
 from .options import DEFAULT_MIP_GAP, FORMULATIONS, OptionTable, option_table, prune_dominated
 from .solve import solve_milp
-from .strategy import AUTO_LARGE_CPUS, ExactFormulation, Formulation, RestrictedFormulation, choose_formulation
+from .strategy import AUTO_LARGE_OPTIONS, ExactFormulation, Formulation, RestrictedFormulation, choose_formulation
 
 __all__ = [
-    "AUTO_LARGE_CPUS",
+    "AUTO_LARGE_OPTIONS",
     "DEFAULT_MIP_GAP",
     "FORMULATIONS",
     "HIGHS_STATUS",

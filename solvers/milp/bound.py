@@ -67,23 +67,31 @@ class _Entries:
     span: np.ndarray  # multi-node slots it takes (0 without interference avoidance)
     order: np.ndarray  # int64[E]: entry positions before sorting by job
     starts: np.ndarray
+    counts: np.ndarray  # int64[J']: entries of each job that has entries
 
-    def evaluate(self, lam: float, mu: float) -> tuple[float, float, float, np.ndarray, np.ndarray]:
-        """(sum of job bests, replicas used, slots used, entry values, each entry's job best)."""
+    def _values(self, lam: float, mu: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(entry values, each job's best, each entry's job best) at prices ``lam``, ``mu``."""
         value = self.worth - lam * self.reps - mu * self.span
-        if value.size == 0:
-            return 0.0, 0.0, 0.0, value, value
-        starts = self.starts
-        best = np.maximum.reduceat(value, starts)
-        best_each = np.repeat(best, np.diff(np.append(starts, value.size)))
-        picked = np.flatnonzero(value >= best_each)
-        group = np.searchsorted(starts, picked, side="right") - 1
-        # Ties count their smallest use, so the subgradient errs towards lower prices.
-        use_k = np.full(starts.size, np.inf)
-        use_n = np.full(starts.size, np.inf)
-        np.minimum.at(use_k, group, self.reps[picked])
-        np.minimum.at(use_n, group, self.span[picked])
-        return float(best.sum()), float(use_k.sum()), float(use_n.sum()), value, best_each
+        best = np.maximum.reduceat(value, self.starts)
+        return value, best, np.repeat(best, self.counts)
+
+    def used(self, lam: float, mu: float, per: np.ndarray) -> float:
+        """Sum over jobs of the least ``per`` (``reps`` or ``span``) among the job's best choices.
+
+        Ties count their smallest use, so the subgradient errs towards lower prices.
+        """
+        if self.worth.size == 0:
+            return 0.0
+        value, _, best_each = self._values(lam, mu)
+        return float(np.minimum.reduceat(np.where(value >= best_each, per, np.inf), self.starts).sum())
+
+    def evaluate(self, lam: float, mu: float) -> tuple[float, np.ndarray, np.ndarray]:
+        """(sum of job bests, entry values, each entry's job best)."""
+        if self.worth.size == 0:
+            value = self.worth - lam * self.reps - mu * self.span
+            return 0.0, value, value
+        value, best, best_each = self._values(lam, mu)
+        return float(best.sum()), value, best_each
 
 
 def _entries(problem: Problem, table: OptionTable) -> _Entries:
@@ -106,7 +114,8 @@ def _entries(problem: Problem, table: OptionTable) -> _Entries:
     order = np.argsort(job, kind="stable")
     sorted_job = job[order]
     starts = np.flatnonzero(np.r_[True, sorted_job[1:] != sorted_job[:-1]]) if job.size else np.zeros(0, int)
-    return _Entries(worth[order], gain[order], reps[order], span[order], order, starts)
+    counts = np.diff(np.append(starts, job.size))
+    return _Entries(worth[order], gain[order], reps[order], span[order], order, starts, counts)
 
 
 def _past(deadline: float | None) -> bool:
@@ -145,18 +154,18 @@ def relax(problem: Problem, table: OptionTable, deadline: float | None = None) -
     e = _entries(problem, table)
 
     def cpu_price(mu: float) -> float:
-        return _lowest_price(lambda lam: e.evaluate(lam, mu)[1], cap_total, e.gain, e.reps, deadline)
+        return _lowest_price(lambda lam: e.used(lam, mu, e.reps), cap_total, e.gain, e.reps, deadline)
 
     def slot_price(lam: float) -> float:
-        return _lowest_price(lambda mu: e.evaluate(lam, mu)[2], nodes_total, e.gain, e.span, deadline)
+        return _lowest_price(lambda mu: e.used(lam, mu, e.span), nodes_total, e.gain, e.span, deadline)
 
     lam, mu = cpu_price(0.0), 0.0
     for _ in range(_PRICE_ROUNDS if problem.interference_avoidance else 0):
-        if (mu == 0.0 and e.evaluate(lam, mu)[2] <= nodes_total) or _past(deadline):
+        if (mu == 0.0 and e.used(lam, mu, e.span) <= nodes_total) or _past(deadline):
             break  # the slot total does not bind at mu = 0, or the time is up
         mu = slot_price(lam)
         lam = cpu_price(mu)
-    best_sum, _, _, value, best_each = e.evaluate(lam, mu)
+    best_sum, value, best_each = e.evaluate(lam, mu)
     bound = lam * cap_total + mu * nodes_total + best_sum
     rc = np.empty(e.order.size)
     rc[e.order] = best_each - value

@@ -151,27 +151,22 @@ def assemble(s: ModelStructure, coefs) -> CompiledModel:
     Pyomo objects; tests/solvers/test_compiled.py pins the two equal.
     """
     terms, base = _tokens(s)
-    first_seen = [0, 1, 2] if base[3] else []  # the objective lists y, k and z first
-    seen = np.zeros(len(VARIABLES), dtype=bool)
-    seen[first_seen] = True
     indptr, cols, vals, row_lo, row_up = [0], [], [], [], []
+    tokens, starts = [], []  # every row's tokens end to end, and where each row's begin
     for _, index, rule in rule_families(s, terms):
         for i in index:
             row = rule(i)
             if row is _SKIP:
                 continue
             expr, lo, up = row
+            starts.append(len(tokens))
+            tokens += expr.tokens
             merged: dict = {}
             for c, t in zip(expr.coefs, expr.tokens):
                 if t in merged:
                     merged[t] += c
                 elif c:
                     merged[t] = c
-            if expr.tokens:
-                for comp in np.unique(np.searchsorted(base, expr.tokens, side="right") - 1).tolist():
-                    if not seen[comp]:
-                        seen[comp] = True
-                        first_seen.append(comp)
             if not merged:
                 _check_constant_row(lo, up)
                 continue
@@ -180,7 +175,24 @@ def assemble(s: ModelStructure, coefs) -> CompiledModel:
             indptr.append(len(cols))
             row_lo.append(-np.inf if lo is None else lo)
             row_up.append(np.inf if up is None else up)
-    return _arrays(s, coefs, base, first_seen, (indptr, cols, vals, row_lo, row_up))
+    order = _component_order(base, tokens, starts)
+    return _arrays(s, coefs, base, order, (indptr, cols, vals, row_lo, row_up))
+
+
+def _component_order(base: np.ndarray, tokens: list, starts: list) -> list:
+    """Variable components in the order the compiler meets them: y, k and z (the objective
+    lists them first, when there are options), then the others by the first row using them,
+    several first met in one row in component order."""
+    order = [0, 1, 2] if base[3] else []
+    if not tokens:
+        return order
+    comp = np.searchsorted(base, np.asarray(tokens, dtype=np.int64), side="right") - 1
+    row = np.searchsorted(np.asarray(starts, dtype=np.int64), np.arange(comp.size), side="right") - 1
+    never = np.iinfo(np.int64).max
+    first_row = np.full(len(VARIABLES), never, dtype=np.int64)
+    np.minimum.at(first_row, comp, row)
+    ranked = np.lexsort((np.arange(len(VARIABLES)), first_row)).tolist()
+    return order + [c for c in ranked if first_row[c] != never and c not in order]
 
 
 def _check_constant_row(lo, up) -> None:

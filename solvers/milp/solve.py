@@ -82,7 +82,8 @@ def solve_milp(
             restricted to its few best options by reduced cost; a feasible
             answer with an honest bound, ``Status.FEASIBLE`` unless the bound
             proves it within ``mip_gap``), or ``"auto"``: large from
-            ``AUTO_LARGE_CPUS`` CPUs on, exact below.
+            ``AUTO_LARGE_OPTIONS`` options (the size of the exact model) on,
+            exact below (:func:`~solvers.milp.strategy.choose_formulation`).
         threads: HiGHS threads (None: HiGHS default).
         verbose: stream the HiGHS log to stdout.
         seed: HiGHS ``random_seed`` (None: HiGHS default).
@@ -113,10 +114,10 @@ def solve_milp(
     pyomo_scipy.sparse.csc_array  # noqa: B018  (resolves the deferred import)
 
     new_highs()  # the one-off HiGHS banner, too
-    chosen = choose_formulation(problem, formulation)
     t0 = time.perf_counter()
-    budget = Budget.starting_now(time_limit)
+    budget = Budget.starting_now(time_limit, problem.num_configs)
     table = option_table(problem)
+    chosen = choose_formulation(problem, formulation, table)
     rel = _finite(relax(problem, table, budget.deadline))
     highs_options = {"mip_gap": mip_gap, "threads": threads, "verbose": verbose, "seed": seed}
     rounds = _solve_rounds(problem, chosen, table, rel, t0, budget, highs_options)

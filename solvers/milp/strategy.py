@@ -43,10 +43,10 @@ import numpy as np
 
 from ..problem import Problem
 from .bound import Relaxation
-from .options import UTILITY_RTOL, OptionTable
+from .options import UTILITY_RTOL, OptionTable, option_table
 
 __all__ = [
-    "AUTO_LARGE_CPUS",
+    "AUTO_LARGE_OPTIONS",
     "BY_NAME",
     "FIRST_ROUND_REL",
     "OPTIONS_PER_JOB",
@@ -57,12 +57,16 @@ __all__ = [
 ]
 
 #: ``formulation="auto"`` switches to the large-cluster formulation from this
-#: many CPUs (sum of node capacities) on.  Measured on this project's 2-core
-#: machine with random clusters of 4-CPU nodes and one job per 2 CPUs
-#: (docs/formulation.md): the exact solve took 0.1 s of CPU at 256 CPUs, 0.4 to
-#: 0.8 s at 512 and 3.3 s at 1024; the large one 0.05 to 0.13 s, losing at
-#: most 0.06 % of the exact optimum.
-AUTO_LARGE_CPUS = 512
+#: many options (rows of the problem's :class:`~solvers.milp.options.OptionTable`,
+#: the y columns of the exact model) on.  The exact model's size, and its
+#: solve time, grow with its options; the cluster's size enters through the
+#: options each job may take.  Measured on this project's 2-core machine with
+#: random clusters of 4-CPU nodes and one job per 2 CPUs (docs/formulation.md):
+#: the exact solve took 0.1 s of CPU at 256 CPUs (1850 to 2050 options), 0.4 to
+#: 0.8 s at 512 (3300 to 4000) and 3.3 s at 1024 (about 8200); the large one 0.05
+#: to 0.13 s, losing at most 0.06 % of the exact optimum.  The rounds of a
+#: workload-6 simulation on 16 x 4 CPUs have at most about 1700 options.
+AUTO_LARGE_OPTIONS = 3000
 
 #: First round of the exact solve: options whose Lagrangian reduced cost is at
 #: most this fraction of ``max(|L|, sum of weights)``.  Measured over the 18
@@ -155,8 +159,15 @@ class RestrictedFormulation(Formulation):
 BY_NAME = {f.name: f for f in (ExactFormulation(), RestrictedFormulation())}
 
 
-def choose_formulation(problem: Problem, formulation: str = "auto") -> Formulation:
-    """The formulation named ``formulation``; for ``"auto"``, the large one from ``AUTO_LARGE_CPUS`` CPUs on."""
+def choose_formulation(problem: Problem, formulation: str = "auto", table: OptionTable | None = None) -> Formulation:
+    """The formulation named ``formulation``; ``"auto"`` chooses by model size.
+
+    ``"auto"`` is the large formulation when the problem has at least
+    ``AUTO_LARGE_OPTIONS`` options (rows of ``table``, its
+    :func:`~solvers.milp.options.option_table`, computed when None), the
+    exact one below.
+    """
     if formulation == "auto":
-        formulation = "large" if int(problem.capacity.sum()) >= AUTO_LARGE_CPUS else "exact"
+        table = option_table(problem) if table is None else table
+        formulation = "large" if int(table.job.size) >= AUTO_LARGE_OPTIONS else "exact"
     return BY_NAME[formulation]

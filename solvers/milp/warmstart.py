@@ -159,25 +159,28 @@ def decode_placement(problem: Problem, table: OptionTable, graph: PackingGraph, 
     segments = defaultdict(list)  # size -> multi-node jobs waiting for a multi arc
     for (i, s), count in values["g"].items():
         segments[s] += [int(graph.multi_jobs[i])] * int(count)
-    flow = np.asarray(values["f"]).copy()
+    flow_values = np.asarray(values["f"])
+    used = np.flatnonzero(flow_values > 0)
+    flow = dict(zip(used.tolist(), flow_values[used].tolist()))  # arc -> flow left (arcs with flow only)
     out = defaultdict(list)  # vertex -> arcs leaving it that carry flow, in arc order
-    used = np.flatnonzero(flow > 0)
     for a, t in zip(used.tolist(), graph.arc_tail[used].tolist()):
         out[t].append(a)
+    kinds, sizes, jobs, heads = (x.tolist() for x in (graph.arc_kind, graph.arc_size, graph.arc_job, graph.arc_head))
+    multi_jobs = graph.multi_jobs.tolist()
     for n, v in _entries(problem, graph, values["h"] > 0):
         while v != SINK:
             a = next((a for a in out[v] if flow[a] > 0), None)
             if a is None:  # inconsistent flow: stop here; the feasibility check reports it
                 break
             flow[a] -= 1
-            kind, size, jpos = int(graph.arc_kind[a]), int(graph.arc_size[a]), int(graph.arc_job[a])
+            kind, size, jpos = kinds[a], sizes[a], jobs[a]
             if kind == ITEM and singles[size]:
                 placement[singles[size].pop(), n] += size
             elif kind == MULTI and jpos >= 0:
-                placement[graph.multi_jobs[jpos], n] += size
+                placement[multi_jobs[jpos], n] += size
             elif kind == MULTI and segments[size]:
                 placement[segments[size].pop(), n] += size
-            v = int(graph.arc_head[a])
+            v = heads[a]
     return placement
 
 

@@ -11,7 +11,7 @@ from pollux_opt import InvalidProblem
 from pollux_opt.backends.sim import ParametricProfile, simulate
 from pollux_opt.backends.sim.run import MAX_ARRIVAL_ROUNDS, MAX_SIM_CPUS
 from pollux_opt.backends.sim.traces import load_trace_profile
-from pollux_opt.cli.main import DEFAULT_ALLOCATE_TIME_LIMIT_S, build_parser, main
+from pollux_opt.cli.main import DEFAULT_ALLOCATE_TIME_LIMIT_S, LARGE_INSTANCE_BYTES, build_parser, main
 from pollux_opt.model import Cluster
 from pollux_opt.workloads import load_workload
 from pollux_opt.workloads.adaptdl import read_adaptdl_csv
@@ -55,7 +55,7 @@ def test_allocate_logs_each_step_and_stays_within_its_time_limit(tmp_path, capsy
     caplog.set_level(logging.INFO, logger="pollux_opt")  # an earlier test may have quieted the library
     assert main(["allocate", str(path)]) == 0
     text = caplog.text
-    for step in ("reading", "checking the instance (time limit 7 s", "encoding 1 jobs on 1 nodes",
+    for step in ("reading", "checking the instance, time limit 7 s", "encoding 1 jobs on 1 nodes",
                  "solving 2 configurations with milp"):
         assert step in text, text
     assert json.loads(capsys.readouterr().out)["status"] == "optimal"
@@ -65,8 +65,10 @@ def test_allocate_stops_reading_a_huge_file_at_the_time_limit(tmp_path, capsys):
     jobs = [dict(SMALL["jobs"][0], id=f"j{i}") for i in range(30_000)]
     path = tmp_path / "big.json"
     path.write_text(json.dumps({**SMALL, "jobs": jobs}))
+    assert path.stat().st_size >= LARGE_INSTANCE_BYTES
     err = _fails(["allocate", str(path), "--time-limit", "0.05"], capsys, "ran past the time limit")
     assert "jobs" in err
+    assert "pollux-opt: reading" in err and "pollux-opt: checking the instance" in err  # a large file's steps
 
 
 @pytest.mark.parametrize(

@@ -85,6 +85,25 @@ REPEAT_SLACK_S = 3.0
 MAX_RESTARTS = RuntimeOptions().max_restarts
 #: Generous limits, seconds.
 RUN_LIMIT_S, PROGRESS_LIMIT_S = 900.0, 240.0
+#: A CSV the tests append their figures to when set (``experiments/kill_runs.py`` sets it).
+RECORD_ENV = "POLLUX_KILL_RECORD"
+#: Its columns.
+RECORD_COLUMNS = ["test", "policy", "kills", "scheduler_kills", "worker_kills", "rank0_kills", "jobs", "verified",
+                  "steps_repeated_where_none_may_be", "steps_repeated_after_rank0_kills", "processes_left",
+                  "temp_dirs_left", "same_outcome_as_without_kills", "seconds"]
+
+
+def _record(**row) -> None:
+    """Append ``row`` (RECORD_COLUMNS, missing ones empty) to the CSV named by RECORD_ENV, if set."""
+    path = os.environ.get(RECORD_ENV)
+    if not path:
+        return
+    new = not Path(path).exists()
+    with open(path, "a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=RECORD_COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
 
 
 # ------------------------------------------------------------------ processes
@@ -291,17 +310,25 @@ def _killed_run(tmp_path: Path, policy: str) -> tuple[Path, list[tuple[str, str,
     assert {j["id"] for j in summary["jobs"]} == {j["id"] for j in WORKLOAD["jobs"]}
     assert all(j["completed"] and j["verified"] and not j["failed"] for j in summary["jobs"])
     left = {pgid: _group(pgid) for pgid in killed_groups}
+    temp_left = _our_temp_dirs(seen)
+    figures = {"policy": policy, "kills": len(kills), "scheduler_kills": sum(k[0] == "scheduler" for k in kills),
+               "worker_kills": sum(k[0] == "worker" for k in kills),
+               "rank0_kills": sum(k[0] == "worker" and k[2] == 0 for k in kills), "jobs": len(summary["jobs"]),
+               "verified": sum(bool(j["verified"]) for j in summary["jobs"]),
+               "processes_left": sum(len(v) for v in left.values()), "temp_dirs_left": len(temp_left),
+               "seconds": round(time.monotonic() - t_start, 1)}
     assert not any(left.values()), left
-    assert _our_temp_dirs(seen) == []
+    assert temp_left == []
     log.info("%s: kills %s (seed %d) in %.0f s; no process or temporary folder left", policy,
              Counter(k[0] if k[0] == "scheduler" else f"worker rank {k[2]}" for k in kills), SEED,
              time.monotonic() - t_start)
-    return out, kills, len(sessions)
+    return out, kills, len(sessions), figures
 
 
-def _check_steps(out: Path, kills: list, sessions: int) -> list[dict]:
+def _check_steps(out: Path, kills: list, sessions: int, figures: dict) -> list[dict]:
     """The log is one history; each job ended by its completion rule; no step
-    was repeated but after a killed rank 0 (and those within the checkpoint interval)."""
+    was repeated but after a killed rank 0 (and those within the checkpoint
+    interval).  Adds the repeated steps to ``figures``."""
     jobs = {j["id"] for j in WORKLOAD["jobs"]}
     events = _check_log(out, jobs, sessions)
     repeated = {}
@@ -310,6 +337,8 @@ def _check_steps(out: Path, kills: list, sessions: int) -> list[dict]:
         rank0 = [t for what, job, rank, t in kills if what == "worker" and job == jid and rank == 0]
         repeated[jid] = _repeated_steps(out, jid, rank0)
     log.info("repeated steps per job (where none may be, after killed rank 0): %s", repeated)
+    figures["steps_repeated_where_none_may_be"] = sum(must_not for must_not, _ in repeated.values())
+    figures["steps_repeated_after_rank0_kills"] = sum(allowed for _, allowed in repeated.values())
     assert all(must_not == 0 for must_not, _ in repeated.values()), repeated
     return events
 
@@ -319,8 +348,9 @@ def _outcomes(events: list[dict]) -> dict[str, tuple]:
 
 
 def test_random_kills_under_pollux_lose_no_completed_step(tmp_path):
-    out, kills, sessions = _killed_run(tmp_path, "pollux")
-    _check_steps(out, kills, sessions)
+    out, kills, sessions, figures = _killed_run(tmp_path, "pollux")
+    _check_steps(out, kills, sessions, figures)
+    _record(test="random kills", **figures)
 
 
 def test_random_kills_under_fixed_end_every_job_as_a_run_without_kills_to_the_bit(tmp_path):
@@ -333,9 +363,10 @@ def test_random_kills_under_fixed_end_every_job_as_a_run_without_kills_to_the_bi
     expected = _outcomes(read_events(reference / "run" / "events.jsonl"))
     killed = tmp_path / "killed"
     killed.mkdir()
-    out, kills, sessions = _killed_run(killed, "fixed")
-    got = _outcomes(_check_steps(out, kills, sessions))
+    out, kills, sessions, figures = _killed_run(killed, "fixed")
+    got = _outcomes(_check_steps(out, kills, sessions, figures))
     log.info("final (step, progress, metric) per job, killed vs not: %s vs %s", got, expected)
+    _record(test="random kills", same_outcome_as_without_kills=got == expected, **figures)
     assert got == expected
 
 
@@ -353,8 +384,11 @@ def test_a_killed_scheduler_leaves_no_process_and_no_temporary_folder(tmp_path):
         seconds = _wait_empty(proc.pid, ORPHAN_LIMIT_S)
         log.info("%d processes of the killed scheduler's group ended %.1f s after it", len(members) - 1,
                  seconds or -1)
+        temp_left = _our_temp_dirs(members)
+        _record(test="scheduler SIGKILL", policy="pollux", kills=1, scheduler_kills=1, worker_kills=0,
+                processes_left=len(_group(proc.pid)), temp_dirs_left=len(temp_left))
         assert seconds is not None, _group(proc.pid)
-        assert _our_temp_dirs(members) == []
+        assert temp_left == []
     finally:
         for pid in _group(proc.pid):
             os.kill(pid, signal.SIGKILL)
@@ -389,6 +423,8 @@ def test_ctrl_c_stops_with_every_job_checkpointed_and_a_rerun_resumes_them(tmp_p
                           timeout=RUN_LIMIT_S).returncode == 0
     summary = json.loads((out / "summary.json").read_text())
     assert all(j["completed"] and j["verified"] for j in summary["jobs"])
-    for jid in trained:
-        must_not, _ = _repeated_steps(out, jid, [])
-        assert must_not == 0, jid  # each resumed from the checkpoint of the step it stopped at
+    repeated = {jid: _repeated_steps(out, jid, [])[0] for jid in trained}
+    _record(test="Ctrl-C and rerun", policy="pollux", jobs=len(summary["jobs"]),
+            verified=sum(bool(j["verified"]) for j in summary["jobs"]),
+            steps_repeated_where_none_may_be=sum(repeated.values()))
+    assert all(n == 0 for n in repeated.values()), repeated  # each resumed from the step it stopped at

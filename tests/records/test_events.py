@@ -44,6 +44,19 @@ def test_reopening_appends(tmp_path):
     assert [e["type"] for e in read_events(path)] == ["submit", "failed"]
 
 
+def test_an_event_stamped_before_the_last_one_moves_up_to_it_also_after_a_reopen(tmp_path):
+    path = tmp_path / "events.jsonl"
+    with EventLog(path) as log:
+        log.emit("submit", 5.0, "a", submitted_replicas=1, submitted_batch_size=8)
+        assert log.emit("submit", 4.5, "b", submitted_replicas=1, submitted_batch_size=8)["t"] == 5.0
+    with open(path, "a") as fh:
+        fh.write('{"t": 9.0, "job_id": "a", "ty')  # a torn line's time does not count
+    with EventLog(path) as log:
+        log.emit("failed", 4.8, "a", reason="x")
+        log.emit("failed", 6.0, "b", reason="y")
+    assert [e["t"] for e in read_events(path)] == [5.0, 5.0, 5.0, 6.0]
+
+
 def test_torn_last_line_is_skipped_and_repaired(tmp_path):
     path = tmp_path / "events.jsonl"
     with EventLog(path) as log:

@@ -25,7 +25,7 @@ from solvers import (
     violations,
 )
 from solvers.milp import (
-    AUTO_LARGE_CPUS,
+    AUTO_LARGE_OPTIONS,
     HIGHS_STATUS,
     choose_formulation,
     option_table,
@@ -363,13 +363,16 @@ def test_vectorised_pruning_matches_the_pairwise_rule(seed, drop):
     assert np.array_equal(prune_dominated(problem), _naive_prune(problem))
 
 
-def test_auto_switches_formulation_by_total_cpus():
+def test_auto_switches_formulation_by_model_size():
     small = random_problem(0, num_nodes=4, cpus_per_node=4, num_jobs=4)
-    big = dataclasses.replace(
-        small, capacity=np.full(4, AUTO_LARGE_CPUS // 4), current=np.zeros_like(small.current)
-    )
+    # A large cluster does not make a small model: few jobs on 2048 CPUs stay exact.
+    wide = dataclasses.replace(small, capacity=np.full(4, 512), current=np.zeros_like(small.current))
+    many = random_problem(0, num_nodes=128, cpus_per_node=4, num_jobs=256)
+    assert option_table(wide).job.size < AUTO_LARGE_OPTIONS <= option_table(many).job.size
     assert choose_formulation(small).name == "exact"
-    assert choose_formulation(big).name == "large"
+    assert choose_formulation(wide).name == "exact"
+    assert choose_formulation(many).name == "large"
+    assert choose_formulation(many, "exact").name == "exact"
     assert solve(small, "milp").stats["formulation"] == "exact"
 
 

@@ -156,7 +156,6 @@ class RealBackend(RunLifecycle):
         self._measured_delays: list[float] = []
         self._sent: dict[str, tuple] = {}  # job id -> (cpus, batch) of the last command applied
         self._queued: list[tuple] = []
-        self._last_t = -math.inf
         self._restore()
 
     # ------------------------------------------------------------------ clock
@@ -200,10 +199,8 @@ class RealBackend(RunLifecycle):
 
     # --------------------------------------------------------------- events
     def _emit(self, etype: str, t: float, job_id: str | None, **fields: Any) -> None:
-        """Append an event, never earlier than the last one (one ordered history;
-        a runtime event stamped a moment before an already-written one moves up to it)."""
-        t = max(float(t), self._last_t)
-        self._last_t = t
+        """Append an event (the log keeps one ordered history: a runtime event
+        stamped a moment before an already-written one moves up to it)."""
         self.events.emit(etype, t, job_id, **fields)
 
     def _finish_failed(self, job: JobBookkeeping, t: float, reason: str) -> None:

@@ -45,10 +45,10 @@ class RunLifecycle:
         replay(events, self.jobs)
         self._measured_delays = [float(e["duration_s"]) for e in events
                                  if e.get("job_id") in self.jobs and e.get("duration_s") is not None]
-        self._last_t = max((float(e["t"]) for e in events), default=-math.inf)
+        last_t = max((float(e["t"]) for e in events), default=-math.inf)
         now = self.now()
         # Runtime events older than the newest logged event were translated before the kill.
-        logged_until = self.started_unix + self._last_t
+        logged_until = self.started_unix + last_t
         for job in self.jobs.values():
             job.src_time = max(job.src_time, logged_until)
             if job.finished:

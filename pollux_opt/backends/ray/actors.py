@@ -3,14 +3,16 @@
 an actor the runtime's job supervisor takes for a worker process.
 
 A replica actor is the runtime's worker process
-(:func:`pollux_opt.runtime.worker.worker_main`) hosted by Ray: it connects back
-to its pool's listener in the scheduler process (an authenticated
-``multiprocessing`` connection over TCP, carrying the runtime's own worker
-protocol, so that the supervisor reads it exactly as a local worker's pipe) and
-serves assignments until it is ended.  Ray places it (one CPU, on the node the
-allocation names), starts it, and reports its death.  Its second method slot
-(``max_concurrency=2``) lets it host its job's TCP rendezvous store while it
-trains.
+(:func:`pollux_opt.runtime.worker.worker_main`) hosted by Ray: its worker loop
+(:meth:`ReplicaActor.serve`) reads and writes a
+:class:`~pollux_opt.backends.ray.channel.WorkerChannel`, which the scheduler's
+relay fills and empties through the actor's :meth:`~ReplicaActor.command` and
+:meth:`~ReplicaActor.outbox` methods (the runtime's own worker protocol, so
+that the supervisor reads it exactly as a local worker's pipe).  Ray places it
+(one CPU, on the node the allocation names), starts it, carries its messages
+and reports its death.  It is a threaded actor (:data:`ACTOR_SLOTS` methods at
+a time): besides its worker loop, it takes commands, hands out reports, tells
+who it is, and hosts its job's TCP rendezvous store while it trains.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 
-__all__ = ["ActorProcess", "ReplicaActor", "actor_exit_code"]
+__all__ = ["ACTOR_SLOTS", "ActorProcess", "ReplicaActor", "actor_exit_code"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,10 @@ DEAD_EXIT_CODE = -9
 ERROR_EXIT_CODE = 1
 #: Environment variables that size a process's compute thread pools.
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: Methods a replica actor runs at a time (``max_concurrency``): its worker
+#: loop, a command, the outbox's long poll, hosting a rendezvous store, and
+#: :meth:`ReplicaActor.identity` or :meth:`ReplicaActor.hang_up`.
+ACTOR_SLOTS = 5
 
 
 class ReplicaActor:
@@ -42,7 +48,16 @@ class ReplicaActor:
             os.environ[var] = "1"
         import torch.distributed  # noqa: F401
 
+        from pollux_opt.backends.ray.channel import WorkerChannel
+
         self._stores: dict = {}
+        self._channel = WorkerChannel()
+
+    def identity(self) -> tuple[int, str]:
+        """``(process id, Ray node id)`` of this actor."""
+        import ray
+
+        return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def host_store(self, generation: int) -> tuple[str, int]:
         """Host a new TCPStore (the rendezvous of ``generation``) on this node's IP;
@@ -55,20 +70,33 @@ class ReplicaActor:
         self._stores = {generation: store}
         return ip, int(store.port)
 
-    def serve(self, address: tuple[str, int], authkey: bytes, token: str) -> int:
-        """Connect to the pool at ``address`` and run the worker loop; returns 0 when it ends."""
-        from multiprocessing.connection import Client
-
+    def serve(self) -> int:
+        """Run the worker loop on this actor's channel; returns 0 when it ends
+        (after the reports it sent are delivered)."""
         import ray
 
         from pollux_opt.backends.ray.nodes import interface_of
         from pollux_opt.runtime.worker import worker_main
 
-        interface = interface_of(ray.util.get_node_ip_address())
-        conn = Client(tuple(address), authkey=authkey)
-        conn.send((token, os.getpid(), ray.get_runtime_context().get_node_id()))
-        worker_main(conn, gloo_interface=interface)
+        try:
+            worker_main(self._channel, gloo_interface=interface_of(ray.util.get_node_ip_address()))
+        finally:
+            self._channel.flush()
+            self._channel.close()
         return 0
+
+    def command(self, raw: bytes) -> None:
+        """Pass a command (pickled) from the supervisor to the worker loop."""
+        self._channel.put(raw)
+
+    def outbox(self, timeout_s: float) -> list[bytes] | None:
+        """The worker loop's reports (pickled) since the last call, waiting up to
+        ``timeout_s`` seconds for one; None once the loop has ended and all are out."""
+        return self._channel.take(timeout_s)
+
+    def hang_up(self) -> None:
+        """The supervisor closed its connection: the worker loop reads EOF."""
+        self._channel.hang_up()
 
     def run_target(self, target, args: tuple) -> int:
         """Run ``target(*args)`` (a fresh process's entry point); its exit status."""

@@ -19,6 +19,14 @@ has none idle yet; released replicas go back idle; a discarded (faulty) one is
 ended and its slot started anew.  The run's CPUs are thus held by its
 actors for as long as it runs: the scheduler, not Ray, shares them out.
 
+**Connections.**  The supervisor's connection to a slot is one end of a
+local pipe; a :class:`~pollux_opt.backends.ray.channel.Relay` carries its
+messages to and from the actor by Ray method calls (no socket or listener
+of the pool's own), and shuts the pipe down when the actor dies, so that the
+supervisor sees a lost worker as for a local process.  A slot joins the idle
+ones once its ``identity`` call (process id, Ray node) returns: a watcher
+thread waits for those calls.
+
 **Rendezvous**: rank 0's actor hosts a TCPStore on its node's IP and returns
 its address and port (no shared file system needed); gloo binds to the
 interface of the node's IP.  **Completion check**: a fresh zero-CPU actor
@@ -30,16 +38,14 @@ Actors are owned by the scheduler (the Ray driver): they end with it.
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from multiprocessing import Pipe
-from multiprocessing.connection import Client, Listener
 
 from pollux_opt.backends.ray._ray import require_ray
-from pollux_opt.backends.ray.actors import ActorProcess, ReplicaActor
+from pollux_opt.backends.ray.actors import ACTOR_SLOTS, ActorProcess, ReplicaActor
+from pollux_opt.backends.ray.channel import Relay
 from pollux_opt.backends.ray.nodes import RayNodes
 from pollux_opt.runtime.pool import WorkerHandle, WorkerPool
 from pollux_opt.runtime.worker import TCP_STORE_PREFIX
@@ -54,18 +60,27 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 180.0
 #: Seconds between checks while waiting for a slot.
 _WAIT_POLL_S = 0.05
+#: Most seconds the watcher waits on the starting slots' identities at a time
+#: (slots started meanwhile join the wait after it).
+_WATCH_POLL_S = 0.5
 #: The process id reported for a worker that never started.
 _NO_PID = -1
-#: Concurrent method slots of a replica actor: its worker loop, and hosting a rendezvous store.
-_ACTOR_SLOTS = 2
 
 
 @dataclass(eq=False)
 class RayWorkerHandle(WorkerHandle):
     """A slot actor (``process``: its :class:`ActorProcess`) and the supervisor's
-    connection to it; ``node``: its scheduler node id."""
+    connection to it (``conn``, carried by ``relay``); ``node``: its scheduler node id."""
 
     node: str = ""
+    relay: Relay | None = None
+
+    def end(self) -> None:
+        """Kill the actor and close the connection (the relay then ends)."""
+        self.process.kill()
+        if self.relay is not None:
+            self.relay.stop()
+        self.conn.close()
 
 
 def _dead_handle(node: str) -> RayWorkerHandle:
@@ -92,11 +107,9 @@ class RayWorkerPool(WorkerPool):
         self._nodes = nodes
         self._timeout = float(connect_timeout_s)
         self._actor_class = ray.remote(ReplicaActor)
-        self._authkey = secrets.token_bytes(32)
-        self._listener = Listener((ray.util.get_node_ip_address(), 0), authkey=self._authkey)
-        self.address = self._listener.address
         self._cond = threading.Condition()
-        self._starting: dict[str, tuple] = {}  # token -> (node, ActorProcess) of actors not yet connected
+        self._starting: dict = {}  # identity ref -> (node, ActorProcess) of actors not yet up
+        self._relays: list[Relay] = []  # of every slot that came up and may still run
         self._idle: dict[str, list[RayWorkerHandle]] = {}  # node -> idle slots
         self._ray_nodes: dict[int, str] = {}  # pid of a live slot -> the Ray node id it reported
         self._cancelled: set[str] = set()
@@ -104,12 +117,12 @@ class RayWorkerPool(WorkerPool):
         self._spawned = 0
         self.spares = self.max_idle = 0
         self._fresh = self._fresh_actor()
-        self._accepter = threading.Thread(target=self._accept, name="pollux-ray-accept", daemon=True)
-        self._accepter.start()
+        self._watcher = threading.Thread(target=self._watch, name="pollux-ray-slots", daemon=True)
+        self._watcher.start()
 
     # ------------------------------------------------------------ the slots
     def add_node(self, node: str, count: int) -> None:
-        """Start ``count`` slot actors on ``node`` (they join the idle ones as they connect)."""
+        """Start ``count`` slot actors on ``node`` (they join the idle ones as they come up)."""
         for _ in range(count):
             self._start_slot(node)
 
@@ -120,33 +133,50 @@ class RayWorkerPool(WorkerPool):
         if info is None or self._closed:
             return
         actor = self._actor_class.options(
-            num_cpus=1, max_concurrency=_ACTOR_SLOTS,
+            num_cpus=1, max_concurrency=ACTOR_SLOTS,
             scheduling_strategy=NodeAffinitySchedulingStrategy(info.ray_id, soft=False),
         ).remote()
-        token = uuid.uuid4().hex
         with self._cond:
-            self._starting[token] = (node, ActorProcess(self._ray, actor, actor.serve.remote(
-                self.address, self._authkey, token)))
+            self._starting[actor.identity.remote()] = (node, ActorProcess(self._ray, actor, actor.serve.remote()))
             self._spawned += 1
+            self._cond.notify_all()
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn = self._listener.accept()
-                token, pid, ray_node = conn.recv()
-            except Exception as exc:  # noqa: BLE001 - a stranger, a slot that died connecting, or the close
-                if not self._closed:
-                    log.warning("refused a connection to the worker listener: %s", exc)
-                continue
+    def _watch(self) -> None:
+        """Register each starting slot as its identity comes (see :meth:`_register`), until closed."""
+        ray = self._ray
+        while True:
             with self._cond:
-                node, proc = self._starting.pop(token, (None, None))
-                if proc is None:
-                    conn.close()
-                    continue
-                proc.pid = pid
-                self._ray_nodes[pid] = ray_node
-                self._idle.setdefault(node, []).append(RayWorkerHandle(proc, conn, node=node))
+                self._cond.wait_for(lambda: self._starting or self._closed)
+                if self._closed:
+                    return
+                refs = list(self._starting)
+            ready, _ = ray.wait(refs, num_returns=1, timeout=_WATCH_POLL_S)
+            for ref in ready:
+                self._register(ref)
+
+    def _register(self, ref) -> None:
+        """The slot whose identity call ``ref`` finished joins its node's idle
+        slots, with a relay for its connection; one that died starting is dropped."""
+        try:
+            pid, ray_node = self._ray.get(ref)
+        except self._ray.exceptions.RayError as exc:
+            with self._cond:
+                entry = self._starting.pop(ref, None)
                 self._cond.notify_all()
+            if entry is not None:
+                log.warning("a slot actor of node %s died starting: %s", entry[0], type(exc).__name__)
+                entry[1].kill()
+            return
+        with self._cond:
+            node, proc = self._starting.pop(ref, (None, None))
+            if proc is None or self._closed:
+                return
+            proc.pid = pid
+            relay = Relay(self._ray, proc.actor, name=f"pollux-ray-relay-{pid}")
+            self._relays = [r for r in self._relays if r.running] + [relay]
+            self._ray_nodes[pid] = ray_node
+            self._idle.setdefault(node, []).append(RayWorkerHandle(proc, relay.conn, node=node, relay=relay))
+            self._cond.notify_all()
 
     def _take(self, node: str, job_key: str | None) -> RayWorkerHandle:
         """An idle slot of ``node`` (one warm for ``job_key`` first), waiting for one
@@ -245,8 +275,7 @@ class RayWorkerPool(WorkerPool):
     def discard(self, workers: list[WorkerHandle], graceful: bool = False) -> None:
         """End ``workers`` (faulty, or their job failed) and start their slots anew."""
         for w in workers:
-            w.process.kill()
-            w.conn.close()
+            w.end()
             self._ray_nodes.pop(w.process.pid, None)
             if w.process.actor is not None and self._nodes.alive(w.node):
                 self._start_slot(w.node)
@@ -290,7 +319,8 @@ class RayWorkerPool(WorkerPool):
         return self._spawned
 
     def close(self) -> None:
-        """End the idle and starting slots and stop accepting (slots held by jobs are ended by the jobs)."""
+        """End the idle and starting slots and the watcher (slots held by jobs
+        are ended by the jobs), then wait for the relays of the ended slots."""
         with self._cond:
             if self._closed:
                 return
@@ -298,16 +328,16 @@ class RayWorkerPool(WorkerPool):
             idle = [w for ws in self._idle.values() for w in ws]
             starting = [p for _, p in self._starting.values()]
             self._idle, self._starting = {}, {}
+            relays = list(self._relays)
             self._cond.notify_all()
+        self._watcher.join(timeout=2 * _WATCH_POLL_S + 1.0)
         for w in idle:
-            w.process.kill()
-            w.conn.close()
+            w.end()
         for p in starting:
             p.kill()
         ActorProcess(self._ray, self._fresh, None).kill()
-        try:
-            Client(self.address, authkey=self._authkey).close()  # wakes the accept thread
-        except OSError:
-            pass
-        self._listener.close()
-        self._accepter.join(timeout=5.0)
+        for relay in relays:
+            if not relay.running:
+                relay.join(0)
+            elif not relay.join():
+                log.debug("a relay of the pool still runs (its slot is held by a job)")

@@ -162,7 +162,7 @@ def simulate(
         if events_path.exists():
             events_path.unlink()  # a simulation is deterministic: rerun from scratch
     # Rerun from scratch, never resumed: one fsync at the end instead of one per event.
-    events = EventLog(out / "events.jsonl", durable=False) if out is not None else None
+    events = EventLog(out / "events.jsonl", durable=False, ordered=False) if out is not None else None
     try:
         backend = SimBackend(jobs, profiles, cluster, events, config)
         provides = {Requirement.ORACLE: backend.oracle}
