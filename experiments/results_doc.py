@@ -22,7 +22,8 @@ each adding a section when present: ``solver_comparison.csv``
 (``user_jobs.py``), ``fuzz.csv`` (``fuzz_instances.py``), ``kills.csv``
 (``kill_runs.py``) and ``fair_jct.csv``,
 ``fair_jct_estimator.csv`` (``fair_jct.py``, ``fair_jct_estimator.py``).
-The ``*_quick.csv`` files are smoke runs and are not reported.
+The ``*_quick.csv`` files are smoke runs and are not reported.  The sections on
+real jobs are in ``results_real.py``, the shared formatting in ``results_format.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,29 @@ import pandas as pd
 
 from pollux_opt.records.files import atomic_write_text
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its section modules, also when loaded by path
+from results_format import (  # noqa: E402
+    POLICY_NAMES,
+    REAL_POLICY_NAMES,
+    display_name,
+    md_table,
+    missing,
+    ms,
+    ordered,
+    pct,
+    seconds,
+    short,
+)
+from results_real import (  # noqa: E402
+    fidelity_section,
+    fuzz_section,
+    kills_section,
+    ray_section,
+    real_section,
+    runtime_section,
+    user_jobs_section,
+)
+
 log = logging.getLogger("results_doc")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,11 +77,6 @@ MACHINE = "the project's 2-core development machine (AMD EPYC, 2 vCPUs, 23 GiB m
 
 HEADLINE_BEGIN = "<!-- results:headline -->"
 HEADLINE_END = "<!-- /results:headline -->"
-
-#: Display names of the simulator's policies, in table order.
-POLICY_NAMES = {"pollux": "Pollux", "tiresias": "Tiresias+tuned", "optimus": "Optimus+Oracle+tuned"}
-#: Display names of the real executor's policies, in table order.
-REAL_POLICY_NAMES = {"fixed": "fixed", "dynamic": "dynamic", "pollux": "pollux"}
 
 #: Sensitivity axes: column value -> (label, value formatter), in table order.
 SENSITIVITY_AXES: dict[str, tuple[str, Callable[[float], str]]] = {
@@ -102,20 +121,6 @@ OPTIONAL_COLUMNS = {
     "fair_jct_estimator.csv": ["workload", "variant", "application", "samples", "median_rel_error",
                                "p90_rel_error", "median_ratio"],
 }
-#: runtime_measurements.py columns shown when present (its --parts choose which exist).
-RUNTIME_COLUMNS = [
-    ("to_target_s", "to target on 1 CPU (s)", lambda v: f"{v:.1f}"),
-    ("to_verified_s", "to verified (s)", lambda v: f"{v:.1f}"),
-    ("rescale_median_s", "rescale median (s)", lambda v: f"{v:.3f}"),
-    ("rescale_max_s", "rescale max (s)", lambda v: f"{v:.2f}"),
-    ("mape_pct", "held-out step-time MAPE", lambda v: f"{v:.1f} %"),
-    ("max_ape_pct", "worst held-out row", lambda v: f"{v:.1f} %"),
-    ("passes", "profiling passes", lambda v: f"{v:.0f}"),
-    ("repeat_pct", "pass-to-pass difference", lambda v: f"{v:.1f} %"),
-    ("kappa", "fitted kappa", lambda v: f"{v:.2f}"),
-]
-
-
 class ResultsError(Exception):
     """A results CSV is missing, or lacks a column, or the README lacks the markers."""
 
@@ -218,49 +223,6 @@ def compare_means(compare: pd.DataFrame, published: pd.DataFrame) -> pd.DataFram
 # ----------------------------------------------------------------------------- formatting
 
 
-def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> list[str]:
-    """A GitHub markdown table (``right[i]``: right-align column i); cells are escaped for ``|``."""
-    right = list(right) if right is not None else [False] * len(header)
-    if len(right) != len(header) or any(len(r) != len(header) for r in rows):
-        raise ValueError(f"table rows must have {len(header)} cells")
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-    return [line(header), line(["---:" if r else "---" for r in right]), *(line(r) for r in rows)]
-
-
-def seconds(v: float) -> str:
-    return "-" if _missing(v) else f"{v:.0f}"
-
-
-def pct(v: float, digits: int = 0) -> str:
-    """A fraction as a percentage."""
-    return "-" if _missing(v) else f"{100 * v:.{digits}f} %"
-
-
-def ms(v: float) -> str:
-    return "-" if _missing(v) else f"{1000 * v:.0f}"
-
-
-def short(v: float) -> str:
-    """Two significant figures below 10, whole numbers above (wall seconds, rho)."""
-    return "-" if _missing(v) else (f"{v:.0f}" if abs(v) >= 10 else f"{v:.1f}")
-
-
-def _missing(v) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-def _ordered(values, order: dict[str, str]) -> list[str]:
-    present = list(dict.fromkeys(values))
-    return [p for p in order if p in present] + sorted(p for p in present if p not in order)
-
-
-def _name(policy: str, names: dict[str, str] = POLICY_NAMES) -> str:
-    return names.get(policy, policy)
-
-
 def _reduction(ours: float, baseline: float) -> float:
     """How far ``ours`` is below ``baseline``, as a fraction of ``baseline``."""
     return 1.0 - ours / baseline
@@ -297,9 +259,9 @@ def per_workload_reduction(results: Results, ours: str = "pollux", baseline: str
 def headline(results: Results) -> list[str]:
     """The README's summary table (also the top of docs/results.md)."""
     m = results.means
-    policies = _ordered(m.policy, POLICY_NAMES)
+    policies = ordered(m.policy, POLICY_NAMES)
     n_workloads = results.compare.workload.nunique()
-    names = " / ".join(_name(p) for p in policies)
+    names = " / ".join(display_name(p) for p in policies)
     ours = " / ".join(seconds(mean_jct(results, p)) for p in policies)
     published = " / ".join(seconds(float(m[m.policy == p].published_avg_jct_s.iloc[0])) for p in policies)
     red = per_workload_reduction(results)
@@ -322,7 +284,7 @@ def headline(results: Results) -> list[str]:
         real = results.real
         workload = "mixed" if "mixed" in set(real.workload) else str(real.workload.iloc[0])
         sub = real[real.workload == workload]
-        pols = _ordered(sub.policy, REAL_POLICY_NAMES)
+        pols = ordered(sub.policy, REAL_POLICY_NAMES)
         rows.append([f"Real CPU jobs on this machine, set `{workload}`, average JCT: {' / '.join(pols)}",
                      " / ".join(f"{float(sub[sub.policy == p].avg_jct_s.iloc[0]):.1f}" for p in pols) + " s"])
     return md_table(["result", "value"], rows, [False, True])
@@ -330,7 +292,7 @@ def headline(results: Results) -> list[str]:
 
 def compare_section(results: Results) -> list[str]:
     df = results.compare
-    policies = _ordered(df.policy, POLICY_NAMES)
+    policies = ordered(df.policy, POLICY_NAMES)
     pivot = df.pivot(index="workload", columns="policy", values="avg_jct_s")
     incomplete = sorted(set(df.workload[df.completed < df.jobs]), key=_workload_key)
     workloads = sorted(pivot.index, key=_workload_key)
@@ -347,7 +309,7 @@ def compare_section(results: Results) -> list[str]:
         + (f" (not every job completed in: {', '.join(incomplete)})" if incomplete else "")
         + ":",
         "",
-        *md_table(["workload", *(_name(p) for p in policies), "Pollux below Tiresias"],
+        *md_table(["workload", *(display_name(p) for p in policies), "Pollux below Tiresias"],
                   rows, [False] + [True] * (len(policies) + 1)),
         "",
         f"Means over the {len(workloads)} workloads, against the published Pollux-simulator averages. "
@@ -357,13 +319,13 @@ def compare_section(results: Results) -> list[str]:
     ]
     m = results.means.set_index("policy")
     mrows = [[
-        _name(p), f"{seconds(m.avg_jct_s[p])} ({m.avg_jct_s[p] / 3600:.3f} h)",
-        "-" if _missing(m.published_avg_jct_s[p])
+        display_name(p), f"{seconds(m.avg_jct_s[p])} ({m.avg_jct_s[p] / 3600:.3f} h)",
+        "-" if missing(m.published_avg_jct_s[p])
         else f"{seconds(m.published_avg_jct_s[p])} ({m.published_avg_jct_s[p] / 3600:.2f} h)",
-        "-" if _missing(m.ratio_to_published[p]) else f"{m.ratio_to_published[p]:.3f}",
+        "-" if missing(m.ratio_to_published[p]) else f"{m.ratio_to_published[p]:.3f}",
         seconds(m.p99_jct_s[p]), seconds(m.makespan_s[p]),
         short(m.worst_rho[p]), f"{m.frac_rho_gt_1[p]:.2f}", f"{short(m.wall_s[p])}, {short(m.max_wall_s[p])}",
-    ] for p in _ordered(m.index, POLICY_NAMES)]
+    ] for p in ordered(m.index, POLICY_NAMES)]
     lines += md_table(["policy", "avg JCT (s)", "published (s)", "ours / published", "p99 JCT (s)",
                        "makespan (s)", "worst rho", "frac rho > 1", "wall s / workload (mean, max)"],
                       mrows, [False] + [True] * 8)
@@ -373,7 +335,7 @@ def compare_section(results: Results) -> list[str]:
 
 def sensitivity_section(results: Results) -> list[str]:
     df = results.sensitivity
-    axes = _ordered(df.axis, {a: a for a in SENSITIVITY_AXES})
+    axes = ordered(df.axis, {a: a for a in SENSITIVITY_AXES})
     rows = []
     for axis in axes:
         label, fmt = SENSITIVITY_AXES.get(axis, (axis, lambda v: f"{v:g}"))
@@ -382,7 +344,7 @@ def sensitivity_section(results: Results) -> list[str]:
             at = sub[sub.value == value].set_index("policy").avg_jct_s
             pol, tir = at.get("pollux", float("nan")), at.get("tiresias", float("nan"))
             rows.append([label, fmt(value), seconds(pol), seconds(tir),
-                         "-" if _missing(pol) or _missing(tir) else pct(_reduction(pol, tir))])
+                         "-" if missing(pol) or missing(tir) else pct(_reduction(pol, tir))])
     lines = [
         "## Sensitivity",
         "",
@@ -460,7 +422,7 @@ def speed_section(results: Results) -> list[str]:
     for case, r in cur.iterrows():
         old = ref.cpu_median_s.get(case, math.nan)
         rows.append([str(case), ms(r.wall_median_s), ms(r.cpu_median_s), ms(old),
-                     "-" if _missing(old) else f"{old / r.cpu_median_s:.2f}x",
+                     "-" if missing(old) else f"{old / r.cpu_median_s:.2f}x",
                      f"{r.load_average_1min:.1f}", f"{ref.load_average_1min.get(case, math.nan):.1f}"])
     return [
         "## Allocator speed",
@@ -475,199 +437,6 @@ def speed_section(results: Results) -> list[str]:
                    "reference / current CPU", "load", "reference load"], rows, [False] + [True] * 6),
         "",
     ]
-
-
-def runtime_section(results: Results) -> list[str]:
-    if results.runtime is None:
-        return []
-    df = results.runtime
-    cols = [(c, label, fmt) for c, label, fmt in RUNTIME_COLUMNS if c in df.columns]
-    rows = [[str(r["job"]), *("-" if _missing(r[c]) else fmt(float(r[c])) for c, _, fmt in cols)]
-            for _, r in df.iterrows()]
-    return [
-        "## Elastic CPU training jobs",
-        "",
-        "`experiments/runtime_measurements.py`: each built-in job trained on one CPU to its target and "
-        "verified, rescaled between 1 and 2 replicas, and its throughput model fitted on 7 profiled "
-        "configurations and checked on 5 held-out ones.",
-        "",
-        *md_table(["job", *(label for _, label, _ in cols)], rows, [False] + [True] * len(cols)),
-        "",
-    ]
-
-
-def fidelity_section(results: Results) -> list[str]:
-    if results.fidelity is None:
-        return []
-    df = results.fidelity
-    rows = [[str(r.run), str(r.policy), str(r.variant), f"{r.real_avg_jct_s:.1f}", f"{r.sim_avg_jct_s:.1f}",
-             f"{100 * r.rel_error:+.1f} %"] for r in df.itertuples()]
-    return [
-        "## Simulator fidelity",
-        "",
-        "`experiments/sim_fidelity.py`: real runs exported as profiles (`pollux-opt profile`) and replayed "
-        "under the same policy, cluster and interval; **paper** is Pollux's simulator (fixed rounds), "
-        "**matched** also models what the executor does around the jobs (early rounds, measured start and "
-        "verification times, the one-replica split).",
-        "",
-        *md_table(["run", "policy", "variant", "real avg JCT (s)", "simulated (s)", "error"], rows,
-                  [False, False, False, True, True, True]),
-        "",
-    ]
-
-
-def real_section(results: Results) -> list[str]:
-    if results.real is None:
-        return []
-    df = results.real
-    rows = []
-    for w in list(dict.fromkeys(df.workload)):
-        sub = df[df.workload == w].set_index("policy")
-        for p in _ordered(sub.index, REAL_POLICY_NAMES):
-            r = sub.loc[p]
-            rows.append([str(w), _name(p, REAL_POLICY_NAMES), f"{r.avg_jct_s:.1f}", f"{r.worst_rho:.2f}",
-                         f"{r.avg_goodput:.2f}", f"{r.overhead_pct_of_interval:.2f} %"])
-    return [
-        "## Real CPU jobs: fixed, dynamic and pollux",
-        "",
-        "`experiments/real_cluster.py` (`pollux-opt demo` per workload set): real CPU training jobs on this "
-        "machine, the three policies one after another. Average goodput is in single-CPU equivalents; "
-        "overhead is the scheduler's time per round in % of the interval. Wall-clock figures on a shared "
-        "machine: compare policies within one sweep.",
-        "",
-        *md_table(["set", "policy", "avg JCT (s)", "worst rho", "avg goodput", "overhead"], rows,
-                  [False, False, True, True, True, True]),
-        "",
-    ]
-
-
-def ray_section(results: Results) -> list[str]:
-    if results.ray is None:
-        return []
-    out = ["## Real jobs on a 2-node Ray cluster", "",
-           "`experiments/ray_cluster.py`: a Ray test cluster on this machine (`ray.cluster_utils.Cluster`: a "
-           "head without CPUs, two nodes of one CPU each); see [`docs/ray.md`](ray.md).", ""]
-    rescale = results.ray.get("ray_rescale.csv")
-    if rescale is not None:
-        warm = rescale.iloc[1:] if len(rescale) > 1 else rescale  # the first one starts the second node's actor
-        out += [f"Rescales across the nodes (checkpoint, re-form the group, resume): median "
-                f"{rescale.seconds.median():.2f} s over {len(rescale)}, {warm.seconds.median():.2f} s without the "
-                f"first (which builds the job in the second node's actor: {rescale.seconds.iloc[0]:.2f} s), "
-                f"max {rescale.seconds.max():.2f} s.", ""]
-    vs = results.ray.get("ray_vs_local.csv")
-    if vs is not None:
-        rows = []
-        for policy in list(dict.fromkeys(vs.policy)):
-            sub = vs[vs.policy == policy].set_index("backend")
-            if {"ray", "local"} <= set(sub.index):
-                r, lo = sub.loc["ray"], sub.loc["local"]
-                rows.append([_name(policy, REAL_POLICY_NAMES), f"{r.avg_jct_s:.1f}", f"{lo.avg_jct_s:.1f}",
-                             f"{100 * (r.avg_jct_s / lo.avg_jct_s - 1):+.0f} %",
-                             f"{r.overhead_pct_of_interval:.2f} %", f"{lo.overhead_pct_of_interval:.2f} %",
-                             f"{r.mean_load1:.1f} / {lo.mean_load1:.1f}"])
-        out += ["The quick `mixed` workload on the Ray cluster and on the local backend with the same 2 x 1 "
-                "CPUs, each policy on both in turn; overhead is the scheduler's time per round in % of the "
-                "interval.", "",
-                *md_table(["policy", "Ray avg JCT (s)", "local (s)", "Ray vs local", "Ray overhead",
-                           "local overhead", "load (Ray / local)"], rows, [False] + [True] * 6), ""]
-        if set(RAY_PHASES) <= set(vs.columns):
-            rows = [[_name(r.policy, REAL_POLICY_NAMES), str(r.backend), f"{r.avg_jct_s:.1f}",
-                     *(f"{getattr(r, c):.1f}" for c in RAY_PHASES)] for r in vs.itertuples()]
-            out += ["Where a job's time goes, mean seconds per job (from each run's events): waiting for CPUs "
-                    "(submit to start), starting (the workers' start, the job's build and the steps to its first "
-                    "evaluation), training (first to last evaluation) and verifying (last evaluation to the "
-                    "verified completion, in a fresh process).", "",
-                    *md_table(["policy", "backend", "avg JCT", *RAY_PHASES.values()], rows,
-                              [False, False] + [True] * 5), ""]
-    fid = results.ray.get("ray_fidelity.csv")
-    if fid is not None:
-        rows = [[str(r.policy), str(r.variant), f"{r.real_avg_jct_s:.1f}", f"{r.sim_avg_jct_s:.1f}",
-                 f"{100 * r.rel_error:+.1f} %"] for r in fid.itertuples()]
-        out += ["The Ray runs replayed in the simulator with the profiles measured in them "
-                "(`experiments/sim_fidelity.py`).", "",
-                *md_table(["policy", "variant", "real avg JCT (s)", "simulated (s)", "error"], rows,
-                          [False, False, True, True, True]), ""]
-    return out
-
-
-def user_jobs_section(results: Results) -> list[str]:
-    if results.user_jobs is None:
-        return []
-    names = {"overhead": "keep-your-loop CPU time per step over the builder protocol",
-             "mape": "held-out step-time MAPE of the fitted model"}
-    rows = [[names.get(r.part, str(r.part)), str(r.job), f"{r.value_pct:.1f} %", f"<= {r.target_pct:g} %",
-             str(r.detail), f"{r.load1:.1f}"] for r in results.user_jobs.itertuples()]
-    return [
-        "## Users' own training loops",
-        "",
-        "`experiments/user_jobs.py`: the wrapper of `pollux_opt.elastic` against the builder protocol on the "
-        "same model (one replica, in-process), and the throughput model fitted to the example scripts of "
-        "`examples/user-jobs/` (see [`docs/user-jobs.md`](user-jobs.md)).",
-        "",
-        *md_table(["measure", "job", "value", "target", "detail", "load"], rows,
-                  [False, False, True, True, False, True]),
-        "",
-    ]
-
-
-def fuzz_section(results: Results) -> list[str]:
-    if results.fuzz is None:
-        return []
-    rows = [[str(r.front_end), str(r.mode), f"{r.cases:.0f}", f"{r.answered:.0f}", f"{r.rejected:.0f}",
-             f"{r.tracebacks:.0f}", f"{r.hangs:.0f}", f"{r.wrong_status:.0f}", f"{r.max_case_seconds:.1f}"]
-            for r in results.fuzz.itertuples()]
-    return [
-        "## Hostile instance files",
-        "",
-        "`experiments/fuzz_instances.py`: seeded instance files (about 60 % valid, 30 % with hostile values, "
-        "10 % with hostile bytes) through `pollux_opt.allocate` and `pollux-opt allocate`, 5 s time limit each. "
-        "A traceback is any exception but `InvalidProblem` (or an exit status other than 0 and 2), a hang a "
-        "case 30 s past its limit, a wrong status an answer whose placement breaks a constraint under a "
-        "status that claims a solution, or an `optimal` one worse than the greedy solver's. A subprocess case's "
-        "time includes the interpreter's start-up and imports, which on the shared, loaded machine can alone "
-        "exceed the slack; the slowest case's seconds are shown.",
-        "",
-        *md_table(["front end", "CLI run as", "cases", "answered", "rejected (exit 2)", "tracebacks", "hangs",
-                   "wrong status", "slowest case (s)"], rows, [False, False] + [True] * 7),
-        "",
-    ]
-
-
-def _count(v) -> str:
-    return "" if _missing(v) else f"{float(v):.0f}"
-
-
-def kills_section(results: Results) -> list[str]:
-    if results.kills is None:
-        return []
-    rows = []
-    for r in results.kills.itertuples():
-        same = r.same_outcome_as_without_kills
-        rows.append([str(r.test), str(r.policy), _count(r.kills), _count(r.scheduler_kills), _count(r.worker_kills),
-                     _count(r.rank0_kills), "" if _missing(r.jobs) else f"{r.verified:.0f} / {r.jobs:.0f}",
-                     _count(r.steps_repeated_where_none_may_be), _count(r.steps_repeated_after_rank0_kills),
-                     _count(r.processes_left), _count(r.temp_dirs_left),
-                     "" if _missing(same) else ("yes" if str(same) == "True" else "no")])
-    return [
-        "## Kills and Ctrl-C",
-        "",
-        "`experiments/kill_runs.py` (the slow tests of `tests/e2e/test_kills.py`): `pollux-opt run` on four "
-        "real jobs and 2 CPUs, with SIGKILLs of the scheduler (resumed at once with the same `--out`) and of "
-        "training workers at random moments, a single scheduler SIGKILL, and Ctrl-C to the process group "
-        "followed by a rerun. A kill of rank 0 may repeat the steps since its last checkpoint (at most "
-        "`checkpoint_interval_s` of training, asserted); every other kill and the stop may repeat none. "
-        f"Load average during the runs: {results.kills.load1.iloc[0]:.1f}.",
-        "",
-        *md_table(["run", "policy", "kills", "of the scheduler", "of a worker", "of which rank 0", "jobs verified",
-                   "steps repeated where none may be", "steps repeated after a rank-0 kill", "processes left",
-                   "temporary folders left", "same end as without kills"], rows,
-                  [False, False] + [True] * 10),
-        "",
-    ]
-
-
-#: ray_vs_local.csv's phase columns and their headers.
-RAY_PHASES = {"wait_s": "waiting", "startup_s": "starting", "train_s": "training", "verify_s": "verifying"}
 
 
 FAIR_JCT_POLICIES = {"pollux": "Pollux", "fair-jct": "fair-jct", "fair-jct-oracle": "fair-jct+oracle (bound)"}
@@ -689,12 +458,12 @@ def fair_jct_section(results: Results) -> list[str]:
     for w in sorted(dict.fromkeys(df.workload), key=lambda n: (not n.startswith("workload"), _workload_key(n))):
         sub = df[df.workload == w].set_index("policy")
         ref = float(sub.avg_jct_s["pollux"]) if "pollux" in sub.index else math.nan
-        for p in _ordered(sub.index, FAIR_JCT_POLICIES):
+        for p in ordered(sub.index, FAIR_JCT_POLICIES):
             r = sub.loc[p]
             rows.append([str(w), FAIR_JCT_POLICIES[p], seconds(r.avg_jct_s),
-                         "-" if p == "pollux" or _missing(ref) else pct(_reduction(float(r.avg_jct_s), ref), 1),
+                         "-" if p == "pollux" or missing(ref) else pct(_reduction(float(r.avg_jct_s), ref), 1),
                          seconds(r.p99_jct_s), short(r.worst_rho),
-                         "-" if _missing(r.jain_index) else f"{r.jain_index:.3f}", short(r.wall_s)])
+                         "-" if missing(r.jain_index) else f"{r.jain_index:.3f}", short(r.wall_s)])
     lines = [
         "## fair-jct: mean JCT with a finish-time fairness bound",
         "",

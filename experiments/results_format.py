@@ -1,0 +1,55 @@
+"""Markdown formatting shared by the sections of ``docs/results.md``
+(:mod:`results_doc`, :mod:`results_real`): tables, numbers, policy names."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+#: Display names of the simulator's policies, in table order.
+POLICY_NAMES = {"pollux": "Pollux", "tiresias": "Tiresias+tuned", "optimus": "Optimus+Oracle+tuned"}
+#: Display names of the real executor's policies, in table order.
+REAL_POLICY_NAMES = {"fixed": "fixed", "dynamic": "dynamic", "pollux": "pollux"}
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> list[str]:
+    """A GitHub markdown table (``right[i]``: right-align column i); cells are escaped for ``|``."""
+    right = list(right) if right is not None else [False] * len(header)
+    if len(right) != len(header) or any(len(r) != len(header) for r in rows):
+        raise ValueError(f"table rows must have {len(header)} cells")
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return [line(header), line(["---:" if r else "---" for r in right]), *(line(r) for r in rows)]
+
+
+def seconds(v: float) -> str:
+    return "-" if missing(v) else f"{v:.0f}"
+
+
+def pct(v: float, digits: int = 0) -> str:
+    """A fraction as a percentage."""
+    return "-" if missing(v) else f"{100 * v:.{digits}f} %"
+
+
+def ms(v: float) -> str:
+    return "-" if missing(v) else f"{1000 * v:.0f}"
+
+
+def short(v: float) -> str:
+    """Two significant figures below 10, whole numbers above (wall seconds, rho)."""
+    return "-" if missing(v) else (f"{v:.0f}" if abs(v) >= 10 else f"{v:.1f}")
+
+
+def missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def ordered(values, order: dict[str, str]) -> list[str]:
+    present = list(dict.fromkeys(values))
+    return [p for p in order if p in present] + sorted(p for p in present if p not in order)
+
+
+def display_name(policy: str, names: dict[str, str] = POLICY_NAMES) -> str:
+    return names.get(policy, policy)
