@@ -174,7 +174,7 @@ def _segments(rows: list[dict]) -> list[list[dict]]:
 
 
 def _live_workers(out: Path, pgid: int) -> list[tuple[str, int, int]]:
-    """``(job, rank, pid)`` of the training workers of the session ``pgid``, for
+    """``(job, rank, pid)`` of the training workers of process group ``pgid``, for
     jobs that can still afford a fault restart."""
     found = []
     for workdir in sorted((out / "jobs").glob("*")):
@@ -208,7 +208,7 @@ def _wait_for_steps(out: Path, since: int, proc: subprocess.Popen) -> bool:
 
 
 # ------------------------------------------------------------------- checks
-def _check_log(out: Path, jobs: set[str], sessions: int) -> list[dict]:
+def _check_log(out: Path, jobs: set[str], schedulers: int) -> list[dict]:
     """The event log parses line by line into one history: time never runs
     backwards, each job completes once and has no event after that."""
     lines = (out / "events.jsonl").read_text().splitlines()
@@ -216,7 +216,7 @@ def _check_log(out: Path, jobs: set[str], sessions: int) -> list[dict]:
     assert all(isinstance(e, dict) for e in events)
     times = [e["t"] for e in events]
     assert times == sorted(times), "time ran backwards"
-    assert [e["resumed"] for e in events if e["type"] == "run_start"] == [False] + [True] * (sessions - 1)
+    assert [e["resumed"] for e in events if e["type"] == "run_start"] == [False] + [True] * (schedulers - 1)
     for jid in jobs:
         mine = [e for e in events if e["job_id"] == jid]
         kinds = [e["type"] for e in mine]
@@ -275,20 +275,20 @@ def _killed_run(tmp_path: Path, policy: str) -> tuple[Path, list[tuple[str, str,
     """Run WORKLOAD under ``policy`` with KILLS random kills (half of the
     scheduler, resumed at once, half of a training worker), to the end; checks
     what every such run must hold and returns the run directory, the kills
-    ``(what, job, rank, unix time)`` and the number of scheduler sessions."""
+    ``(what, job, rank, unix time)`` and the number of scheduler processes."""
     rng = random.Random(SEED)
     plan = ["scheduler", "worker"] * (KILLS // 2) + ["scheduler"] * (KILLS % 2)
     rng.shuffle(plan)
     wl_file = tmp_path / "wl.json"
     wl_file.write_text(json.dumps(WORKLOAD))
     out = tmp_path / "run"
-    sessions = [_start(out, wl_file, policy)]
+    schedulers = [_start(out, wl_file, policy)]
     kills: list[tuple[str, str, int, float]] = []
     killed_groups: list[int] = []
     seen: set[int] = set()
     t_start = time.monotonic()
-    while len(kills) < KILLS and _wait_for_steps(out, _total_steps(out), sessions[-1]):
-        proc = sessions[-1]
+    while len(kills) < KILLS and _wait_for_steps(out, _total_steps(out), schedulers[-1]):
+        proc = schedulers[-1]
         time.sleep(rng.uniform(*PAUSE_S))
         seen.update(_group(proc.pid))
         victims = _live_workers(out, proc.pid)
@@ -303,9 +303,9 @@ def _killed_run(tmp_path: Path, policy: str) -> tuple[Path, list[tuple[str, str,
             kills.append(("scheduler", "", -1, time.time()))
             proc.wait()
             killed_groups.append(proc.pid)
-            sessions.append(_start(out, None))  # resume at once: its old workers may still be saving
+            schedulers.append(_start(out, None))  # resume at once: its old workers may still be saving
     assert len(kills) >= KILLS, f"the run finished after {len(kills)} kills: make the workload longer"
-    assert sessions[-1].wait(timeout=RUN_LIMIT_S) == 0
+    assert schedulers[-1].wait(timeout=RUN_LIMIT_S) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert {j["id"] for j in summary["jobs"]} == {j["id"] for j in WORKLOAD["jobs"]}
     assert all(j["completed"] and j["verified"] and not j["failed"] for j in summary["jobs"])
@@ -322,15 +322,15 @@ def _killed_run(tmp_path: Path, policy: str) -> tuple[Path, list[tuple[str, str,
     log.info("%s: kills %s (seed %d) in %.0f s; no process or temporary folder left", policy,
              Counter(k[0] if k[0] == "scheduler" else f"worker rank {k[2]}" for k in kills), SEED,
              time.monotonic() - t_start)
-    return out, kills, len(sessions), figures
+    return out, kills, len(schedulers), figures
 
 
-def _check_steps(out: Path, kills: list, sessions: int, figures: dict) -> list[dict]:
+def _check_steps(out: Path, kills: list, schedulers: int, figures: dict) -> list[dict]:
     """The log is one history; each job ended by its completion rule; no step
     was repeated but after a killed rank 0 (and those within the checkpoint
     interval).  Adds the repeated steps to ``figures``."""
     jobs = {j["id"] for j in WORKLOAD["jobs"]}
-    events = _check_log(out, jobs, sessions)
+    events = _check_log(out, jobs, schedulers)
     repeated = {}
     for jid in sorted(jobs):
         _check_completion_rule(out, events, jid)
@@ -348,8 +348,8 @@ def _outcomes(events: list[dict]) -> dict[str, tuple]:
 
 
 def test_random_kills_under_pollux_lose_no_completed_step(tmp_path):
-    out, kills, sessions, figures = _killed_run(tmp_path, "pollux")
-    _check_steps(out, kills, sessions, figures)
+    out, kills, schedulers, figures = _killed_run(tmp_path, "pollux")
+    _check_steps(out, kills, schedulers, figures)
     _record(test="random kills", **figures)
 
 
@@ -363,8 +363,8 @@ def test_random_kills_under_fixed_end_every_job_as_a_run_without_kills_to_the_bi
     expected = _outcomes(read_events(reference / "run" / "events.jsonl"))
     killed = tmp_path / "killed"
     killed.mkdir()
-    out, kills, sessions, figures = _killed_run(killed, "fixed")
-    got = _outcomes(_check_steps(out, kills, sessions, figures))
+    out, kills, schedulers, figures = _killed_run(killed, "fixed")
+    got = _outcomes(_check_steps(out, kills, schedulers, figures))
     log.info("final (step, progress, metric) per job, killed vs not: %s vs %s", got, expected)
     _record(test="random kills", same_outcome_as_without_kills=got == expected, **figures)
     assert got == expected

@@ -18,7 +18,7 @@ def _require(module: str, reason: str):
     return pytest.importorskip(module, reason=reason)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster():
     """``(cluster, ray)``: the test cluster, connected; nodes a test adds or
     removes are restored to :data:`NODES` nodes of :data:`NODE_CPUS` after it."""
