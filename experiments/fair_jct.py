@@ -14,6 +14,12 @@ multiplier and seed.  Writes ``OUT/fair_jct.csv`` (one row per run) and
 
 ``--option NAME=VALUE`` passes a fair-jct option (e.g. ``knee=2``); ``--interval`` and
 ``--noise`` (log-normal sigma of what jobs report) set the sensitivity axes.
+``--merge DIR ...`` joins the ``fair_jct.csv`` of runs made apart (e.g. two
+processes on different workloads) into ``OUT/fair_jct.csv`` (``--csv`` names
+another file) without simulating; a later DIR's run of the same workload,
+policy and settings replaces an earlier one.
+
+    python experiments/fair_jct.py --out experiments/results --merge runs/fj-a runs/fj-b
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from pollux_opt.workloads.adaptdl import philly_workload, read_adaptdl_csv
 log = logging.getLogger("fair_jct")
 POLICIES = ("pollux", "fair-jct")
 QUICK_JOBS = 12
+#: The columns that name one run (a row of the CSV).
+RUN_KEY = ["set", "workload", "policy", "options", "interval_s", "report_noise"]
 #: Summary fields copied into each row.
 SUMMARY_FIELDS = ("worst_rho", "frac_rho_gt_1", "jain_index")
 
@@ -76,13 +84,26 @@ def _value(text: str):
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
+def _axis_suffix(args) -> str:
+    """The sensitivity settings that differ from the defaults, as a name suffix
+    (e.g. ``-noise0.5``; empty at the defaults), so that each setting is its own set."""
+    parts = []
+    if args.noise != 0.0:
+        parts.append(f"-noise{args.noise:g}")
+    if args.interval != SIM_DEFAULT_INTERVAL_S:
+        parts.append(f"-interval{args.interval:g}")
+    return "".join(parts)
+
+
 def tasks_for(args, traces: Path, out: Path) -> list[dict]:
     options = dict((kv.split("=", 1)[0], _value(kv.split("=", 1)[1])) for kv in args.option)
     base = {"traces": str(traces), "quick": args.quick, "nodes": 4 if args.quick else SIM_DEFAULT_NODES,
             "interval": args.interval, "noise": args.noise, "options": options}
-    sets = [dict(set="adaptdl", name=f"workload-{w}", workload=w, load=None, seed=None) for w in args.workloads]
-    sets += [dict(set=f"philly-{load:g}x", name=f"philly-{load:g}x-s{seed}", workload=None, load=load, seed=seed)
-             for load in args.loads for seed in args.seeds]
+    axis = _axis_suffix(args)
+    sets = [dict(set=f"adaptdl{axis}", name=f"workload-{w}{axis}", workload=w, load=None, seed=None)
+            for w in args.workloads]
+    sets += [dict(set=f"philly-{load:g}x{axis}", name=f"philly-{load:g}x-s{seed}{axis}", workload=None, load=load,
+                  seed=seed) for load in args.loads for seed in args.seeds]
     return [{**base, **s, "policy": p, "out_dir": str(out / f"{s['name']}-{p}")}
             for s in sets for p in args.policies]
 
@@ -100,6 +121,9 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", type=float, default=0.0, help="report noise (log-normal sigma of measurements)")
     ap.add_argument("--jobs", type=int, default=1, help="parallel processes")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                    help="join DIR/fair_jct.csv of earlier runs into OUT/fair_jct.csv (no simulation)")
+    ap.add_argument("--csv", default="fair_jct.csv", help="file name of --merge's output (default fair_jct.csv)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.quick:
@@ -107,6 +131,8 @@ def main(argv=None) -> int:
     traces = Path(args.traces) if args.traces else default_trace_dir()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        return _merge([Path(d) / "fair_jct.csv" for d in args.merge], out / args.csv)
     rows: list[dict] = []
 
     def done(task, row):
@@ -116,10 +142,29 @@ def main(argv=None) -> int:
         atomic_write_csv(out / "fair_jct.csv", pd.DataFrame(rows))
 
     run_tasks(run_one, tasks_for(args, traces, out), jobs=args.jobs, on_result=done)
-    df = pd.DataFrame(rows)
-    means = df.groupby(["set", "policy"])[["avg_jct_s", "p99_jct_s", "worst_rho", "jain_index", "wall_s"]].mean()
-    atomic_write_csv(out / "fair_jct_means.csv", means.reset_index())
+    _write_means(pd.DataFrame(rows), out / "fair_jct_means.csv")
+    return 0
+
+
+def _write_means(df: pd.DataFrame, path: Path) -> None:
+    """``path``: per set, policy and options, the means of the runs' figures."""
+    means = df.groupby(["set", "policy", "options"])[["avg_jct_s", "p99_jct_s", "worst_rho", "jain_index",
+                                                      "wall_s"]].mean()
+    atomic_write_csv(path, means.reset_index())
     log.info("\n%s", means.to_string())
+
+
+def _merge(paths: list[Path], target: Path) -> int:
+    """Join the CSVs at ``paths`` into ``target`` (and its means beside it, ``*_means.csv``);
+    of rows with the same :data:`RUN_KEY`, the last one's."""
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"--merge: no fair_jct.csv at {missing}")
+    df = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    # a later DIR's run of the same set, workload, policy and settings replaces an earlier one
+    df = df.drop_duplicates(RUN_KEY, keep="last").reset_index(drop=True)
+    atomic_write_csv(target, df)
+    _write_means(df, target.with_name(target.stem + "_means.csv"))
     return 0
 
 

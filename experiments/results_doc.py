@@ -53,6 +53,7 @@ from results_format import (  # noqa: E402
     seconds,
     short,
 )
+from results_hetero import hetero_section, solver_types_section  # noqa: E402
 from results_real import (  # noqa: E402
     fidelity_section,
     fuzz_section,
@@ -120,6 +121,13 @@ OPTIONAL_COLUMNS = {
     "fair_jct.csv": ["set", "workload", "policy", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index", "wall_s"],
     "fair_jct_estimator.csv": ["workload", "variant", "application", "samples", "median_rel_error",
                                "p90_rel_error", "median_ratio"],
+    "fair_jct_screen.csv": ["workload", "policy", "options", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index"],
+    "sim_hetero.csv": ["workload", "policy", "avg_jct_s", "p99_jct_s", "makespan_s", "worst_rho",
+                       "gpu_hours_per_job", "round_s_median", "round_s_p95"],
+    "solver_types.csv": ["code", "case", "solves", "wall_median_s", "wall_p95_s", "cpu_median_s",
+                         "load_average_1min"],
+    "fair_jct_diagnosis.csv": ["run", "application", "jobs", "mean_jct_s", "share_of_mean", "wait_s", "restarts",
+                               "restart_s", "mean_replicas", "max_replicas"],
 }
 class ResultsError(Exception):
     """A results CSV is missing, or lacks a column, or the README lacks the markers."""
@@ -145,6 +153,10 @@ class Results:
     kills: pd.DataFrame | None = None
     fair_jct: pd.DataFrame | None = None
     fair_jct_estimator: pd.DataFrame | None = None
+    fair_jct_screen: pd.DataFrame | None = None
+    fair_jct_diagnosis: pd.DataFrame | None = None
+    hetero: pd.DataFrame | None = None
+    solver_types: pd.DataFrame | None = None
 
 
 def _read(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -206,6 +218,10 @@ def load_results(results_dir: Path) -> Results:
         kills=tables["kills.csv"],
         fair_jct=tables["fair_jct.csv"],
         fair_jct_estimator=tables["fair_jct_estimator.csv"],
+        fair_jct_screen=tables["fair_jct_screen.csv"],
+        fair_jct_diagnosis=tables["fair_jct_diagnosis.csv"],
+        hetero=tables["sim_hetero.csv"],
+        solver_types=tables["solver_types.csv"],
     )
 
 
@@ -454,8 +470,17 @@ def fair_jct_section(results: Results) -> list[str]:
     extra = extra[extra.workload.isin(df.workload)]
     df = pd.concat([df, extra[["set", "workload", "policy", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index",
                                "wall_s"]]], ignore_index=True)
+    # per set: the means over its workloads (NaN where a workload lacks the figure), for the
+    # policies run on all of the set's workloads
+    means = df.groupby(["set", "policy"], as_index=False)[["avg_jct_s", "p99_jct_s", "worst_rho", "jain_index",
+                                                           "wall_s"]].agg(lambda x: x.mean(skipna=False))
+    runs = df.groupby(["set", "policy"]).workload.nunique()
+    full = runs.groupby(level="set").transform("max")
+    means = means[[bool(runs[(s, p)] == full[(s, p)]) for s, p in zip(means.set, means.policy)]]
+    df = pd.concat([df, means.assign(workload=[f"mean {s}" for s in means.set])], ignore_index=True)
     rows = []
-    for w in sorted(dict.fromkeys(df.workload), key=lambda n: (not n.startswith("workload"), _workload_key(n))):
+    order = lambda n: (n.startswith("mean "), not n.startswith("workload"), _workload_key(n))  # noqa: E731
+    for w in sorted(dict.fromkeys(df.workload), key=order):
         sub = df[df.workload == w].set_index("policy")
         ref = float(sub.avg_jct_s["pollux"]) if "pollux" in sub.index else math.nan
         for p in ordered(sub.index, FAIR_JCT_POLICIES):
@@ -468,15 +493,47 @@ def fair_jct_section(results: Results) -> list[str]:
         "## fair-jct: mean JCT with a finish-time fairness bound",
         "",
         "`experiments/fair_jct.py` (formulation in [`docs/fair-jct.md`](fair-jct.md)): Pollux's power mean "
-        "with online Gittins-index weights and a predicted-rho bound, 16 x 4, interval 60 s, against Pollux "
+        "with online Gittins-index weights, a predicted-rho bound, a weight-scaled restart factor and an "
+        "exploration cap of 4, 16 x 4, interval 60 s, against Pollux "
         "(from `sim_compare.csv` where the row is not in `fair_jct.csv`; those lack Jain's index). "
-        "`philly-Lx-sN` rows are workloads sampled from `philly.csv` at job load L, seed N. "
+        "`philly-Lx-sN` rows are workloads sampled from `philly.csv` at job load L, seed N; a "
+        "`-noiseS` or `-intervalI` suffix marks a sensitivity setting (report noise S, interval I s). "
         "\"below Pollux\" is the reduction of average JCT.",
         "",
         *md_table(["workload", "policy", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
                    "Jain (1/rho)", "wall (s)"], rows, [False, False] + [True] * 6),
         "",
     ]
+    diag = results.fair_jct_diagnosis
+    if diag is not None:
+        drows = [[str(r.run), str(r.application), f"{r.jobs:.0f}", seconds(r.mean_jct_s), pct(r.share_of_mean),
+                  seconds(r.wait_s), f"{r.restarts:.1f}", seconds(r.restart_s), f"{r.mean_replicas:.1f}",
+                  f"{r.max_replicas:.1f}"] for r in diag.itertuples()]
+        lines += [
+            "Where the mean JCT goes, per application (`experiments/fair_jct_diagnose.py` on the runs' "
+            "events; wait: submission to first allocation; restarts and their seconds; replicas over the "
+            "rounds a job held any; means over the application's jobs):",
+            "",
+            *md_table(["run", "application", "jobs", "mean JCT (s)", "share of summed JCT", "wait (s)",
+                       "restarts", "restart time (s)", "mean replicas", "max replicas"], drows,
+                      [False, False] + [True] * 8),
+            "",
+        ]
+    screen = results.fair_jct_screen
+    if screen is not None:
+        ref = results.compare[results.compare.policy == "pollux"].set_index("workload").avg_jct_s
+        srows = [[str(r.workload), str(r.options), seconds(r.avg_jct_s),
+                  pct(_reduction(float(r.avg_jct_s), float(ref[r.workload])), 1) if r.workload in ref.index else "-",
+                  seconds(r.p99_jct_s), short(r.worst_rho), f"{r.jain_index:.3f}"]
+                 for r in screen.sort_values(["workload", "avg_jct_s"]).itertuples()]
+        lines += [
+            "Screening of fair-jct's variants (`fair_jct_screen.csv`; options as in "
+            "[`docs/fair-jct.md`](fair-jct.md), \"Variants screened\"):",
+            "",
+            *md_table(["workload", "options", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
+                       "Jain (1/rho)"], srows, [False, False] + [True] * 5),
+            "",
+        ]
     est = results.fair_jct_estimator
     if est is not None:
         erows = [[str(r.workload), str(r.variant), str(r.application), f"{r.samples:.0f}",
@@ -513,9 +570,11 @@ def render_doc(results: Results) -> str:
         *compare_section(results),
         *sensitivity_section(results),
         *fair_jct_section(results),
+        *hetero_section(results),
         *scale_section(results),
         *solvers_section(results),
         *speed_section(results),
+        *solver_types_section(results),
         *runtime_section(results),
         *fidelity_section(results),
         *real_section(results),

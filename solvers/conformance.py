@@ -13,6 +13,10 @@ Checks (see :data:`CHECKS`):
   the solver finishes with a solution (``OPTIMAL`` or ``FEASIBLE``) that
   :func:`check_result` accepts and that is never worse than keeping the current
   placement when that is feasible;
+* ``typed_instances``: the same on seeded problems with node types
+  (:func:`solvers.testing.random_typed_problem`); a solver listed in
+  :data:`NO_TYPE_SUPPORT` must instead reject them with
+  :class:`~solvers.InvalidProblem` (:data:`TYPE_REJECTION`);
 * ``edge_cases``: the same on :func:`solvers.testing.edge_problems` (no jobs, a
   job with no allowed pair, infeasible current placements, holes in tables);
 * ``status_contract``: under a tiny time limit the result still keeps the
@@ -43,7 +47,7 @@ from . import SOLVERS, solve
 from .errors import InvalidProblem
 from .problem import Problem, evaluate, violations
 from .result import Result, Status
-from .testing import edge_problems, random_problem
+from .testing import edge_problems, random_problem, random_typed_problem
 
 __all__ = [
     "BAD_INPUT_MESSAGES",
@@ -69,6 +73,17 @@ RANDOM_INSTANCES: tuple[tuple[int, int, int, int, dict], ...] = (
     (4, 3, 4, 6, {"interference_avoidance": False, "drop_fraction": 0.3}),
     (5, 4, 2, 8, {"drop_fraction": 0.5, "max_nodes_per_job": 2}),
 )
+#: Typed instances: (seed, nodes per type, capacity per type, num_jobs, keyword options).
+TYPED_INSTANCES: tuple[tuple[int, tuple, tuple, int, dict], ...] = (
+    (0, (2, 1), (2, 4), 4, {}),
+    (1, (6, 3, 2), (4, 8, 8), 20, {}),
+    (2, (3, 2), (4, 8), 10, {"interference_avoidance": False, "p": 0.0}),
+    (3, (2, 2, 2), (2, 4, 8), 12, {"weighted": True, "running_fraction": 1.0}),
+)
+#: Registered solvers that do not support node types; they must reject a typed problem.
+NO_TYPE_SUPPORT = frozenset({"evolutionary"})
+#: Pattern of their rejection message.
+TYPE_REJECTION = r"does not support node types \(problem has \d+ types\)"
 #: The instance of the time-limit check (large enough not to finish in TINY_TIME_LIMIT).
 TIME_LIMIT_INSTANCE = (7, 16, 4, 40)
 #: Patterns of the InvalidProblem messages every solver must give; ``{solver}``
@@ -170,6 +185,18 @@ def check_random_instances(solver: str, **options: Any) -> None:
         _check_solved(problem, solve(problem, solver, **options), solver, label)
 
 
+def check_typed_instances(solver: str, **options: Any) -> None:
+    """Feasible (each job on one node type, in a configuration of it), correctly scored, no worse
+    than current on seeded typed problems; or, for :data:`NO_TYPE_SUPPORT`, rejected."""
+    for seed, counts, caps, jobs, kwargs in TYPED_INSTANCES:
+        label = f"random_typed_problem({seed}, {counts}, {caps}, {jobs}, **{kwargs})"
+        problem = random_typed_problem(seed, counts, caps, jobs, **kwargs)
+        if solver in NO_TYPE_SUPPORT:
+            _expect_invalid(solver, TYPE_REJECTION, lambda: solve(problem, solver, **options))
+        else:
+            _check_solved(problem, solve(problem, solver, **options), solver, label)
+
+
 def check_edge_cases(solver: str, **options: Any) -> None:
     """The same contract on the hand-made corner cases of :func:`edge_problems`."""
     for label, problem in edge_problems():
@@ -223,6 +250,7 @@ def check_bad_input(solver: str, **options: Any) -> None:
 #: Check name -> check function ``check(solver, **options)``.
 CHECKS: dict[str, Callable[..., None]] = {
     "random_instances": check_random_instances,
+    "typed_instances": check_typed_instances,
     "edge_cases": check_edge_cases,
     "status_contract": check_status_contract,
     "repeatable": check_repeatable,

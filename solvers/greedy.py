@@ -14,6 +14,8 @@ the objective itself:
   avoidance -- with the most free CPUs hold enough);
 * a candidate's value pays the job's restart factor if it is running, except
   the candidate "exactly its current placement" when that still fits;
+* on a cluster with node types each candidate is a (type, nodes, replicas)
+  triple and uses nodes of its type only (a job never spans two types);
 * the job and candidate with the largest gain *per added CPU* win (ties: fewest
   replicas, then fewest nodes); the job is re-placed (best-fit node for one
   node, the freest eligible nodes otherwise); repeat until no candidate gains.
@@ -62,7 +64,7 @@ def _scale(problem: Problem, current_speedup: np.ndarray) -> tuple[UtilityScale,
     """
     f = np.where(problem.has_current, problem.restart_factor, 1.0)
     best = np.full(problem.num_jobs, -np.inf)  # each job's best y over pairs that fit the cluster
-    fits = problem.fits_cluster(problem.cfg_replicas, problem.cfg_nodes)
+    fits = problem.fits_cluster(problem.cfg_replicas, problem.cfg_nodes, problem.cfg_type if problem.typed else None)
     job = problem.cfg_job[fits]
     np.maximum.at(best, job, problem.cfg_speedup[fits] * f[job] + EPS)
     best = np.fmax(best, current_speedup + EPS)
@@ -103,9 +105,16 @@ class _Greedy:
         if reps == 0:
             return 0.0
         a, r, s = self.cfgs(j)
-        s = float(s[np.flatnonzero((a == int((row > 0).sum())) & (r == reps))[0]])
+        match = (a == int((row > 0).sum())) & (r == reps)
+        if self.shared.typed:
+            match &= self.shared.types[self.shared.start[j] : self.shared.start[j + 1]] == self._row_type(row)
+        s = float(s[np.flatnonzero(match)[0]])
         moved = self.problem.has_current[j] and np.any(row != self.problem.current[j])
         return s * (self.problem.restart_factor[j] if moved else 1.0)
+
+    def _row_type(self, row: np.ndarray) -> int:
+        """Node type of a non-empty row (its nodes share one type)."""
+        return int(self.problem.node_type[int(np.flatnonzero(row)[0])])
 
     # --------------------------------------------------------------- placement
     def set_row(self, j: int, row: np.ndarray) -> None:
@@ -134,14 +143,21 @@ class _Greedy:
         eligible = free > 0
         if p.interference_avoidance:
             eligible &= multi == 0
-        top = np.sort(free[eligible])[::-1]
-        reach = np.concatenate([[0], np.cumsum(top)])
-        spread_fits = (a <= top.size) & (r <= reach[np.minimum(a, top.size)])
-        fits = np.where(a == 1, r <= free.max(initial=0), spread_fits)
+        if self.shared.typed:
+            t = self.shared.types[self.shared.start[j] : self.shared.start[j + 1]][more]
+            fits = self._typed_fits(a, r, t, free, eligible)
+        else:
+            top = np.sort(free[eligible])[::-1]
+            reach = np.concatenate([[0], np.cumsum(top)])
+            spread_fits = (a <= top.size) & (r <= reach[np.minimum(a, top.size)])
+            fits = np.where(a == 1, r <= free.max(initial=0), spread_fits)
         value = s * (p.restart_factor[j] if p.has_current[j] else 1.0)
         keep = self._current_fits(j, free, multi)
         if keep:
-            at = np.flatnonzero((a == self.cur_nodes[j]) & (r == self.cur_reps[j]))
+            same = (a == self.cur_nodes[j]) & (r == self.cur_reps[j])
+            if self.shared.typed:
+                same &= t == self.shared.cur_type[j]
+            at = np.flatnonzero(same)
             if at.size:
                 value = value.copy()
                 value[at] = s[at]
@@ -155,8 +171,25 @@ class _Greedy:
         if not gain[best] * (r[best] - held) > GAIN_TOLERANCE:
             return None
         if keep and a[best] == self.cur_nodes[j] and r[best] == self.cur_reps[j]:
-            return float(gain[best]), p.current[j].copy()
+            if not self.shared.typed or t[best] == self.shared.cur_type[j]:
+                return float(gain[best]), p.current[j].copy()
+        if self.shared.typed:
+            return float(gain[best]), self._place(int(a[best]), int(r[best]), free, eligible, int(t[best]))
         return float(gain[best]), self._place(int(a[best]), int(r[best]), free, eligible)
+
+    def _typed_fits(self, a, r, t, free: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+        """bool[...]: candidates (nodes a, replicas r, type t) that fit the free nodes of their type."""
+        fits = np.zeros(a.shape, dtype=bool)
+        for kind, mine in enumerate(self.shared.type_nodes):
+            at = t == kind
+            if not at.any():
+                continue
+            top = np.sort(free[eligible & mine])[::-1]
+            reach = np.concatenate([[0], np.cumsum(top)])
+            aa, rr = a[at], r[at]
+            spread_fits = (aa <= top.size) & (rr <= reach[np.minimum(aa, top.size)])
+            fits[at] = np.where(aa == 1, rr <= free[mine].max(initial=0), spread_fits)
+        return fits
 
     def _current_fits(self, j: int, free: np.ndarray, multi: np.ndarray) -> bool:
         """Whether job j could go back to exactly its current placement now."""
@@ -170,9 +203,13 @@ class _Greedy:
             return False
         return bool(not np.isnan(self.shared.cur_speedup[j]))
 
-    def _place(self, a: int, r: int, free: np.ndarray, eligible: np.ndarray) -> np.ndarray:
-        """A row with r replicas on a nodes (best fit for one node, freest nodes otherwise)."""
+    def _place(self, a: int, r: int, free: np.ndarray, eligible: np.ndarray, kind: int | None = None) -> np.ndarray:
+        """A row with r replicas on a nodes (of type ``kind``; best fit for one node, freest nodes otherwise)."""
         row = np.zeros_like(free)
+        if kind is not None:
+            mine = self.shared.type_nodes[kind]
+            eligible = eligible & mine
+            free = np.where(mine, free, 0)
         if a == 1:
             room = np.where(free >= r, free, np.iinfo(free.dtype).max)
             row[int(np.argmin(room))] = r
@@ -228,6 +265,8 @@ class _Greedy:
 def _pair_order(problem: Problem) -> np.ndarray:
     """``np.lexsort((cfg_nodes, cfg_replicas, cfg_job))``, by one argsort of a combined key when it fits int64."""
     a, r = problem.table_shape
+    if problem.typed:  # ties between types: lower type first
+        return np.lexsort((problem.cfg_type, problem.cfg_nodes, problem.cfg_replicas, problem.cfg_job))
     if problem.num_jobs * (r + 1) * (a + 1) >= 2**62:
         return np.lexsort((problem.cfg_nodes, problem.cfg_replicas, problem.cfg_job))
     key = (problem.cfg_job * (r + 1) + problem.cfg_replicas) * (a + 1) + problem.cfg_nodes
@@ -244,12 +283,22 @@ class _Shared:
         self.nodes = problem.cfg_nodes[order]
         self.reps = problem.cfg_replicas[order]
         self.speedup = problem.cfg_speedup[order]
+        self.typed = problem.typed
+        self.types = problem.cfg_type[order]
+        self.type_nodes = [problem.node_type == t for t in range(problem.num_types)]  # bool[N] per type
         self.start = problem.cfg_start
         cur = problem.current
         self.cur_nodes = (cur > 0).sum(axis=1)
         self.cur_reps = cur.sum(axis=1)
-        # Speedup of each job's current shape (nan if it holds nothing or the shape is not allowed).
-        self.cur_speedup = problem.lookup_speedup(np.arange(problem.num_jobs), self.cur_nodes, self.cur_reps)
+        # Speedup of each job's current shape (nan if it holds nothing, the shape is not
+        # allowed, or it spans several node types).
+        jobs = np.arange(problem.num_jobs)
+        if self.typed:
+            self.cur_type, mixed = problem.placement_types(cur)
+            self.cur_speedup = problem.lookup_speedup(jobs, self.cur_nodes, self.cur_reps, self.cur_type)
+            self.cur_speedup[mixed] = np.nan
+        else:
+            self.cur_speedup = problem.lookup_speedup(jobs, self.cur_nodes, self.cur_reps)
         self.scale, self.weight = _scale(problem, np.where(problem.has_current, self.cur_speedup, np.nan))
 
 

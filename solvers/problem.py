@@ -7,7 +7,8 @@ and decodes the placement matrix back; nothing here knows about jobs.
 Objective (pinned, so anyone can recompute it from a placement):
 
 * job j placed with ``K_j = sum_n X[j, n]`` replicas on ``N_j = #{n: X[j, n] > 0}``
-  nodes has speedup ``s_j = speedup_j(N_j, K_j)`` (``s_j = 0`` when ``K_j = 0``);
+  nodes, all of node type ``t_j``, has speedup ``s_j = speedup_j(t_j, N_j, K_j)``
+  (``s_j = 0`` when ``K_j = 0``); a job on nodes of two types is infeasible;
 * if the job currently holds replicas (``current[j]`` non-zero) and
   ``X[j] != current[j]``, ``s_j`` is multiplied by its restart factor
   ``f_j = max(age_j - restarts_j * delta, 0) / (age_j + delta)``
@@ -33,6 +34,7 @@ import numpy as np
 from .domain import MAX_CPUS, MAX_REPLICAS, MAX_SPEEDUP, P_RANGE, WEIGHT_RANGE
 from .errors import InvalidProblem
 from .objective import EPS, GEOMETRIC_P, mean_from_utility_sum, power_mean, utility
+from .placement import evaluate, job_values, violations  # the placement checks, part of this module's API
 
 __all__ = [
     "EPS",
@@ -65,14 +67,34 @@ _ARRAYS = {
     "max_replicas": np.int64,
 }
 
+#: Optional fields: None means "every node and configuration has type 0".
+_TYPE_ARRAYS = ("node_type", "cfg_type")
+
+
+class _DefaultTypes(np.ndarray):
+    """The zeros a Problem stores for ``node_type=None`` or ``cfg_type=None``.
+
+    Marked, so that a Problem built from another one's fields
+    (``dataclasses.replace(problem, capacity=...)``) reads it as None again
+    and sizes its zeros to the new shapes.
+    """
+
+
+def _default_types(size: int) -> np.ndarray:
+    return np.zeros(size, dtype=np.int64).view(_DefaultTypes)
+
 
 @dataclass(frozen=True, eq=False)
 class Problem:
     """A frozen allocation problem over J jobs, N nodes and C candidate configurations.
 
-    A *configuration* of a job is a pair (nodes, replicas) with a speedup; the
-    job may use any listed configuration or none (zero replicas, speedup 0).
-    Configurations are listed job by job (``cfg_job`` non-decreasing).
+    A *configuration* of a job is a triple (type, nodes, replicas) with a
+    speedup; the job may use any listed configuration or none (zero replicas,
+    speedup 0).  Configurations are listed job by job (``cfg_job``
+    non-decreasing).  A heterogeneous cluster has nodes of several *types*
+    (GPU models): a configuration of type t uses nodes of type t only, so a
+    job never spans two types (Sia, SOSP 2023).  Without ``node_type`` and
+    ``cfg_type`` every node and configuration has type 0.
 
     Attributes:
         capacity: int64[N] CPUs (or GPUs) per node, in [1, MAX_CPUS].
@@ -89,6 +111,9 @@ class Problem:
         max_nodes_per_job: largest number of nodes one job may span, in [1, MAX_REPLICAS].
         interference_avoidance: if true, a node hosts at most one job that spans
             more than one node (Pollux, section 4.2).
+        node_type: int64[N] type of each node, in [0, N) (None: all 0; stored as zeros).
+        cfg_type: int64[C] type of each configuration; some node has that type
+            (None: all 0; stored as zeros).
     """
 
     capacity: np.ndarray
@@ -104,6 +129,8 @@ class Problem:
     p: float = -1.0
     max_nodes_per_job: int = 16
     interference_avoidance: bool = True
+    node_type: np.ndarray | None = None
+    cfg_type: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name, dtype in _ARRAYS.items():
@@ -111,6 +138,15 @@ class Problem:
                 arr = np.array(getattr(self, name), dtype=dtype, copy=True)
             except (OverflowError, ValueError, TypeError) as exc:
                 raise InvalidProblem(f"{name} must convert to {np.dtype(dtype).name}: {exc}") from None
+            arr.setflags(write=False)
+            object.__setattr__(self, name, arr)
+        for name, like in zip(_TYPE_ARRAYS, (self.capacity, self.cfg_job)):
+            value = getattr(self, name)
+            default = value is None or isinstance(value, _DefaultTypes)
+            try:
+                arr = _default_types(like.shape[0] if like.ndim else 0) if default else np.array(value, dtype=np.int64, copy=True)
+            except (OverflowError, ValueError, TypeError) as exc:
+                raise InvalidProblem(f"{name} must convert to int64: {exc}") from None
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
         for name, kind in (("p", float), ("max_nodes_per_job", int)):
@@ -138,6 +174,17 @@ class Problem:
         return int(self.cfg_job.shape[0])
 
     @cached_property
+    def num_types(self) -> int:
+        """T, one more than the largest node or configuration type (at least 1)."""
+        top = max(int(self.node_type.max(initial=0)), int(self.cfg_type.max(initial=0)))
+        return top + 1
+
+    @property
+    def typed(self) -> bool:
+        """True when some node or configuration has a type other than 0 (several types)."""
+        return self.num_types > 1
+
+    @cached_property
     def cfg_start(self) -> np.ndarray:
         """int64[J + 1]: configurations of job j are ``cfg_start[j]:cfg_start[j+1]``."""
         return np.searchsorted(self.cfg_job, np.arange(self.num_jobs + 1)).astype(np.int64)
@@ -156,6 +203,8 @@ class Problem:
         Entry ``[j, 0, 0]`` is 0: every job may hold nothing.  Dense, so only
         for small tables (tests, inspection); the solvers look pairs up with
         :meth:`lookup_speedup`, whose cost does not grow with A or R.
+        Configurations of every type land in the same table, so it describes
+        a typed problem only per type (tests use it on untyped ones).
         """
         a, r = self.table_shape
         table = np.full((self.num_jobs, a + 1, r + 1), np.nan)
@@ -169,23 +218,37 @@ class Problem:
         """(in-job keys, sorted global keys, configuration of each sorted key), all int64.
 
         A configuration's in-job key is ``nodes (R + 1) + replicas`` (< 2^62 in
-        the domain); its global key is ``job U + rank of the in-job key among
-        the U distinct ones``, so that one sorted int64 array orders them all.
+        the domain), made ``type U1 + rank of that among its U1 distinct
+        values`` on a typed problem; its global key is ``job U + rank of the
+        in-job key among the U distinct ones``, so that one sorted int64 array
+        orders them all.
         """
         r = self.table_shape[1]
         inner = self.cfg_nodes * (r + 1) + self.cfg_replicas
+        if self.typed:
+            shapes = np.unique(inner)
+            inner = self.cfg_type * shapes.size + np.searchsorted(shapes, inner)
         distinct = np.unique(inner)
         keys = self.cfg_job * distinct.size + np.searchsorted(distinct, inner)
         order = np.argsort(keys, kind="stable")
         return distinct, keys[order], order
 
-    def lookup_speedup(self, jobs: np.ndarray, nodes: np.ndarray, replicas: np.ndarray) -> np.ndarray:
-        """float64[...] speedup of each (job, nodes, replicas) pair, ``nan`` where not a configuration.
+    @cached_property
+    def _shapes(self) -> np.ndarray:
+        """int64[U1] sorted distinct ``nodes (R + 1) + replicas`` of the configurations (typed problems)."""
+        return np.unique(self.cfg_nodes * (self.table_shape[1] + 1) + self.cfg_replicas)
 
-        O(log C) per pair by binary search over the configurations, never a
-        dense table; (0 nodes, 0 replicas) is not a configuration here.
+    def lookup_speedup(
+        self, jobs: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, types: np.ndarray | None = None
+    ) -> np.ndarray:
+        """float64[...] speedup of each (job, type, nodes, replicas), ``nan`` where not a configuration.
+
+        ``types`` defaults to 0 (the only type of an untyped problem).  O(log C)
+        per query by binary search over the configurations, never a dense
+        table; (0 nodes, 0 replicas) is not a configuration here.
         """
-        jobs, nodes, replicas = np.broadcast_arrays(*(np.asarray(a, dtype=np.int64) for a in (jobs, nodes, replicas)))
+        arrays = (jobs, nodes, replicas) + (() if types is None else (types,))
+        jobs, nodes, replicas, *rest = np.broadcast_arrays(*(np.asarray(a, dtype=np.int64) for a in arrays))
         out = np.full(jobs.shape, np.nan)
         if self.num_configs == 0:
             return out
@@ -193,6 +256,15 @@ class Problem:
         distinct, keys, order = self._config_keys
         valid = (nodes >= 1) & (nodes <= a) & (replicas >= 1) & (replicas <= r)
         inner = np.where(valid, nodes, 0) * (r + 1) + np.where(valid, replicas, 0)
+        if self.typed:
+            shapes = self._shapes
+            at = np.minimum(np.searchsorted(shapes, inner), shapes.size - 1)
+            valid &= shapes[at] == inner
+            kind = rest[0] if rest else np.zeros_like(jobs)
+            valid &= (kind >= 0) & (kind < self.num_types)
+            inner = np.where(valid, kind, 0) * shapes.size + at
+        elif rest:
+            valid &= rest[0] == 0
         rank = np.minimum(np.searchsorted(distinct, inner), distinct.size - 1)
         valid &= distinct[rank] == inner
         query = jobs * distinct.size + rank
@@ -201,15 +273,35 @@ class Problem:
         out[valid] = self.cfg_speedup[order[at[valid]]]
         return out
 
-    def fits_cluster(self, replicas: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        """bool[...]: ``replicas`` fit on some ``nodes`` nodes of the cluster by capacity alone.
+    def fits_cluster(self, replicas: np.ndarray, nodes: np.ndarray, types: np.ndarray | None = None) -> np.ndarray:
+        """bool[...]: ``replicas`` fit on some ``nodes`` nodes (of type ``types``) by capacity alone.
 
-        True when ``nodes <= N`` and ``replicas`` is at most the capacity of
-        the ``nodes`` largest nodes (the interference rule is not considered).
+        True when ``nodes`` is at most the number of nodes of the type and
+        ``replicas`` at most the capacity of its ``nodes`` largest nodes (the
+        interference rule is not considered).  ``types`` defaults to every
+        node (the untyped question).
         """
-        top = np.concatenate([[0], np.cumsum(np.sort(self.capacity)[::-1])])
         nodes = np.asarray(nodes, dtype=np.int64)
-        return (nodes <= self.num_nodes) & (np.asarray(replicas) <= top[np.clip(nodes, 0, self.num_nodes)])
+        if types is None:
+            top = np.concatenate([[0], np.cumsum(np.sort(self.capacity)[::-1])])
+            return (nodes <= self.num_nodes) & (np.asarray(replicas) <= top[np.clip(nodes, 0, self.num_nodes)])
+        replicas, nodes, types = np.broadcast_arrays(np.asarray(replicas), nodes, np.asarray(types, dtype=np.int64))
+        out = np.zeros(nodes.shape, dtype=bool)
+        for t in np.unique(types).tolist():
+            cap = np.sort(self.capacity[self.node_type == t])[::-1]
+            top = np.concatenate([[0], np.cumsum(cap)])
+            at = types == t
+            out[at] = (nodes[at] <= cap.size) & (replicas[at] <= top[np.clip(nodes[at], 0, cap.size)])
+        return out
+
+    def placement_types(self, placement: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(type int64[J], mixed bool[J]) of a placement int[J, N]: each job's node type, and
+        whether its nodes have several types (type 0 for a job that holds nothing)."""
+        used = np.asarray(placement) > 0
+        low = np.where(used, self.node_type, self.num_types).min(axis=1, initial=self.num_types)
+        high = np.where(used, self.node_type, -1).max(axis=1, initial=-1)
+        placed = high >= 0
+        return np.where(placed, low, 0), placed & (low != high)
 
     @cached_property
     def has_current(self) -> np.ndarray:
@@ -221,6 +313,7 @@ class Problem:
         """Raise :class:`InvalidProblem` for the first broken rule, naming the field and value."""
         self._validate_shapes()
         self._validate_scalars()
+        self._validate_types()
         self._validate_jobs()
         if self.num_configs:
             self._validate_configs()
@@ -240,6 +333,26 @@ class Problem:
                 raise InvalidProblem(f"{name} must have shape ({j},), got {getattr(self, name).shape}")
         if self.current.shape != (j, n):
             raise InvalidProblem(f"current must have shape ({j}, {n}), got {self.current.shape}")
+        for name, size in zip(_TYPE_ARRAYS, (n, c)):
+            if getattr(self, name).shape != (size,):
+                raise InvalidProblem(f"{name} must have shape ({size},), got {getattr(self, name).shape}")
+
+    def _validate_types(self) -> None:
+        n = self.num_nodes
+        for name in _TYPE_ARRAYS:
+            arr = getattr(self, name)
+            bad = np.flatnonzero((arr < 0) | (arr >= max(n, 1)))
+            if bad.size:
+                raise InvalidProblem(f"{name}[{bad[0]}] must be a type index in [0, {max(n, 1)}), got {arr[bad[0]]}")
+        if not self.typed:
+            return  # type 0 everywhere (a cluster without nodes may still list configurations)
+        present = np.zeros(n, dtype=bool)
+        present[self.node_type] = True
+        bad = np.flatnonzero(~present[self.cfg_type])
+        if bad.size:
+            raise InvalidProblem(
+                f"cfg_type[{bad[0]}] = {self.cfg_type[bad[0]]} (job {self.cfg_job[bad[0]]}) names a type no node has"
+            )
 
     def _validate_scalars(self) -> None:
         bad = np.flatnonzero(self.capacity <= 0)
@@ -286,13 +399,17 @@ class Problem:
                 f"configuration (nodes={self.cfg_nodes[k]}, replicas={self.cfg_replicas[k]}) "
                 f"of job {self.cfg_job[k]} is outside its replica range or max_nodes_per_job"
             )
-        keys = self._config_keys[1]
-        if np.any(keys[1:] == keys[:-1]):
+        keys, order = self._config_keys[1:]
+        twice = np.flatnonzero(keys[1:] == keys[:-1])
+        if twice.size:
+            if self.typed:
+                raise InvalidProblem(f"job {self._cfg(order[twice[0]])} lists the same (type, nodes, replicas) twice")
             raise InvalidProblem("a job lists the same (nodes, replicas) configuration twice")
 
     def _cfg(self, k: int) -> str:
-        """Configuration ``k`` as "J at (nodes=A, replicas=R)" for messages."""
-        return f"{self.cfg_job[k]} at (nodes={self.cfg_nodes[k]}, replicas={self.cfg_replicas[k]})"
+        """Configuration ``k`` as "J at (nodes=A, replicas=R)" (with the type when typed) for messages."""
+        kind = f"type={self.cfg_type[k]}, " if self.typed else ""
+        return f"{self.cfg_job[k]} at ({kind}nodes={self.cfg_nodes[k]}, replicas={self.cfg_replicas[k]})"
 
     def _validate_jobs(self) -> None:
         bad = np.flatnonzero(~np.isfinite(self.weight) | (self.weight <= 0))
@@ -332,65 +449,3 @@ class Problem:
                 f"current placement on node {over[0]} uses {self.current.sum(axis=0)[over[0]]} "
                 f"> capacity {self.capacity[over[0]]}"
             )
-
-
-def job_values(problem: Problem, placement: np.ndarray) -> np.ndarray:
-    """float64[J] ``x_j = s_j f_j`` of a placement (restart factor applied on a move).
-
-    Raises:
-        InvalidProblem: if a job's (nodes, replicas) pair is not an allowed configuration.
-    """
-    x = np.asarray(placement, dtype=np.int64)
-    reps = x.sum(axis=1)
-    nodes = (x > 0).sum(axis=1)
-    s = problem.lookup_speedup(np.arange(problem.num_jobs), nodes, reps)
-    s[reps == 0] = 0.0
-    bad = np.flatnonzero(np.isnan(s))
-    if bad.size:
-        j = bad[0]
-        raise InvalidProblem(
-            f"job {j} is placed on (nodes={nodes[j]}, replicas={reps[j]}), "
-            "which is not one of its allowed configurations"
-        )
-    moved = problem.has_current & np.any(x != problem.current, axis=1)
-    return s * np.where(moved, problem.restart_factor, 1.0)
-
-
-def evaluate(problem: Problem, placement: np.ndarray) -> float:
-    """Pinned objective M_p of a placement matrix int[J, N] (see module docstring)."""
-    return power_mean(job_values(problem, placement), problem.weight, problem.p)
-
-
-def violations(problem: Problem, placement: np.ndarray) -> list[str]:
-    """Every constraint a placement int[J, N] breaks, as messages (empty if feasible)."""
-    x = np.asarray(placement)
-    out: list[str] = []
-    if x.shape != (problem.num_jobs, problem.num_nodes):
-        return [f"placement shape {x.shape} != ({problem.num_jobs}, {problem.num_nodes})"]
-    if np.any(x < 0):
-        out.append("negative replica count")
-    load = x.sum(axis=0)
-    for n in np.flatnonzero(load > problem.capacity):
-        out.append(f"node {n}: {load[n]} replicas > capacity {problem.capacity[n]}")
-    reps = x.sum(axis=1)
-    nodes = (x > 0).sum(axis=1)
-    out_of_range = (reps > 0) & ((reps < problem.min_replicas) | (reps > problem.max_replicas))
-    too_wide = (reps > 0) & (nodes > problem.max_nodes_per_job)
-    for j in np.flatnonzero(out_of_range | too_wide):  # vectorised test, messages in job order
-        if out_of_range[j]:
-            out.append(
-                f"job {j}: {reps[j]} replicas outside [{problem.min_replicas[j]}, "
-                f"{problem.max_replicas[j]}]"
-            )
-        if too_wide[j]:
-            out.append(f"job {j}: spans {nodes[j]} nodes > {problem.max_nodes_per_job}")
-    try:
-        job_values(problem, x)
-    except InvalidProblem as exc:
-        out.append(str(exc))
-    if problem.interference_avoidance:
-        multi = nodes > 1
-        shared = ((x > 0) & multi[:, None]).sum(axis=0)
-        for n in np.flatnonzero(shared > 1):
-            out.append(f"node {n}: hosts {shared[n]} multi-node jobs")
-    return out

@@ -6,6 +6,8 @@ rebuilt from its seed.
 
 * :func:`random_problem`: a random cluster with concave speedup tables and some
   jobs currently running (the instances of ``experiments/solver_comparison.py``);
+* :func:`random_typed_problem`: the same on a cluster with several node types
+  (GPU models), each job with configurations on every type;
 * :func:`random_placement`: a random *feasible* placement of a problem;
 * :func:`brute_force`: the exact optimum of a tiny problem by enumeration;
 * :func:`edge_problems`: small hand-made corner cases every solver must handle.
@@ -33,6 +35,7 @@ from .problem import Problem, evaluate, violations
 __all__ = [
     "speedup_model",
     "random_problem",
+    "random_typed_problem",
     "random_placement",
     "brute_force",
     "edge_problems",
@@ -58,6 +61,13 @@ MAX_REPLICAS_NODES = 4
 PLACEMENT_ATTEMPTS = 8
 #: Weights drawn uniformly in this range when ``weighted`` is true.
 WEIGHT_RANGE = (0.5, 2.0)
+#: Sia's 64-GPU heterogeneous cluster (SOSP 2023, section 6): nodes and GPUs per node of each type.
+SIA_NODES = (6, 3, 2)
+SIA_GPUS_PER_NODE = (4, 8, 8)
+#: Relative speed of each node type in :func:`random_typed_problem` (type t: ``TYPE_SPEED[t % 3]``),
+#: each job's factor jittered by ``TYPE_JITTER`` (jobs gain differently from a faster GPU).
+TYPE_SPEED = (1.0, 1.6, 2.4)
+TYPE_JITTER = 0.25
 
 
 def _as_rng(rng: np.random.Generator | int) -> np.random.Generator:
@@ -158,6 +168,80 @@ def random_problem(
     return dataclasses.replace(problem, current=_place_jobs(gen, problem, np.flatnonzero(running)))
 
 
+def random_typed_problem(
+    rng: np.random.Generator | int,
+    nodes_per_type: tuple[int, ...] = SIA_NODES,
+    capacity_per_type: tuple[int, ...] = SIA_GPUS_PER_NODE,
+    num_jobs: int = 40,
+    *,
+    p: float = -1.0,
+    running_fraction: float = 0.5,
+    max_replicas_limit: int | None = None,
+    max_nodes_per_job: int = 16,
+    interference_avoidance: bool = True,
+    weighted: bool = False,
+) -> Problem:
+    """A seeded random problem on a cluster of several node types, every job with configurations on each.
+
+    Type t has ``nodes_per_type[t]`` nodes of ``capacity_per_type[t]`` CPUs
+    (GPUs) each, listed type by type.  A job's speedup on type t is the
+    concave :func:`speedup_model` times a per-(job, type) factor
+    ``TYPE_SPEED[t % 3] * U(1 - TYPE_JITTER, 1 + TYPE_JITTER)``; its pairs on
+    type t are those of :func:`random_problem` for that type's node count
+    and capacity.  Some jobs run now (on one type each), as in
+    :func:`random_problem`.
+
+    Args:
+        rng: generator or integer seed; the only source of randomness.
+        nodes_per_type, capacity_per_type: the cluster (default: Sia's 64 GPUs).
+        num_jobs: J, jobs.
+        p, running_fraction, max_nodes_per_job, interference_avoidance, weighted:
+            as for :func:`random_problem`.
+        max_replicas_limit: largest max_replicas drawn (default: the CPUs of
+            ``min(nodes, 4)`` nodes of the largest type).
+    """
+    gen = _as_rng(rng)
+    counts, caps = np.asarray(nodes_per_type, dtype=np.int64), np.asarray(capacity_per_type, dtype=np.int64)
+    if max_replicas_limit is None:
+        max_replicas_limit = int(np.max(caps * np.minimum(counts, MAX_REPLICAS_NODES)))
+    node_type = np.repeat(np.arange(counts.size), counts)
+    max_rep = gen.integers(1, max_replicas_limit + 1, size=num_jobs)
+    min_rep = np.where((gen.random(num_jobs) < MIN_TWO_PROBABILITY) & (max_rep >= 2), 2, gen.integers(0, 2, size=num_jobs))
+    alpha = gen.uniform(*ALPHA_RANGE, size=num_jobs)
+    beta = gen.uniform(*BETA_RANGE, size=num_jobs)
+    speed = np.array([TYPE_SPEED[t % len(TYPE_SPEED)] for t in range(counts.size)])
+    factor = speed * gen.uniform(1 - TYPE_JITTER, 1 + TYPE_JITTER, size=(num_jobs, counts.size))
+    rows = []  # (job, type, nodes, replicas, speedup)
+    for j in range(num_jobs):
+        for t, (n_t, cap) in enumerate(zip(counts.tolist(), caps.tolist())):
+            for a in range(1, min(n_t, max_nodes_per_job) + 1):
+                r = np.arange(max(a, min_rep[j], 1), min(max_rep[j], a * cap) + 1)
+                s = factor[j, t] * speedup_model(a, r, alpha[j], beta[j])
+                rows += [(j, t, a, int(k), float(v)) for k, v in zip(r, s)]
+    cfg = np.array(rows, dtype=np.float64).reshape(-1, 5)
+    age = gen.uniform(*AGE_RANGE, size=num_jobs)
+    restarts = gen.integers(0, MAX_RESTARTS + 1, size=num_jobs)
+    problem = Problem(
+        capacity=np.repeat(caps, counts),
+        cfg_job=cfg[:, 0].astype(np.int64),
+        cfg_nodes=cfg[:, 2].astype(np.int64),
+        cfg_replicas=cfg[:, 3].astype(np.int64),
+        cfg_speedup=cfg[:, 4],
+        current=np.zeros((num_jobs, node_type.size), dtype=np.int64),
+        restart_factor=np.maximum(age - restarts * RESTART_DELAY, 0.0) / (age + RESTART_DELAY),
+        weight=gen.uniform(*WEIGHT_RANGE, size=num_jobs) if weighted else np.ones(num_jobs),
+        min_replicas=min_rep,
+        max_replicas=max_rep,
+        p=p,
+        max_nodes_per_job=max_nodes_per_job,
+        interference_avoidance=interference_avoidance,
+        node_type=node_type,
+        cfg_type=cfg[:, 1].astype(np.int64),
+    )
+    running = gen.random(num_jobs) < running_fraction
+    return dataclasses.replace(problem, current=_place_jobs(gen, problem, np.flatnonzero(running)))
+
+
 def _random_tables(
     gen: np.random.Generator,
     span: int,
@@ -201,7 +285,7 @@ def _place_jobs(gen: np.random.Generator, problem: Problem, jobs: np.ndarray) ->
         for _ in range(PLACEMENT_ATTEMPTS):
             c = gen.choice(cfgs)
             a, r = int(problem.cfg_nodes[c]), int(problem.cfg_replicas[c])
-            ok = free > 0
+            ok = (free > 0) & (problem.node_type == problem.cfg_type[c])
             if a > 1 and problem.interference_avoidance:
                 ok &= ~has_multi
             eligible = np.flatnonzero(ok)
@@ -237,19 +321,18 @@ def random_placement(
 
 
 def _job_rows(problem: Problem, j: int) -> list[np.ndarray]:
-    """Every row (replicas per node) job j may take alone: zero or an allowed pair."""
+    """Every row (replicas per node) job j may take alone: zero or an allowed (type, nodes, replicas)."""
     rows = [np.zeros(problem.num_nodes, dtype=np.int64)]
-    allowed = set(
-        zip(
-            problem.cfg_nodes[problem.cfg_start[j] : problem.cfg_start[j + 1]].tolist(),
-            problem.cfg_replicas[problem.cfg_start[j] : problem.cfg_start[j + 1]].tolist(),
-        )
-    )
+    sl = slice(problem.cfg_start[j], problem.cfg_start[j + 1])
+    allowed = set(zip(problem.cfg_type[sl].tolist(), problem.cfg_nodes[sl].tolist(), problem.cfg_replicas[sl].tolist()))
     ranges = [range(int(c) + 1) for c in problem.capacity]
     for combo in itertools.product(*ranges):
         row = np.array(combo, dtype=np.int64)
-        key = (int((row > 0).sum()), int(row.sum()))
-        if key[1] > 0 and key in allowed:
+        types = set(problem.node_type[row > 0].tolist())
+        if len(types) != 1:
+            continue  # empty (listed first) or on several types
+        key = (types.pop(), int((row > 0).sum()), int(row.sum()))
+        if key in allowed:
             rows.append(row)
     return rows
 

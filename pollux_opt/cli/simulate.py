@@ -12,7 +12,8 @@ from pathlib import Path
 from solvers import InvalidProblem
 
 __all__ = [
-    "add_profile_parser", "add_simulate_parser", "cmd_profile", "cmd_simulate", "completion_delays", "simulate_one",
+    "add_profile_parser", "add_simulate_parser", "cluster_and_profiles", "cmd_profile", "cmd_simulate",
+    "completion_delays", "simulate_one",
 ]
 
 
@@ -26,9 +27,21 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--profiles", default=None,
                    help="trace folder holding profiles/APP/ (default ../shared/traces/adaptdl-osdi21 or $POLLUX_OPT_TRACES)")
     p.add_argument("--policy", default="pollux", help=f"scheduling policy: {', '.join(POLICIES)} (default: pollux)")
-    p.add_argument("--nodes", type=int, default=SIM_DEFAULT_NODES,
-                   help="number of nodes (nodes x cpus per node at most MAX_SIM_CPUS = 65536)")
-    p.add_argument("--cpus-per-node", type=int, default=SIM_DEFAULT_CPUS_PER_NODE, help="replica slots per node")
+    p.add_argument("--nodes", type=int, default=None,
+                   help=f"number of nodes of one type (nodes x cpus per node at most MAX_SIM_CPUS = 65536; "
+                        f"default {SIM_DEFAULT_NODES})")
+    p.add_argument("--cpus-per-node", type=int, default=None,
+                   help=f"replica slots per node (default {SIM_DEFAULT_CPUS_PER_NODE})")
+    p.add_argument("--cluster", default=None,
+                   help="a cluster of node types instead of --nodes/--cpus-per-node: a JSON file "
+                        "(docs/heterogeneity.md) or a preset (sia-64, aws-64)")
+    p.add_argument("--typed-profiles", default=None,
+                   help="with --cluster: a folder of per-type profiles in Sia's artifact layout "
+                        "(APP/placements-TYPE.csv); default: synthetic types built from the trace folder's "
+                        "profiles (one-type clusters: the trace folder's profiles as they are)")
+    p.add_argument("--sia-calibration", action="store_true",
+                   help="apply Sia's simulator calibration (per-application goodput slowdowns and restart "
+                        "delays of Sia's artifact)")
     p.add_argument("--interval", type=float, default=SIM_DEFAULT_INTERVAL_S,
                    help="scheduling interval, seconds (>= 1; the last arrival within 100000 intervals)")
     p.add_argument("--restart-delay", type=float, default=DEFAULT_RESTART_DELAY, help="seconds a (re)start costs")
@@ -55,24 +68,56 @@ def add_simulate_parser(sub) -> None:
     p.set_defaults(handler=cmd_simulate)
 
 
+def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: int | None,
+                         profiles: str | None, typed_profiles: str | None):
+    """The simulated cluster and its profiles: ``nodes x cpus_per_node`` of one type
+    with the trace folder's profiles, or a cluster description (preset or JSON
+    file) with per-type profiles (``typed_profiles`` in Sia's layout, else
+    synthetic types built from the trace folder; a one-type description with the
+    trace folder's profiles as they are)."""
+    from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_NODES
+    from pollux_opt.backends.sim.synthetic_types import build_hetero_profiles
+    from pollux_opt.backends.sim.traces import default_trace_dir, load_profiles
+    from pollux_opt.backends.sim.typed_profiles import load_typed_profiles
+    from pollux_opt.model import Cluster
+    from pollux_opt.model.cluster_types import load_cluster_types
+
+    if cluster is None:
+        if typed_profiles is not None:
+            raise InvalidProblem("--typed-profiles needs --cluster (the node types to read)")
+        shape = (SIM_DEFAULT_NODES if nodes is None else nodes,
+                 SIM_DEFAULT_CPUS_PER_NODE if cpus_per_node is None else cpus_per_node)
+        return Cluster.uniform(*shape), load_profiles(profiles)
+    if nodes is not None or cpus_per_node is not None:
+        raise InvalidProblem(f"give --cluster or --nodes/--cpus-per-node, not both (got --cluster {cluster!r})")
+    types = load_cluster_types(cluster)
+    typed = Cluster.from_types(types)
+    if typed_profiles is not None:
+        return typed, load_typed_profiles(typed_profiles, types=types.names)
+    if len(types.names) == 1:
+        return typed, load_profiles(profiles)
+    return typed, build_hetero_profiles(Path(profiles) if profiles else default_trace_dir(), types=types.names)
+
+
 def simulate_one(args: dict) -> dict:
     """Top-level (picklable) entry point: simulate one workload; returns the result as a dict."""
-    from pollux_opt.model import Cluster
     from pollux_opt.backends.sim.backend import PAPER_FIXED_APPLICATIONS, SimConfig
-    from pollux_opt.backends.sim.traces import load_profiles
     from pollux_opt.backends.sim.run import simulate
+    from pollux_opt.backends.sim.sia_settings import SiaSimSettings
     from pollux_opt.workloads.adaptdl import read_adaptdl_csv
 
-    profiles = load_profiles(args["profiles"])
+    cluster, profiles = cluster_and_profiles(args.get("cluster"), args["nodes"], args["cpus_per_node"],
+                                             args["profiles"], args.get("typed_profiles"))
     jobs = read_adaptdl_csv(args["workload"])
     config = SimConfig(restart_delay=args["restart_delay"], interference=args["interference"],
                        report_noise=args["report_noise"], completion_delay=args["completion_delay"],
                        wake_every=args["wake_every"], start_delay=args["start_delay"],
                        split_single=args["split_single"],
                        fixed_applications=tuple(PAPER_FIXED_APPLICATIONS if args["fixed_apps"] is None
-                                                else args["fixed_apps"]))
+                                                else args["fixed_apps"]),
+                       sia=SiaSimSettings(enabled=bool(args.get("sia_calibration"))))
     result = simulate(
-        jobs, profiles, args["policy"], cluster=Cluster.uniform(args["nodes"], args["cpus_per_node"]),
+        jobs, profiles, args["policy"], cluster=cluster,
         interval=args["interval"], config=config, out_dir=args["out_dir"],
     )
     return asdict(result)
@@ -116,11 +161,22 @@ def _check_simulate_args(args: argparse.Namespace) -> None:
     from pollux_opt.backends.sim.run import MAX_SIM_CPUS, MIN_INTERVAL_S
     from pollux_opt.model.domains import Integer, Real, check
 
-    check("--nodes", args.nodes, Integer(ge=1))
-    check("--cpus-per-node", args.cpus_per_node, Integer(ge=1))
-    if args.nodes * args.cpus_per_node > MAX_SIM_CPUS:
+    from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_NODES
+
+    nodes = SIM_DEFAULT_NODES if args.nodes is None else args.nodes
+    cpus = SIM_DEFAULT_CPUS_PER_NODE if args.cpus_per_node is None else args.cpus_per_node
+    check("--nodes", nodes, Integer(ge=1))
+    check("--cpus-per-node", cpus, Integer(ge=1))
+    if nodes * cpus > MAX_SIM_CPUS:
         raise InvalidProblem(f"--nodes x --cpus-per-node must be at most MAX_SIM_CPUS = {MAX_SIM_CPUS}, "
-                             f"got {args.nodes} x {args.cpus_per_node}")
+                             f"got {nodes} x {cpus}")
+    if args.cluster is not None:
+        from pollux_opt.model.cluster_types import load_cluster_types
+
+        if args.nodes is not None or args.cpus_per_node is not None:
+            raise InvalidProblem(f"give --cluster or --nodes/--cpus-per-node, not both "
+                                 f"(got --cluster {args.cluster!r})")
+        load_cluster_types(args.cluster)  # a bad description fails before any work
     check("--interval", args.interval, Real(ge=MIN_INTERVAL_S, unit="seconds"))
     check("--jobs", args.jobs, Integer(ge=1))
     if Path(args.out).exists() and not Path(args.out).is_dir():
@@ -151,7 +207,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "restart_delay": args.restart_delay, "interference": args.interference,
             "report_noise": args.report_noise, "completion_delay": delay, "wake_every": args.wake_every,
             "start_delay": start, "split_single": args.split_single, "fixed_apps": args.fixed_apps,
-            "out_dir": str(run_dir),
+            "cluster": args.cluster, "typed_profiles": args.typed_profiles,
+            "sia_calibration": args.sia_calibration, "out_dir": str(run_dir),
         })
     with Progress(transient=False) as bar:
         task = bar.add_task(f"simulate {args.policy}", total=len(tasks))

@@ -6,8 +6,6 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
-from itertools import accumulate
 from typing import Any, Sequence
 
 import numpy as np
@@ -16,12 +14,25 @@ import solvers
 from solvers import InvalidProblem, Problem, Status
 
 from pollux_opt.model.allocation import Allocation
-from pollux_opt.model.batch import BatchChoice, BatchConfig
+from pollux_opt.model.batch import BatchConfig
 from pollux_opt.model.cluster import Cluster
 from pollux_opt.model.domains import shown
 from pollux_opt.model.goodput import GoodputModel
 from pollux_opt.model.job import Job, restart_factor
+from pollux_opt.model.configs import (  # noqa: F401  (importable from here too)
+    _batch_config,
+    _candidate_pairs,
+    _job_configs,
+    _model_configs,
+    _model_table,
+    _placeable_table,
+    _table_configs,
+    _top_sums,
+    _type_model,
+    _type_tops,
+)
 from pollux_opt.model.options import Options
+from pollux_opt.model.typed import TypedGoodput, TypedTable
 from pollux_opt.model.validate import OutOfTime, check_deadline
 
 __all__ = ["allocate", "to_problem"]
@@ -34,142 +45,6 @@ log = logging.getLogger(__name__)
 DECODE_SECONDS_PER_JOB = 1.3e-5
 #: Options passed to a solver only when its signature accepts them.
 _GENERIC_SOLVER_OPTIONS = ("time_limit", "mip_gap", "seed")
-
-
-#: Speedup tables cached across rounds: a scheduler calls allocate() every
-#: interval with mostly unchanged (frozen, hashable) goodput models, and
-#: evaluating a model at every (nodes, replicas) pair dominates a round's cost.
-_SPEEDUP_CACHE_SIZE = 4096
-
-
-@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
-def _model_table(
-    model: GoodputModel,
-    pairs: tuple[tuple[int, int], ...],
-    base: tuple[int, int],
-    fixed_batch_size: int | None,
-) -> tuple[dict[tuple[int, int], float], BatchChoice | None]:
-    """Speedups and best batch configurations of a goodput model at the given pairs.
-
-    Returns ``({pair: speedup}, choice)``: the speedups of the feasible
-    (speedup > 0) pairs, and the model's :class:`BatchChoice` at ``pairs``
-    (arrays in the order of ``pairs``; None when there are none).  The choice
-    is kept so that decoding a placement (:func:`_batch_config`) reuses it
-    instead of optimizing again; ``GoodputModel.optimize`` treats every pair
-    independently, so it equals a one-pair call.
-    """
-    if not pairs:
-        return {}, None
-    # The base goes last in the same call (one vectorised search instead of two).
-    nn = np.array([p[0] for p in pairs] + [base[0]])
-    kk = np.array([p[1] for p in pairs] + [base[1]])
-    choice = model.optimize(nn, kk, fixed_batch_size=fixed_batch_size)
-    if not choice.feasible[-1]:
-        model.speedup(nn, kk, base=base, fixed_batch_size=fixed_batch_size)  # raises its clear error
-    spd = choice.goodput[:-1] / choice.goodput[-1]
-    keep = np.flatnonzero(spd > 0)
-    table = dict(zip([pairs[i] for i in keep], spd[keep].tolist()))
-    return table, choice
-
-
-@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
-def _pair_index(pairs: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], int]:
-    """{pair: position in pairs}; a scheduler uses few distinct pair lists, so this is shared."""
-    return {p: i for i, p in enumerate(pairs)}
-
-
-def _batch_config(job: Job, pairs: tuple[tuple[int, int], ...], pair: tuple[int, int]) -> BatchConfig | None:
-    """The cached best configuration of ``job`` at ``pair`` (None if not a feasible cached pair)."""
-    table, choice = _model_table(job.speedup, pairs, job.base, job.fixed_batch_size)
-    if pair not in table:
-        return None
-    return choice.config(_pair_index(pairs)[pair])
-
-
-def _discounted(table: dict[tuple[int, int], float], spread_penalty: float) -> dict[tuple[int, int], float]:
-    """``table``'s speedups, each discounted by ``1 - spread_penalty (N - 1)``: among
-    spreads a goodput model cannot tell apart, fewer nodes win."""
-    return {(nn, k): s * (1.0 - spread_penalty * (nn - 1)) for (nn, k), s in table.items()}
-
-
-def _top_sums(cluster: Cluster) -> tuple[int, ...]:
-    """``top[n - 1]``: the capacity of the cluster's ``n`` largest nodes together."""
-    return tuple(accumulate(sorted((n.cpus for n in cluster.nodes), reverse=True)))
-
-
-def _replica_range(job: Job, top: tuple[int, ...], max_nodes: int) -> tuple[int, int, int]:
-    """``(lo, hi, nodes)``: the replica counts and the node count a job may take
-    (``top`` from :func:`_top_sums`).
-
-    The upper end is what the job can use, never a node's size: its
-    ``max_replicas``, the cluster's largest ``nodes`` nodes together, and for
-    a goodput model the largest replica count with a batch: choosing its own
-    batch size, ``max_batch_size // min_local_bsz`` (beyond it every
-    configuration is infeasible); at a fixed batch size B, B replicas (beyond,
-    a replica would hold no sample of the batch).
-    """
-    nodes = min(max_nodes, len(top))
-    hi = min(job.max_replicas, top[nodes - 1])
-    if isinstance(job.speedup, GoodputModel):
-        limits = job.speedup.limits
-        usable = limits.max_batch_size // limits.min_local_bsz if job.fixed_batch_size is None else job.fixed_batch_size
-        hi = min(hi, usable)
-    return max(job.min_replicas, 1), hi, min(nodes, max(hi, 0))
-
-
-def _candidate_pairs(job: Job, top: tuple[int, ...], max_nodes: int) -> tuple[tuple[int, int], ...]:
-    """(num_nodes, num_replicas) pairs a goodput-model job may take on this cluster and options.
-
-    A pair needs ``num_nodes <= min(max_nodes, #nodes)``, replicas within the
-    job's usable range (:func:`_replica_range`), and replicas that fit on the
-    ``num_nodes`` largest nodes.
-    """
-    lo, hi, nodes = _replica_range(job, top, max_nodes)
-    return _pairs(lo, hi, top[:nodes])
-
-
-@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
-def _pairs(lo: int, hi: int, top: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """The pairs of :func:`_candidate_pairs` on nodes of capacity sums ``top``, cached:
-    a scheduler asks for the same few ranges every round."""
-    return tuple((n, k) for n in range(1, len(top) + 1) for k in range(max(n, lo), min(hi, top[n - 1]) + 1))
-
-
-def _placeable_table(job: Job, top: tuple[int, ...], max_nodes: int) -> dict[tuple[int, int], float]:
-    """The pairs of an explicit speedup table the job may take (as :func:`_candidate_pairs`
-    enumerates them), found by checking the table's own pairs: the cost grows with the
-    table, not with the cluster."""
-    lo, hi, nodes = _replica_range(job, top, max_nodes)
-    return {
-        (nn, k): s for (nn, k), s in job.speedup.items() if nn <= nodes and max(nn, lo) <= k <= min(hi, top[nn - 1])
-    }
-
-
-def _table_configs(table: dict[tuple[int, int], float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(nodes int64[C], replicas int64[C], speedup float64[C]) of a speedup table, in (nodes, replicas) order."""
-    items = sorted(table.items())
-    return (
-        np.array([nn for (nn, _), _ in items], dtype=np.int64),
-        np.array([k for (_, k), _ in items], dtype=np.int64),
-        np.array([float(s) for _, s in items], dtype=np.float64),
-    )
-
-
-@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
-def _model_configs(
-    model: GoodputModel,
-    pairs: tuple[tuple[int, int], ...],
-    base: tuple[int, int],
-    fixed_batch_size: int | None,
-    spread_penalty: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_table_configs` of a goodput model's discounted speedup table (read-only arrays), cached:
-    a scheduler's rounds encode mostly unchanged models."""
-    table = _discounted(_model_table(model, pairs, base, fixed_batch_size)[0], spread_penalty)
-    configs = _table_configs(table)
-    for a in configs:
-        a.flags.writeable = False
-    return configs
 
 
 def _joined(parts: list[np.ndarray], dtype) -> np.ndarray:
@@ -186,6 +61,9 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
     """The array problem (see :class:`solvers.Problem`) of the cluster, jobs and options.
 
     ``deadline`` (``time.monotonic()`` seconds, optional) bounds the encoding.
+    On a cluster of several node types each job's configurations are listed
+    type by type (``cfg_type``; ``node_type`` gives each node's type, in the
+    order of ``cluster.types``); a one-type cluster gives the untyped problem.
 
     Raises:
         InvalidProblem: duplicate job ids, a placement on an unknown node or over capacity.
@@ -194,9 +72,11 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
     node_index = {nid: i for i, nid in enumerate(cluster.node_ids)}
     caps = np.array([n.cpus for n in cluster.nodes], dtype=np.int64)
     top = _top_sums(cluster)
+    tops = _type_tops(cluster) if cluster.typed else None
     seen: set[str] = set()
     current = np.zeros((len(jobs), caps.size), dtype=np.int64)
     cfg_job: list[np.ndarray] = []
+    cfg_type: list[np.ndarray] = []
     cfg_nodes: list[np.ndarray] = []
     cfg_reps: list[np.ndarray] = []
     cfg_spd: list[np.ndarray] = []
@@ -209,21 +89,32 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
             if nid not in node_index:
                 raise InvalidProblem(f"job {job.id!r}: placement on unknown node {nid!r}")
             current[j, node_index[nid]] = k
-        if isinstance(job.speedup, GoodputModel):
+        if tops is not None or isinstance(job.speedup, (TypedGoodput, TypedTable)):
+            by_type = _job_configs(job, tops or ((cluster.types[0], top),), options)
+        elif isinstance(job.speedup, GoodputModel):
             pairs = _candidate_pairs(job, top, options.max_nodes_per_job)
-            configs = _model_configs(job.speedup, pairs, job.base, job.fixed_batch_size, options.spread_penalty)
+            by_type = [(0, _model_configs(job.speedup, pairs, job.base, job.fixed_batch_size,
+                                          options.spread_penalty))]
         else:
-            configs = _table_configs(_placeable_table(job, top, options.max_nodes_per_job))
-        cfg_job.append(np.full(configs[0].size, j, dtype=np.int64))
-        cfg_nodes.append(configs[0])
-        cfg_reps.append(configs[1])
-        cfg_spd.append(configs[2])
+            by_type = [(0, _table_configs(_placeable_table(job, top, options.max_nodes_per_job)))]
+        for t, configs in by_type:
+            cfg_job.append(np.full(configs[0].size, j, dtype=np.int64))
+            cfg_type.append(np.full(configs[0].size, t, dtype=np.int64))
+            cfg_nodes.append(configs[0])
+            cfg_reps.append(configs[1])
+            cfg_spd.append(configs[2])
     load = current.sum(axis=0)
     for i in np.flatnonzero(load > caps):
         raise InvalidProblem(
             f"placement over capacity on node {cluster.nodes[i].id!r}: {load[i]} replicas > {caps[i]} cpus"
         )
+    typed = {}
+    if tops is not None:
+        type_index = {t: i for i, t in enumerate(cluster.types)}
+        typed = {"node_type": np.array([type_index[n.type] for n in cluster.nodes], dtype=np.int64),
+                 "cfg_type": _joined(cfg_type, np.int64)}
     return Problem(
+        **typed,
         capacity=caps,
         cfg_job=_joined(cfg_job, np.int64),
         cfg_nodes=_joined(cfg_nodes, np.int64),
@@ -244,18 +135,23 @@ def _batch_configs(
     jobs: Sequence[Job], placement: np.ndarray, cluster: Cluster, options: Options
 ) -> dict[str, BatchConfig]:
     top = _top_sums(cluster)
+    tops = dict(_type_tops(cluster)) if cluster.typed else {cluster.types[0]: top}
     out = {}
     for job, row in zip(jobs, placement):
         k = int(row.sum())
-        if k == 0 or not isinstance(job.speedup, GoodputModel):
+        if k == 0:
+            continue
+        type_name = cluster.nodes[int(np.flatnonzero(row)[0])].type
+        model, base = _type_model(job, type_name)
+        if model is None:
             continue
         pair = (int((row > 0).sum()), k)
-        pairs = _candidate_pairs(job, top, options.max_nodes_per_job)
-        cached = _batch_config(job, pairs, pair)
+        pairs = _candidate_pairs(job, tops[type_name], options.max_nodes_per_job, model)
+        cached = _batch_config(model, pairs, base, job.fixed_batch_size, pair)
         if cached is not None:  # computed by to_problem (same model, pairs and base)
             out[job.id] = cached
             continue
-        choice = job.speedup.optimize(int((row > 0).sum()), k, fixed_batch_size=job.fixed_batch_size)
+        choice = model.optimize(int((row > 0).sum()), k, fixed_batch_size=job.fixed_batch_size)
         out[job.id] = choice.config()
     return out
 

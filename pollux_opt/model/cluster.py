@@ -8,21 +8,26 @@ from dataclasses import dataclass
 
 from solvers import MAX_CPUS, InvalidProblem
 
-from pollux_opt.model.domains import REQUIRED, Integer, Text, check, check_fields, domain_field, shown
+from pollux_opt.model.domains import NAME, REQUIRED, Integer, Text, check, check_fields, domain_field, shown
 
-__all__ = ["Node", "Cluster"]
+__all__ = ["DEFAULT_NODE_TYPE", "Node", "Cluster"]
 
 #: A node's replica slots (at most the solvers' ``MAX_CPUS``), and the number
 #: of nodes of a uniform cluster.
 POSITIVE_COUNT = Integer(ge=1, le=MAX_CPUS)
+#: The type of a node whose type is not given: a cluster of such nodes is
+#: homogeneous (one type), as every cluster without a type description.
+DEFAULT_NODE_TYPE = "default"
 
 
 @dataclass(frozen=True)
 class Node:
-    """A node with ``cpus`` allocatable cores (or GPUs: the unit is a replica slot)."""
+    """A node with ``cpus`` allocatable cores (or GPUs: the unit is a replica slot)
+    of one node ``type`` (a device kind; see :mod:`pollux_opt.model.cluster_types`)."""
 
     id: str = domain_field(REQUIRED, Text())
     cpus: int = domain_field(REQUIRED, POSITIVE_COUNT)
+    type: str = domain_field(DEFAULT_NODE_TYPE, NAME)
 
     def __post_init__(self) -> None:
         check_fields(self, prefix="node ", names=("id",))
@@ -55,6 +60,35 @@ class Cluster:
         if not isinstance(prefix, str):
             raise InvalidProblem(f"prefix must be a string, got {shown(prefix)}")
         return cls(tuple(Node(f"{prefix}{i}", cpus_per_node) for i in range(num_nodes)))
+
+    @classmethod
+    def from_types(cls, types) -> "Cluster":
+        """The typed nodes of a :class:`~pollux_opt.model.cluster_types.ClusterTypes`
+        (ids ``<type>-<i>``, in the description's type order)."""
+        from pollux_opt.model.cluster_types import ClusterTypes
+
+        if not isinstance(types, ClusterTypes):
+            raise InvalidProblem(f"types must be a ClusterTypes, got {shown(types)}")
+        return cls(tuple(Node(nid, cap, t) for nid, t, cap in types.nodes()))
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """The node types, in order of first appearance."""
+        return tuple(dict.fromkeys(n.type for n in self.nodes))
+
+    @property
+    def typed(self) -> bool:
+        """More than one node type (a heterogeneous cluster)."""
+        return len(self.types) > 1
+
+    def of_type(self, type_name: str) -> tuple[Node, ...]:
+        """The nodes of one type, in cluster order."""
+        return tuple(n for n in self.nodes if n.type == type_name)
+
+    def untyped(self) -> "Cluster":
+        """The same nodes, all of :data:`DEFAULT_NODE_TYPE`: the cluster as a
+        heterogeneity-unaware scheduler sees it."""
+        return Cluster(tuple(Node(n.id, n.cpus) for n in self.nodes))
 
     @property
     def node_ids(self) -> tuple[str, ...]:

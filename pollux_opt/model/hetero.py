@@ -34,8 +34,14 @@ from collections.abc import Mapping
 from solvers import InvalidProblem
 
 from pollux_opt.model.domains import shown
+from pollux_opt.model.throughput import ThroughputParams
 
-__all__ = ["bootstrap_ratio", "project_throughputs", "projection_source", "speedup_base"]
+__all__ = ["bootstrap_ratio", "project_params", "project_throughputs", "projection_source", "speedup_base"]
+
+#: Step-time parameters that are times (seconds or seconds per sample or
+#: replica): a projection divides them by the speed ratio; ``gamma`` and
+#: ``kappa`` are dimensionless and stay.
+_TIME_PARAMS = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r")
 
 
 def _positive(what: str, value: object) -> float:
@@ -147,3 +153,24 @@ def speedup_base(goodput_at_share: Mapping[str, float]) -> tuple[str, float]:
     values = {t: _positive(f"goodput_at_share[{t!r}]", v) for t, v in goodput_at_share.items()}
     t = min(values, key=lambda name: (values[name], name))
     return t, values[t]
+
+
+def project_params(source: ThroughputParams, ratio: float) -> ThroughputParams:
+    """The step-time model of :func:`project_throughputs` at every configuration:
+    ``source``'s model with every time divided by ``ratio`` (a
+    :func:`bootstrap_ratio`), so that its throughput is ``ratio`` times the
+    source's at every (nodes, replicas, batch).
+
+    Pollux's step time is homogeneous of degree one in its times (compute and
+    sync add, or combine as ``(a^g + b^g)^(1/g)``), so dividing them all by
+    ``ratio`` divides the step time by ``ratio``.
+
+    Raises:
+        InvalidProblem: ``ratio`` not a finite number > 0.
+    """
+    if not isinstance(source, ThroughputParams):
+        raise InvalidProblem(f"source must be a ThroughputParams, got {shown(source)}")
+    r = _positive("ratio", ratio)
+    values = {name: getattr(source, name) / r for name in _TIME_PARAMS}
+    alpha_a = None if source.alpha_a is None else source.alpha_a / r
+    return ThroughputParams(**values, gamma=source.gamma, alpha_a=alpha_a, kappa=source.kappa)

@@ -1,4 +1,4 @@
-"""Versioned JSON instance format (``version: 2``; version 1 files still read).
+"""Versioned JSON instance format (``version: 3``; versions 1 and 2 still read).
 
 An instance file holds a cluster, jobs with explicit speedup tables and
 allocation options::
@@ -16,8 +16,10 @@ and ``max_replicas`` are required per job; everything else defaults as in
 :class:`pollux_opt.Options` and :class:`pollux_opt.Job`.  ``options`` may also
 name ``solver`` and ``seed``.  Version 2 adds the per-job ``restart_delay``
 (absent or null: ``options.restart_delay``); a version 1 file has no such
-field, so every job uses ``options.restart_delay``.  See
-``docs/instance-format.md``.
+field, so every job uses ``options.restart_delay``.  Version 3 adds node
+types: ``cluster.nodes[].type`` (default ``"default"``) and, instead of
+``speedup_table``, per-type tables ``"speedup_tables": {"fast": [[1, 1, 2.0]], ...}``
+(a job runs only on the types it lists).  See ``docs/instance-format.md``.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from typing import Any, Mapping
 
 from solvers import InvalidProblem
 
-from pollux_opt.model.cluster import POSITIVE_COUNT, Cluster, Node
-from pollux_opt.model.domains import Choice, Integer, Real, Text, check, shown
+from pollux_opt.model.cluster import DEFAULT_NODE_TYPE, POSITIVE_COUNT, Cluster, Node
+from pollux_opt.model.domains import NAME, Choice, Integer, Real, Text, check, shown
 from pollux_opt.model.job import Job
+from pollux_opt.model.typed import TypedTable
 from pollux_opt.model.options import Options
 from pollux_opt.model.validate import check_deadline, read_json
 
@@ -46,15 +49,16 @@ __all__ = [
 ]
 
 #: The instance format version this code writes (and assumes when a file names none).
-FORMAT_VERSION = 2
-#: The versions this code reads: 1 (no per-job restart delay) and 2.
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+#: The versions this code reads: 1 (no per-job restart delay), 2 (no node types) and 3.
+READ_VERSIONS = (1, 2, 3)
 
 #: The job fields of each version.
 _JOB_FIELDS_V1 = frozenset(
     {"id", "speedup_table", "min_replicas", "max_replicas", "placement", "restarts", "age", "weight"}
 )
-_JOB_FIELDS = {1: _JOB_FIELDS_V1, 2: _JOB_FIELDS_V1 | {"restart_delay"}}
+_JOB_FIELDS = {1: _JOB_FIELDS_V1, 2: _JOB_FIELDS_V1 | {"restart_delay"},
+               3: _JOB_FIELDS_V1 | {"restart_delay", "speedup_tables"}}
 #: The ``version`` field: one of the versions read (``true`` is not version 1).
 _VERSION = Choice(READ_VERSIONS)
 #: Node and job ids: strings, as documented (``null`` is not the id ``"None"``).
@@ -102,7 +106,27 @@ def _parse_table(rows: Any, where: str) -> dict[tuple[int, int], float]:
     return table
 
 
-def _parse_cluster(data: Mapping) -> Cluster:
+def _parse_speedup(jd: Mapping, where: str) -> dict[tuple[int, int], float] | TypedTable:
+    """A job's ``speedup_table``, or its per-type ``speedup_tables`` (exactly one of the two)."""
+    if ("speedup_table" in jd) == ("speedup_tables" in jd):
+        raise InvalidProblem(f"{where}.speedup_table is required (or, in version 3, speedup_tables; not both)")
+    if "speedup_table" in jd:
+        return _parse_table(jd["speedup_table"], where)
+    tables = jd["speedup_tables"]
+    if not isinstance(tables, dict) or not tables:
+        raise InvalidProblem(f"{where}.speedup_tables must be a non-empty object {{type: table}}, got {tables!r}")
+    out = {}
+    for t, rows in tables.items():
+        check("type", t, NAME, prefix=f"{where}.speedup_tables ")
+        out[t] = _parse_table(rows, f"{where}.speedup_tables[{t!r}]")
+    return TypedTable.of(out)
+
+
+def _table_rows(table: Mapping[tuple[int, int], float]) -> list[list]:
+    return [[n, k, s] for (n, k), s in sorted(table.items())]
+
+
+def _parse_cluster(data: Mapping, version: int) -> Cluster:
     cluster_data = _require(data, "cluster", "instance")
     if not isinstance(cluster_data, dict):
         raise InvalidProblem(f"cluster must be an object, got {cluster_data!r}")
@@ -114,9 +138,13 @@ def _parse_cluster(data: Mapping) -> Cluster:
         if not isinstance(nd, dict):
             raise InvalidProblem(f"cluster.nodes[{i}] must be an object, got {nd!r}")
         where = f"cluster.nodes[{i}]"
+        if version < 3 and "type" in nd:
+            raise InvalidProblem(f"{where}: unknown field 'type' in a version {version} file "
+                                 f"(node types need version 3)")
         nid = check("id", _require(nd, "id", where), _ID, prefix=f"{where}.")
         cpus = check("cpus", _require(nd, "cpus", where), POSITIVE_COUNT, prefix=f"{where}.")
-        nodes.append(Node(nid, cpus))
+        kind = check("type", nd.get("type", DEFAULT_NODE_TYPE), NAME, prefix=f"{where}.")
+        nodes.append(Node(nid, cpus, kind))
     return Cluster(tuple(nodes))
 
 
@@ -126,7 +154,8 @@ def _parse_job(jd: Any, where: str, version: int) -> Job:
     unknown = set(jd) - _JOB_FIELDS[version]
     if unknown:
         name = sorted(unknown)[0]
-        hint = " (per-job restart delays need version 2)" if name == "restart_delay" else ""
+        hint = {"restart_delay": " (per-job restart delays need version 2)",
+                "speedup_tables": " (per-type speedup tables need version 3)"}.get(name, "")
         raise InvalidProblem(f"{where}: unknown field {name!r} in a version {version} file{hint}")
     placement = jd.get("placement", {})
     if not isinstance(placement, dict):
@@ -134,7 +163,7 @@ def _parse_job(jd: Any, where: str, version: int) -> Job:
     kwargs = {k: jd[k] for k in ("min_replicas", "restarts", "age", "weight", "restart_delay") if k in jd}
     return Job(
         id=check("id", _require(jd, "id", where), _ID, prefix=f"{where}."),
-        speedup=_parse_table(_require(jd, "speedup_table", where), where),
+        speedup=_parse_speedup(jd, where),
         max_replicas=_require(jd, "max_replicas", where),
         placement={str(n): k for n, k in placement.items()},
         **kwargs,
@@ -159,7 +188,7 @@ def parse_instance(data: Any, *, deadline: float | None = None) -> Instance:
     unknown = set(data) - {"version", "cluster", "jobs", "options"}
     if unknown:
         raise InvalidProblem(f"unknown top-level field {sorted(unknown)[0]!r}")
-    cluster = _parse_cluster(data)
+    cluster = _parse_cluster(data, version)
     jobs_data = _require(data, "jobs", "instance")
     if not isinstance(jobs_data, list):
         raise InvalidProblem(f"jobs must be a list, got {jobs_data!r}")
@@ -200,12 +229,16 @@ def instance_to_json(instance: Instance) -> dict:
         raise InvalidProblem(f"instance must be an Instance, got {shown(instance)}")
     jobs = []
     for job in instance.jobs:
-        if not isinstance(job.speedup, dict):
+        if isinstance(job.speedup, TypedTable):
+            speedup = {"speedup_tables": {t: _table_rows(job.speedup.table(t)) for t in job.speedup.types}}
+        elif isinstance(job.speedup, dict):
+            speedup = {"speedup_table": _table_rows(job.speedup)}
+        else:
             raise InvalidProblem(f"job {job.id!r}: only explicit speedup tables can be written to an instance file")
         jobs.append(
             {
                 "id": job.id,
-                "speedup_table": [[n, k, s] for (n, k), s in sorted(job.speedup.items())],
+                **speedup,
                 "min_replicas": job.min_replicas,
                 "max_replicas": job.max_replicas,
                 "placement": dict(job.placement),
@@ -218,7 +251,9 @@ def instance_to_json(instance: Instance) -> dict:
     o = instance.options
     return {
         "version": FORMAT_VERSION,
-        "cluster": {"nodes": [{"id": n.id, "cpus": n.cpus} for n in instance.cluster.nodes]},
+        "cluster": {"nodes": [{"id": n.id, "cpus": n.cpus,
+                               **({} if n.type == DEFAULT_NODE_TYPE else {"type": n.type})}
+                              for n in instance.cluster.nodes]},
         "jobs": jobs,
         "options": {
             "p": o.p,

@@ -9,6 +9,7 @@ from solvers import MAX_CPUS, MAX_REPLICAS, MAX_SPEEDUP, WEIGHT_RANGE, InvalidPr
 
 from pollux_opt.model.domains import REQUIRED, Integer, Real, Text, check, check_fields, domain_field, shown
 from pollux_opt.model.goodput import GoodputModel
+from pollux_opt.model.typed import TypedGoodput, TypedTable
 
 __all__ = ["Job", "restart_factor"]
 
@@ -37,7 +38,12 @@ class Job:
         id: unique job id.
         speedup: either an explicit table ``{(num_nodes, num_replicas): speedup}``
             (an absent pair is not allowed) or a :class:`GoodputModel`, whose
-            speedup over ``base`` is evaluated at every placeable pair.
+            speedup over ``base`` is evaluated at every placeable pair, or a
+            :class:`~pollux_opt.model.typed.TypedGoodput` (one model per node
+            type over one base; ``base`` is then unused), or a
+            :class:`~pollux_opt.model.typed.TypedTable` (one explicit table per
+            node type).  A table or a single model applies to every node type
+            of the cluster.
         max_replicas: largest replica count allowed, at most ``solvers.MAX_REPLICAS``.
         min_replicas: smallest non-zero replica count (0: any).
         placement: current replicas per node id (empty for a job not running).
@@ -54,7 +60,7 @@ class Job:
     """
 
     id: str = domain_field(REQUIRED, Text())
-    speedup: Mapping[tuple[int, int], float] | GoodputModel
+    speedup: Mapping[tuple[int, int], float] | GoodputModel | TypedGoodput | TypedTable
     max_replicas: int = domain_field(REQUIRED, REPLICAS)
     min_replicas: int = domain_field(0, REPLICAS)
     placement: Mapping[str, int] = field(default_factory=dict)
@@ -73,7 +79,10 @@ class Job:
             raise InvalidProblem(
                 f"{prefix}min_replicas={self.min_replicas} > max_replicas={self.max_replicas}"
             )
-        if not isinstance(self.speedup, GoodputModel):
+        if isinstance(self.speedup, TypedTable):
+            tables = {t: _speedup_table(self.speedup.table(t), f"{prefix}type {t!r}: ") for t in self.speedup.types}
+            object.__setattr__(self, "speedup", TypedTable.of(tables))
+        elif not isinstance(self.speedup, (GoodputModel, TypedGoodput)):
             object.__setattr__(self, "speedup", _speedup_table(self.speedup, prefix))
         if not isinstance(self.placement, Mapping):
             raise InvalidProblem(

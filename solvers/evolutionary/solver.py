@@ -96,7 +96,8 @@ def solve_evolutionary(
     Raises:
         InvalidProblem: for a bad problem, option or incumbent, or a problem
             too large for this solver's int32 placements or memory
-            (``INT32_LIMIT``, ``MAX_TABLE_CELLS``, ``MAX_POPULATION_CELLS``).
+            (``INT32_LIMIT``, ``MAX_TABLE_CELLS``, ``MAX_POPULATION_CELLS``),
+            or a problem with node types (``problem.typed``: use milp or greedy).
         ImportError: if jax is not installed.
     """
     start = time.perf_counter()
@@ -149,6 +150,11 @@ def solve_evolutionary(
 def _check_options(problem, population_size, generations, seed, incumbent, time_limit) -> tuple:
     """(population_size, generations, seed, incumbent int64[J, N] or None), checked; else InvalidProblem."""
     check_problem(problem)
+    if problem.typed:
+        raise InvalidProblem(
+            f"the evolutionary solver does not support node types (problem has {problem.num_types} types); "
+            "use milp or greedy"
+        )
     population_size = _check_int("population_size", population_size, 2)
     generations = _check_int("generations", generations, 0)
     seed = _check_int("seed", seed, 0)

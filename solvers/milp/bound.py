@@ -40,7 +40,10 @@ class Relaxation:
         L = lambda CAP + mu NODES + sum_j max(w_j u(0), max_o (w_j u_o - lambda K_o - mu N_o))
 
     on the utility sum of every feasible placement (weak duality; N_o counts
-    only for multi-node options).  An option o of job j has reduced cost
+    only for multi-node options).  With node types the totals are per type
+    (capacity and nodes of type t; prices lambda_t, mu_t applied to the
+    options of type t), a tighter bound of the same form, whose prices come
+    from the aggregated LP (:func:`_relax_typed`).  An option o of job j has reduced cost
     ``rc_o = best_j - (w_j u_o - lambda K_o - mu N_o) >= 0``, and every
     placement using it is worth at most ``L - rc_o``.  Sums run over each
     job's best value, never over gains against u(0), which for p < -1 is
@@ -48,8 +51,8 @@ class Relaxation:
     """
 
     bound: float  # L, an upper bound on the utility sum
-    cpu_price: float  # lambda
-    slot_price: float  # mu
+    cpu_price: float | np.ndarray  # lambda (float64[T] with node types)
+    slot_price: float | np.ndarray  # mu (float64[T] with node types)
     reduced_cost: np.ndarray  # float64[O]
 
 
@@ -68,9 +71,12 @@ class _Entries:
     order: np.ndarray  # int64[E]: entry positions before sorting by job
     starts: np.ndarray
     counts: np.ndarray  # int64[J']: entries of each job that has entries
+    kind: np.ndarray | None = None  # int64[E] node type of each entry (None without types)
 
-    def _values(self, lam: float, mu: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(entry values, each job's best, each entry's job best) at prices ``lam``, ``mu``."""
+    def _values(self, lam, mu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(entry values, each job's best, each entry's job best) at prices ``lam``, ``mu`` (per type with types)."""
+        if self.kind is not None and np.ndim(lam):  # per-type prices (scalars: one price for all types)
+            lam, mu = lam[self.kind], mu[self.kind]
         value = self.worth - lam * self.reps - mu * self.span
         best = np.maximum.reduceat(value, self.starts)
         return value, best, np.repeat(best, self.counts)
@@ -88,8 +94,7 @@ class _Entries:
     def evaluate(self, lam: float, mu: float) -> tuple[float, np.ndarray, np.ndarray]:
         """(sum of job bests, entry values, each entry's job best)."""
         if self.worth.size == 0:
-            value = self.worth - lam * self.reps - mu * self.span
-            return 0.0, value, value
+            return 0.0, self.worth.copy(), self.worth.copy()
         value, best, best_each = self._values(lam, mu)
         return float(best.sum()), value, best_each
 
@@ -97,7 +102,12 @@ class _Entries:
 def _entries(problem: Problem, table: OptionTable) -> _Entries:
     """The choices of every job as :class:`_Entries`."""
     slots = problem.interference_avoidance
-    placeable = (table.hi > 1) | (table.reps <= problem.capacity.max(initial=0))
+    if problem.typed:
+        largest = np.zeros(problem.num_types, dtype=np.int64)
+        np.maximum.at(largest, problem.node_type, problem.capacity)
+        placeable = (table.hi > 1) | (table.reps <= largest[table.type])
+    else:
+        placeable = (table.hi > 1) | (table.reps <= problem.capacity.max(initial=0))
     jobs = np.arange(problem.num_jobs)
     job = np.concatenate([table.job, table.keep, jobs])
     worth = np.concatenate([np.where(placeable, table.worth, -np.inf), table.keep_worth, table.idle_worth])
@@ -115,7 +125,10 @@ def _entries(problem: Problem, table: OptionTable) -> _Entries:
     sorted_job = job[order]
     starts = np.flatnonzero(np.r_[True, sorted_job[1:] != sorted_job[:-1]]) if job.size else np.zeros(0, int)
     counts = np.diff(np.append(starts, job.size))
-    return _Entries(worth[order], gain[order], reps[order], span[order], order, starts, counts)
+    kind = None
+    if problem.typed:
+        kind = np.concatenate([table.type, table.keep_type, np.zeros(jobs.size, dtype=np.int64)])[order]
+    return _Entries(worth[order], gain[order], reps[order], span[order], order, starts, counts, kind)
 
 
 def _past(deadline: float | None) -> bool:
@@ -150,8 +163,10 @@ def relax(problem: Problem, table: OptionTable, deadline: float | None = None) -
     best choices use).  Any prices give a valid bound, so stopping early (at
     ``deadline``, a ``time.perf_counter()`` value) is safe.
     """
-    cap_total, nodes_total = float(problem.capacity.sum()), float(problem.num_nodes)
     e = _entries(problem, table)
+    if problem.typed:
+        return _relax_typed(problem, table, e, deadline)
+    cap_total, nodes_total = float(problem.capacity.sum()), float(problem.num_nodes)
 
     def cpu_price(mu: float) -> float:
         return _lowest_price(lambda lam: e.used(lam, mu, e.reps), cap_total, e.gain, e.reps, deadline)
@@ -170,3 +185,103 @@ def relax(problem: Problem, table: OptionTable, deadline: float | None = None) -
     rc = np.empty(e.order.size)
     rc[e.order] = best_each - value
     return Relaxation(bound=float(bound), cpu_price=lam, slot_price=mu, reduced_cost=rc[: table.job.size])
+
+
+#: Column-generation rounds of the typed dual LP (each adds every job's most profitable choice).
+_LP_ROUNDS = 50
+#: HiGHS's ``simplex_strategy`` value for the primal simplex.
+_PRIMAL_SIMPLEX = 4
+#: A choice enters the LP when its reduced profit exceeds this (relative to the bound's scale).
+_LP_TOLERANCE = 1e-9
+
+
+def _relax_typed(problem: Problem, table: OptionTable, e: _Entries, deadline: float | None) -> Relaxation:
+    """:func:`relax` with one CPU price and one slot price per node type, from the aggregated LP.
+
+    The prices minimise ``L(lambda, mu)``: they are the duals of the capacity
+    rows of the aggregated relaxation's LP (each job a convex combination of
+    its choices; per type, replicas <= CAP_t and multi-node spans <= NODES_t),
+    solved by HiGHS by column generation: each job starts with its best
+    choice per type at one CPU price for all types, and every round adds
+    each job's choice of largest reduced profit until none has any.  The bound and
+    reduced costs are then computed from the prices as in the untyped case,
+    so they are valid whatever precision the LP reached (prices 0 if it fails).
+    """
+    types = problem.num_types
+    cap = np.bincount(problem.node_type, weights=problem.capacity, minlength=types).astype(np.float64)
+    count = np.bincount(problem.node_type, minlength=types).astype(np.float64)
+    lam, mu = np.zeros(types), np.zeros(types)
+    if e.worth.size:
+        lam, mu = _dual_prices(problem, e, cap, count, deadline)
+    best_sum, value, best_each = e.evaluate(lam, mu)
+    bound = float(lam @ cap + mu @ count) + best_sum
+    rc = np.empty(e.order.size)
+    rc[e.order] = best_each - value
+    return Relaxation(bound=float(bound), cpu_price=lam, slot_price=mu, reduced_cost=rc[: table.job.size])
+
+
+def _first_per(group: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Positions of the largest ``value`` within each run of equal ``group`` (any order)."""
+    order = np.lexsort((-value, group))
+    first = np.r_[True, group[order][1:] != group[order][:-1]]
+    return order[first]
+
+
+def _dual_prices(problem: Problem, e: _Entries, cap: np.ndarray, count: np.ndarray, deadline) -> tuple:
+    """(lambda float64[T], mu float64[T]): duals of the aggregated LP (see :func:`_relax_typed`).
+
+    One HiGHS LP (minimise minus the profit), re-solved from its last basis
+    after each round's columns are added.
+    """
+    import highspy
+
+    from .highs import new_highs
+
+    types, jobs_n = problem.num_types, e.starts.size
+    job = np.repeat(np.arange(jobs_n), e.counts)
+    finite = np.flatnonzero(np.isfinite(e.worth))
+    profit = e.worth - np.repeat(np.maximum.reduceat(e.worth, e.starts), e.counts)  # <= 0, 0 at each job's best
+    scale = max(1.0, float(np.abs(profit[finite]).max(initial=0.0)))
+    idle = e.starts + e.counts - 1  # "hold nothing", each job's last entry (always feasible)
+    # Start from each job's best choice per type at one CPU price for all types (the
+    # untyped relaxation's), so that the first LP is near its optimum.
+    flat = _lowest_price(
+        lambda lam: e.used(lam, 0.0, e.reps), float(cap.sum()), e.gain, e.reps, deadline
+    )
+    start = profit - flat * e.reps
+    columns = np.union1d(finite[_first_per(job[finite] * types + e.kind[finite], start[finite])], idle)
+    h = new_highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("simplex_strategy", _PRIMAL_SIMPLEX)  # added columns keep the basis primal feasible
+    inf = highspy.kHighsInf
+    upper = np.concatenate([np.ones(jobs_n), cap, count if problem.interference_avoidance else np.full(types, inf)])
+    lower = np.concatenate([np.ones(jobs_n), np.full(2 * types, -inf)])
+    h.addRows(upper.size, lower, upper, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
+    lam, mu = np.zeros(types), np.zeros(types)
+    for _ in range(_LP_ROUNDS):
+        _add_columns(h, e, job, profit, columns, jobs_n, types)
+        h.run()
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            return np.zeros(types), np.zeros(types)
+        dual = -np.asarray(h.getSolution().row_dual)
+        lam, mu = np.maximum(dual[jobs_n : jobs_n + types], 0.0), np.maximum(dual[jobs_n + types :], 0.0)
+        gain = np.where(np.isfinite(e.worth), profit - lam[e.kind] * e.reps - mu[e.kind] * e.span, -np.inf)
+        best = np.maximum.reduceat(gain, e.starts)
+        top = np.flatnonzero(gain == np.repeat(best, e.counts))
+        top = top[np.unique(job[top], return_index=True)[1]]  # each job's first best choice
+        enter = top[gain[top] > dual[job[top]] + _LP_TOLERANCE * scale]
+        columns = np.setdiff1d(enter, columns)
+        if columns.size == 0 or _past(deadline):
+            break
+    return lam, mu
+
+
+def _add_columns(h, e: _Entries, job: np.ndarray, profit: np.ndarray, columns: np.ndarray, jobs_n: int, types: int) -> None:
+    """Add the choices ``columns`` to the LP: cost -profit, rows (job, type capacity, type slots)."""
+    n = columns.size
+    kind = e.kind[columns]
+    index = np.stack([job[columns], jobs_n + kind, jobs_n + types + kind], axis=1).astype(np.int32)
+    value = np.stack([np.ones(n), e.reps[columns], e.span[columns]], axis=1)
+    keep = value != 0
+    starts = np.concatenate([[0], np.cumsum(keep.sum(axis=1))[:-1]]).astype(np.int32)
+    h.addCols(n, -profit[columns], np.zeros(n), np.full(n, np.inf), int(keep.sum()), starts, index[keep], value[keep])

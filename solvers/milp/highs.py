@@ -16,6 +16,7 @@ import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from .compiled import VARIABLES, CompiledModel
 __all__ = [
     "HIGHS_STATUS",
     "MIN_TIME_LIMIT",
+    "SMALL_TYPED_OPTIONS",
     "HighsRun",
     "load_status_table",
     "new_highs",
@@ -48,6 +50,15 @@ _INTEGRALITY_TOL = 1e-7
 
 #: Row activity tolerance when accepting a rounded LP solution (HiGHS's primal feasibility tolerance).
 _ROW_TOL = 1e-7
+
+#: The model's choice variables: whole options, kept jobs, job sizes, segments (the rest is the packing).
+_CHOICES = ("y", "k", "z", "g")
+
+#: HiGHS options for a small typed model (a few hundred columns, its MIP run
+#: without a warm start): presolve took a third of its LP relaxation, and
+#: presolve with the feasibility-jump heuristic more than half of its MIP,
+#: whose root node usually closes it.
+SMALL_TYPED_OPTIONS = {"presolve": "off", "mip_heuristic_run_feasibility_jump": False}
 
 #: Shortest time limit handed to HiGHS (it rejects 0) when the budget is spent building.
 MIN_TIME_LIMIT = 1e-3
@@ -217,7 +228,17 @@ class _HighsCall:
 
 
 def run_highs(
-    form: CompiledModel, start: dict | None, *, time_limit, mip_gap, threads, verbose, seed, dive=False
+    form: CompiledModel,
+    start: dict | Callable[[], dict] | None,
+    *,
+    time_limit,
+    mip_gap,
+    threads,
+    verbose,
+    seed,
+    dive=False,
+    pack_choices=False,
+    options=None,
 ) -> HighsRun:
     """Solve the compiled model ``form``: its LP relaxation, then the MIP if that is fractional.
 
@@ -232,9 +253,18 @@ def run_highs(
     fast; its answer is feasible but not proven optimal, so the bound
     returned is the LP optimum.  If it finds nothing, the full MIP runs.
 
+    With ``pack_choices`` (typed problems, whose LP optimum often chooses
+    integrally and packs fractionally), a fractional LP is first followed by
+    the packing of its choices (:func:`_pack_lp_choices`), a proven optimum
+    when it succeeds.
+
+    ``options`` (HiGHS option name -> value, e.g. :data:`SMALL_TYPED_OPTIONS`)
+    are set for every stage.
+
     Args:
         start: warm-start values by variable name
-            (:func:`solvers.milp.warmstart.warm_start_values`), or None.
+            (:func:`solvers.milp.warmstart.warm_start_values`), a function
+            returning them (called only when the MIP runs), or None.
         time_limit: seconds for all HiGHS runs together (None: no limit).
         mip_gap, threads, verbose, seed: HiGHS's ``mip_rel_gap``, ``threads``,
             ``output_flag`` and ``random_seed`` (None: HiGHS default).
@@ -242,6 +272,8 @@ def run_highs(
     import highspy
 
     call = _HighsCall(form, time_limit=time_limit, mip_gap=mip_gap, threads=threads, verbose=verbose, seed=seed)
+    for name, value in (options or {}).items():
+        call.h.setOptionValue(name, value)
     call.run()
     lp_optimal = call.h.getModelStatus() == highspy.HighsModelStatus.kOptimal
     if lp_optimal:
@@ -255,12 +287,20 @@ def run_highs(
         return call.timed_out("the LP relaxation")
     ints = call.ints
     call.h.changeColsIntegrality(ints.size, ints.astype(np.int32), np.ones(ints.size, dtype=np.uint8))
+    if pack_choices and lp_optimal:
+        packed = _pack_lp_choices(call, x, lp_bound)
+        if packed is not None:
+            return packed
+        if call.out_of_time():
+            return call.timed_out("the packing of the LP's choices")
     if dive and lp_optimal:
         dived = _dive(call, x, lp_bound)
         if dived is not None:
             return dived
         if call.out_of_time():
             return call.timed_out("the LP dive")
+    if callable(start):
+        start = start()
     if start is not None:
         _set_warm_start(call, start)
     return _solve_mip(call)
@@ -282,6 +322,42 @@ def _integral_lp_solution(call: _HighsCall, x: np.ndarray, lp_bound: float) -> H
         return call.outcome(
             call.values_of(rounded), highspy.HighsModelStatus.kOptimal, lp_bound, "LP relaxation integral", -1
         )
+    return None
+
+
+def _pack_lp_choices(call: _HighsCall, x: np.ndarray, lp_bound: float) -> HighsRun | None:
+    """The MIP's optimum when the LP optimum ``x`` chose integrally and only its packing is fractional.
+
+    When every choice column (``y``, ``k``, ``z``, ``g``) of ``x`` is integral,
+    any integral packing of those choices is worth the LP optimum, an upper
+    bound on the MIP: fixing the choices leaves a packing feasibility MIP,
+    far quicker than the full one.  Its answer, when it reaches the LP
+    bound, is a proven optimum.  None (bounds restored)
+    when the choices are fractional, cannot be packed, or fall short of
+    the bound.
+    """
+    import highspy
+
+    h, index, form = call.h, call.index, call.form
+    choice = np.concatenate([index[name] for name in _CHOICES])
+    choice = choice[choice >= 0].astype(np.int32)
+    values = np.rint(x[choice])
+    if choice.size == 0 or np.any(np.abs(x[choice] - values) > _INTEGRALITY_TOL):
+        return None
+    h.changeColsBounds(choice.size, choice, values, values)
+    call.run()
+    info = h.getInfo()
+    reached = float(info.objective_function_value) >= lp_bound - _OBJECTIVE_RTOL * max(1.0, abs(lp_bound))
+    if info.primal_solution_status == _PRIMAL_FEASIBLE and reached and _primal_matches_objective(h, form.c, form.offset, info):
+        return call.outcome(
+            call.values_of(call.rounded_solution()),
+            highspy.HighsModelStatus.kOptimal,
+            lp_bound,
+            "LP choices integral; their packing solved as a MIP",
+            int(info.mip_node_count),
+        )
+    h.changeColsBounds(choice.size, choice, form.col_lo[choice], form.col_up[choice])
+    h.clearSolver()
     return None
 
 

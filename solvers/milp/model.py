@@ -1,7 +1,7 @@
 r"""Stage 4 of the MILP: the Pyomo model over one packing graph, one named rule per constraint family.
 
 Indices: jobs j; options o of job j(o) (:class:`~solvers.milp.options.OptionTable`),
-each K_o replicas on a node count in [lo_o, hi_o]; running jobs j in KEEP
+each K_o replicas on a node count in [lo_o, hi_o] of node type t_o; running jobs j in KEEP
 whose current shape is allowed; holding nodes n with states t and arcs a of
 the packing graph (:mod:`solvers.milp.packing`).
 
@@ -9,8 +9,9 @@ Variables
     y[o] in {0,1}   job j(o) is (re)started in option o;
     k[j] in {0,1}   running job j keeps its placement;
     z[j] in {0,1}   job j, which has some choice, holds nothing;
-    g[j,m] in Z>=0  nodes on which multi-node job j puts m replicas (with
-                    interference avoidance; else its segment arcs play this role);
+    g[j,m] in Z>=0  nodes on which multi-node job j puts m replicas (per multi
+                    pair (j, t) with node types; with interference avoidance,
+                    else its segment arcs play this role);
     h[n,t] in {0,1} holding node n is in state t;
     f[a] in Z>=0    nodes whose path uses arc a.
 
@@ -19,13 +20,17 @@ Constraints (one named Pyomo rule each)
     nodes_at_least  sum_m g[j,m] >= sum_o lo_o y[o]    (== when every lo_o = hi_o)
     nodes_at_most   sum_m g[j,m] <= sum_o hi_o y[o]
     multi_replicas  sum_m m g[j,m] = sum_o K_o y[o]
-    segments        sum_j g[j,m] = sum_{multi arcs a of size m} f[a]
-    single_items    sum_{o: hi_o = 1, K_o = k} y[o] = sum_{item arcs a of size k} f[a]
+    segments        sum_j g[j,m] = sum_{multi arcs a of size m} f[a]            (per type t: pairs and arcs of t)
+    single_items    sum_{o: hi_o = 1, K_o = k} y[o] = sum_{item arcs a of size k} f[a]  (per type t)
     one_state       sum_t h[n,t] = 1
     residual        sum_t r_t h[n,t] + sum_j cur[j,n] k[j] = cap_n
     slot            sum_{t: l_t} h[n,t] = sum_{j multi-node in KEEP} k[j]
     flow            out - in - sum_{t entering at v} h[n,t] = non-holding nodes entering at v
 
+With node types the rules of one multi-node job (nodes_at_least,
+nodes_at_most, multi_replicas) are per multi pair (j, t) over its options of
+type t, and segments and single_items are indexed (t, m) and (t, k); without
+types their indices are m and k, as above.
 Objective.  ``M_p = (sum_j w_j (x_j + eps)^p / W)^(1/p)`` is monotone in
 ``U = sum_j w_j u(x_j)`` (``u`` from :func:`solvers.utility`), and each job
 takes exactly one option, keep, or nothing, each of constant ``u``, so U is
@@ -101,8 +106,8 @@ def pyomo_model(problem: Problem, table: OptionTable, graph: PackingGraph, struc
 
 
 def _pyomo_rule(rule):
-    """A rule of :func:`rule_families` as a Pyomo constraint rule."""
-    return lambda m, i: rule(i)
+    """A rule of :func:`rule_families` as a Pyomo constraint rule (Pyomo unpacks tuple indices)."""
+    return lambda m, *i: rule(i[0] if len(i) == 1 else i)
 
 
 class Terms(NamedTuple):
@@ -115,7 +120,7 @@ class Terms(NamedTuple):
     y: Sequence  # y[o]
     k: Sequence  # k[keep position]
     z: Sequence  # z[z position]
-    g: Mapping  # g[(multi-node job position, segment size)]
+    g: Mapping  # g[(multi pair position, segment size)]
     h: Sequence  # h[t]
     f: Sequence  # f[a]
     linear: Callable  # linear(coefs, variables) -> an expression supporting ==, >= and <= with a number
@@ -174,7 +179,8 @@ def _job_rules(jobs: JobSets, nodes: NodeSets, v: "Terms") -> list:
     def segments_of(i):  # (size, variable) of multi-node job i's segments
         if jobs.shared_segments:
             return [(s, g[i, s]) for s in range(1, jobs.seg_max[i] + 1)]
-        return [(s, f[a]) for s in range(1, jobs.seg_max[i] + 1) for a in nodes.arcs_by.get((MULTI, s, i), ())]
+        kind = jobs.multi_type[i]
+        return [(s, f[a]) for s in range(1, jobs.seg_max[i] + 1) for a in nodes.arcs_by.get((MULTI, s, i, kind), ())]
 
     def one_choice(j):  # sum_o y[o] + k[j] + z[j] = 1
         if jobs.z_pos[j] < 0:
@@ -213,13 +219,15 @@ def _packing_rules(jobs: JobSets, nodes: NodeSets, slots: bool, v: "Terms") -> l
     _linear = v.linear
     states_of_node, kept_here, arcs_by = nodes.states_of_node, nodes.kept_here, nodes.arcs_by
 
-    def segments(s):  # sum_j g[j,s] = sum_{multi arcs a of size s} f[a]
-        gs = [g[i, s] for i in range(jobs.num_multi) if s <= jobs.seg_max[i]]
-        arcs = arcs_by.get((MULTI, s, -1), ())
+    def segments(key):  # sum_j g[j,s] = sum_{multi arcs a of size s} f[a]  (of type t: key (t, s))
+        t, s = key if jobs.typed else (0, key)
+        gs = [g[i, s] for i in range(jobs.num_multi) if s <= jobs.seg_max[i] and jobs.multi_type[i] == t]
+        arcs = arcs_by.get((MULTI, s, -1, t), ())
         return _linear([1] * len(gs) + [-1] * len(arcs), gs + [f[a] for a in arcs]) == 0
 
-    def single_items(size):  # sum_{o: single, K_o = k} y[o] = sum_{item arcs a of size k} f[a]
-        opts, arcs = jobs.singles_of_size[size], arcs_by.get((ITEM, size, -1), ())
+    def single_items(key):  # sum_{o: single, K_o = k} y[o] = sum_{item arcs a of size k} f[a]  (of type t)
+        t, size = key if jobs.typed else (0, key)
+        opts, arcs = jobs.singles_of_size[key], arcs_by.get((ITEM, size, -1, t), ())
         return _linear([1] * len(opts) + [-1] * len(arcs), [y[o] for o in opts] + [f[a] for a in arcs]) == 0
 
     def one_state(i):  # sum_t h[n,t] = 1
@@ -246,7 +254,7 @@ def _packing_rules(jobs: JobSets, nodes: NodeSets, slots: bool, v: "Terms") -> l
 
     num_holding = len(states_of_node)
     return [
-        ("segments", sorted({s for _, s in jobs.seg_index}), segments),
+        ("segments", jobs.segment_keys, segments),
         ("single_items", jobs.item_sizes, single_items),
         ("one_state", range(num_holding), one_state),
         ("residual", range(num_holding), residual),

@@ -69,7 +69,8 @@ def prune_dominated(problem: Problem, usable: np.ndarray | None = None) -> np.nd
     if the original was.  Ties keep the smaller shape.  Dropping dominated
     configurations keeps the optimum exact.
 
-    With ``usable`` (bool[C]) only usable configurations dominate others.
+    With node types, only configurations of the same job and type dominate
+    each other.  With ``usable`` (bool[C]) only usable configurations dominate others.
     Vectorised over all configurations at once: with a running maximum of
     each job's dense speedup table along the replica axis while that table
     has at most ``DENSE_PRUNE_CELLS`` cells, else by binary search over the
@@ -80,27 +81,46 @@ def prune_dominated(problem: Problem, usable: np.ndarray | None = None) -> np.nd
         return np.ones(0, dtype=bool)
     src = np.ones(problem.num_configs, dtype=bool) if usable is None else np.asarray(usable, dtype=bool)
     a, r = problem.table_shape
-    if problem.num_jobs * (a + 1) * (r + 1) <= DENSE_PRUNE_CELLS:
-        rival = _dense_rivals(problem, src)
+    group, num_groups = _groups(problem)
+    if num_groups * (a + 1) * (r + 1) <= DENSE_PRUNE_CELLS:
+        rival = _dense_rivals(problem, src, group, num_groups)
     else:
-        rival = _sparse_rivals(problem, src)
+        rival = _sparse_rivals(problem, src, group)
     return ~(rival >= problem.cfg_speedup)
 
 
-def _dense_rivals(problem: Problem, src: np.ndarray) -> np.ndarray:
-    """float64[C]: each configuration's best dominating speedup (-inf if none), by the dense table."""
+def _groups(problem: Problem) -> tuple[np.ndarray, int]:
+    """(int64[C] group of each configuration, number of groups): its job, or (job, type) as ``job T + type``."""
+    if not problem.typed:
+        return problem.cfg_job, problem.num_jobs
+    return problem.cfg_job * problem.num_types + problem.cfg_type, problem.num_jobs * problem.num_types
+
+
+def _dense_rivals(problem: Problem, src: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray:
+    """float64[C]: each configuration's best dominating speedup (-inf if none), by the dense table.
+
+    One pass per dominating node count N', over the configurations with at
+    least N' nodes only (sorted by node count, most first, so that they are
+    a prefix).
+    """
     a, r = problem.table_shape
-    table = np.full((problem.num_jobs, a + 1, r + 1), -np.inf)
-    table[problem.cfg_job[src], problem.cfg_nodes[src], problem.cfg_replicas[src]] = problem.cfg_speedup[src]
-    best_upto = np.maximum.accumulate(table, axis=2)  # [j, N', K']: max speedup with <= K' replicas
-    job, nodes, reps = problem.cfg_job, problem.cfg_nodes, problem.cfg_replicas
-    other = np.arange(1, a + 1)[None, :]  # N'
-    reach = -(-reps[:, None] * other // nodes[:, None])  # ceil(K N' / N)
-    # Same N: strictly fewer replicas; fewer N: up to ceil(K N' / N).
-    reach = np.where(other == nodes[:, None], reps[:, None] - 1, np.minimum(reach, r))
-    rival = best_upto[job[:, None], other, reach]
-    rival[other > nodes[:, None]] = -np.inf
-    return rival.max(axis=1)
+    table = np.full((num_groups, a + 1, r + 1), -np.inf)
+    table[group[src], problem.cfg_nodes[src], problem.cfg_replicas[src]] = problem.cfg_speedup[src]
+    best_upto = np.maximum.accumulate(table, axis=2).reshape(-1)  # [j, N', K']: max speedup with <= K' replicas
+    order = np.argsort(-problem.cfg_nodes, kind="stable")
+    nodes, reps = problem.cfg_nodes[order], problem.cfg_replicas[order]
+    row = group[order] * ((a + 1) * (r + 1))
+    with_at_least = np.searchsorted(-nodes, -np.arange(a + 1), side="right")  # configurations with >= N' nodes
+    rival = np.full(order.size, -np.inf)
+    for other in range(1, a + 1):  # N'
+        m = int(with_at_least[other])
+        n, k = nodes[:m], reps[:m]
+        # Same N: strictly fewer replicas; fewer N: up to ceil(K N' / N).
+        reach = np.where(n == other, k - 1, np.minimum(-(-k * other // n), r))
+        np.maximum(rival[:m], best_upto[row[:m] + other * (r + 1) + reach], out=rival[:m])
+    out = np.empty_like(rival)
+    out[order] = rival
+    return out
 
 
 def _running_max(values: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -114,7 +134,7 @@ def _running_max(values: np.ndarray, group: np.ndarray) -> np.ndarray:
     return out
 
 
-def _sparse_rivals(problem: Problem, src: np.ndarray) -> np.ndarray:
+def _sparse_rivals(problem: Problem, src: np.ndarray, group: np.ndarray) -> np.ndarray:
     """:func:`_dense_rivals` without the dense table: O(C log C) per node count, in chunks.
 
     Dominators are sorted by (job, nodes, replicas) with a running maximum of
@@ -123,7 +143,7 @@ def _sparse_rivals(problem: Problem, src: np.ndarray) -> np.ndarray:
     int64 keys cannot overflow.
     """
     a = problem.table_shape[0]
-    job, nodes, reps, spd = problem.cfg_job, problem.cfg_nodes, problem.cfg_replicas, problem.cfg_speedup
+    job, nodes, reps, spd = group, problem.cfg_nodes, problem.cfg_replicas, problem.cfg_speedup
     dom = np.flatnonzero(src)
     rival = np.full(problem.num_configs, -np.inf)
     if dom.size == 0:
@@ -171,6 +191,7 @@ class OptionTable:
     """
 
     job: np.ndarray  # int64[O] job of each option
+    type: np.ndarray  # int64[O] node type of each option (all 0 without types)
     reps: np.ndarray  # int64[O] replicas K
     lo: np.ndarray  # int64[O] fewest nodes
     hi: np.ndarray  # int64[O] most nodes
@@ -180,6 +201,7 @@ class OptionTable:
     keep: np.ndarray  # int64[Kp] running jobs whose current shape is allowed
     keep_reps: np.ndarray  # int64[Kp] K0
     keep_nodes: np.ndarray  # int64[Kp] N0
+    keep_type: np.ndarray  # int64[Kp] node type of the current placement
     keep_worth: np.ndarray  # float64[Kp]
     keep_gain: np.ndarray  # float64[Kp]
     idle_worth: np.ndarray  # float64[J]
@@ -206,17 +228,18 @@ def _lexsort_order(job, multi, reps, spd, nodes) -> np.ndarray:
     return np.argsort(key, kind="stable")
 
 
-def _node_ranges(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(job, reps, lo, hi, speedup)[O] of the options: runs of undominated configurations.
+def _node_ranges(problem: Problem) -> tuple[np.ndarray, ...]:
+    """(job, reps, lo, hi, speedup, type)[O] of the options: runs of undominated configurations.
 
-    A run holds one job's configurations of equal K and speedup whose node
-    counts (all > 1) are consecutive; its first entry gives lo, its last hi.
-    Configurations that do not fit the cluster's capacities are left out (no
-    feasible placement uses one, and none dominates a configuration that fits).
+    A run holds one job's configurations of one type, equal K and speedup
+    whose node counts (all > 1) are consecutive; its first entry gives lo,
+    its last hi.  Configurations that do not fit the cluster's capacities (of
+    their type) are left out (no feasible placement uses one, and none
+    dominates a configuration that fits).
     """
-    fits = problem.fits_cluster(problem.cfg_replicas, problem.cfg_nodes)
+    fits = problem.fits_cluster(problem.cfg_replicas, problem.cfg_nodes, problem.cfg_type if problem.typed else None)
     c = np.flatnonzero(prune_dominated(problem) & fits)
-    job, reps = problem.cfg_job[c], problem.cfg_replicas[c]
+    job, reps = _groups(problem)[0][c], problem.cfg_replicas[c]
     nodes, spd = problem.cfg_nodes[c], problem.cfg_speedup[c]
     multi = nodes > 1
     order = _lexsort_order(job, multi, reps, spd, nodes)
@@ -231,18 +254,34 @@ def _node_ranges(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     )
     first = np.flatnonzero(new_run)
     last = np.append(first[1:], c.size)[: first.size].astype(np.int64) - 1
-    return job[first], reps[first], nodes[first], nodes[last], spd[first]
+    types = problem.num_types
+    return job[first] // types, reps[first], nodes[first], nodes[last], spd[first], job[first] % types
+
+
+def _keeps(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(running jobs whose current shape is allowed, its speedup, its node type)."""
+    cur = problem.current
+    n0, k0 = (cur > 0).sum(axis=1), cur.sum(axis=1)
+    running = np.flatnonzero(problem.has_current)
+    if not problem.typed:
+        s0 = problem.lookup_speedup(running, n0[running], k0[running])
+        t0 = np.zeros(running.size, dtype=np.int64)
+    else:
+        kind, mixed = problem.placement_types(cur[running])
+        s0 = problem.lookup_speedup(running, n0[running], k0[running], kind)
+        s0[mixed] = np.nan
+        t0 = kind
+    ok = ~np.isnan(s0)
+    return running[ok], s0[ok], t0[ok]
 
 
 def option_table(problem: Problem) -> OptionTable:
     """The options and keep choices of ``problem`` (see :class:`OptionTable`)."""
-    job, reps, lo, hi, spd = _node_ranges(problem)
+    job, reps, lo, hi, spd, kind = _node_ranges(problem)
 
     cur = problem.current
     n0, k0 = (cur > 0).sum(axis=1), cur.sum(axis=1)
-    running = np.flatnonzero(problem.has_current)
-    s0 = problem.lookup_speedup(running, n0[running], k0[running])
-    keep, keep_speedup = running[~np.isnan(s0)], s0[~np.isnan(s0)]
+    keep, keep_speedup, keep_type = _keeps(problem)
 
     f = np.where(problem.has_current, problem.restart_factor, 1.0)
     best_y = np.full(problem.num_jobs, -np.inf)  # each job's best y
@@ -255,6 +294,7 @@ def option_table(problem: Problem) -> OptionTable:
     keep_worth = w[keep] * scale(keep_speedup)
     return OptionTable(
         job=job,
+        type=kind,
         reps=reps,
         lo=lo,
         hi=hi,
@@ -264,6 +304,7 @@ def option_table(problem: Problem) -> OptionTable:
         keep=keep,
         keep_reps=k0[keep],
         keep_nodes=n0[keep],
+        keep_type=keep_type,
         keep_worth=keep_worth,
         keep_gain=w[keep] * (scale(keep_speedup) - u0),
         idle_worth=w * u0,

@@ -23,6 +23,13 @@ so a node hosts at most one multi-node segment, none if a multi-node job stays
 on it (it enters in I).  Without interference avoidance there is one layer per
 multi-node job, then I: ``skip`` (j, v) -> (j+1, v) and ``segment``
 (j, v) -> (j+1, v+m) of that job only, so a job's segments lie on distinct nodes.
+
+Node types.  With several node types the graph is one such graph per type
+(its own levels, layers and vertices, numbered after the previous type's),
+each arc of one type: nodes of type t enter and climb type t's graph only,
+and its item and segment arcs carry pieces of options of type t.  A
+multi-node job's segments are counted per (job, type) pair (*multi pair*).
+Without types this is the graph above, to the vertex.
 """
 
 from __future__ import annotations
@@ -60,31 +67,40 @@ CHECK_EVERY = 1024
 class PackingGraph:
     """Index sets of one model: the options it offers, node states and the packing graph.
 
-    Vertices of the packing graph are numbered ``layer * (C + 1) + level``.
+    Vertices of type t's graph are numbered ``offset_t + layer * (C_t + 1) + level``
+    (``offset_0 = 0``: without types, ``layer * (C + 1) + level``).
     """
 
     opt: np.ndarray  # int64[O'] options offered (indices into the OptionTable), sorted
     excluded_rc: float  # smallest reduced cost among options not offered (inf if none)
-    multi_jobs: np.ndarray  # int64[Jm] jobs with an offered multi-node option
-    seg_max: np.ndarray  # int64[Jm] largest segment a multi-node job may put on one node
+    multi_jobs: np.ndarray  # int64[Jm] job of each multi pair (job, type) with an offered multi-node option
+    multi_type: np.ndarray  # int64[Jm] type of each multi pair (sorted by job, then type)
+    seg_max: np.ndarray  # int64[Jm] largest segment a multi pair may put on one node
     holding: np.ndarray  # int64[H] nodes holding a job that may stay
     state_node: np.ndarray  # int64[T] position in ``holding`` of each node state
     state_res: np.ndarray  # int64[T] residual capacity r_t of the state
     state_slot: np.ndarray  # bool[T] the state's multi-node slot is taken
-    slots: bool  # interference avoidance: layers F and I; else one layer per multi-node job, then I
-    levels: int  # C, the largest capacity (capped at the most any node can host)
-    layers: int  # number of layers (the last is the items-only layer I)
+    slots: bool  # interference avoidance: layers F and I; else one layer per multi pair, then I
+    levels: int  # C of type 0, the largest capacity (capped at the most any node can host)
+    layers: int  # layers of type 0 (the last is the items-only layer I)
     free_supply: dict  # vertex -> number of non-holding nodes entering there
     arc_tail: np.ndarray  # int64[A] vertex
     arc_head: np.ndarray  # int64[A] vertex, SINK for close arcs
     arc_kind: np.ndarray  # int64[A] ITEM, MULTI, CLOSE or SKIP
     arc_size: np.ndarray  # int64[A] replicas the arc adds (0 for close and skip)
     arc_job: np.ndarray  # int64[A] position in multi_jobs of a layered segment arc, else -1
+    arc_type: np.ndarray  # int64[A] node type of the arc's graph
+    state_type: np.ndarray  # int64[T] node type of each state's node
+    type_levels: tuple  # C_t per type
+    type_layers: tuple  # layers per type
+    type_offset: tuple  # first vertex of each type's graph
+    type_pairs: tuple  # per type, the positions in multi_jobs of its multi pairs (its layers' jobs)
 
-    def entry(self, residual: int, slot_taken: bool) -> int:
-        """Vertex where a node with ``residual`` > 0 capacity enters the graph."""
-        layer = self.layers - 1 if slot_taken else 0
-        return _vertex(layer, self.levels - min(residual, self.levels), self.levels)
+    def entry(self, residual: int, slot_taken: bool, kind: int = 0) -> int:
+        """Vertex where a node of type ``kind`` with ``residual`` > 0 capacity enters the graph."""
+        levels = self.type_levels[kind]
+        layer = self.type_layers[kind] - 1 if slot_taken else 0
+        return self.type_offset[kind] + _vertex(layer, levels - min(residual, levels), levels)
 
 
 def _vertex(layer: int, level: int, levels: int) -> int:
@@ -140,7 +156,7 @@ def _holding_states(
 
 
 def _out_arcs(v: int, levels: int, last: int, slots: bool, seg_max: np.ndarray, item_sizes: list) -> list:
-    """(head, kind, size, job position) of the arcs leaving vertex ``v``."""
+    """(head, kind, size, layer) of the arcs leaving vertex ``v`` of one type's graph (local numbering)."""
     layer, level = divmod(v, levels + 1)
     room = levels - level
     if layer < last and not slots:  # layer of multi-node job ``layer``: pass, or add its segment
@@ -174,11 +190,13 @@ def _reachable_arcs(
     seg_max: np.ndarray,
     item_sizes: list,
     budget: Budget | None = None,
+    already: int = 0,
 ) -> np.ndarray:
-    """int64[A, 5] arcs (tail, head, kind, size, job position) reachable from ``starts``, sorted.
+    """int64[A, 5] arcs (tail, head, kind, size, layer) of one type's graph reachable from ``starts``, sorted.
 
     Raises:
-        TooLarge: beyond ``budget.max_arcs`` arcs (counted before any vertex's arcs are listed).
+        TooLarge: beyond ``budget.max_arcs`` arcs with the ``already`` listed
+            (counted before any vertex's arcs are listed).
         OutOfTime: past ``budget``'s deadline.
     """
     budget = budget or Budget()
@@ -187,7 +205,7 @@ def _reachable_arcs(
     visited = 0
     while frontier:
         v = frontier.pop()
-        if len(arcs) + _out_degree(v, levels, last, slots, seg_max, item_sizes) > budget.max_arcs:
+        if already + len(arcs) + _out_degree(v, levels, last, slots, seg_max, item_sizes) > budget.max_arcs:
             raise TooLarge(f"packing graph over MAX_ARCS = {budget.max_arcs} arcs")
         visited += 1
         if visited % CHECK_EVERY == 0:
@@ -228,47 +246,101 @@ def packing_graph(
     """
     opt = np.flatnonzero(offered)
     slots = problem.interference_avoidance if slots is None else slots
-    levels = int(problem.capacity.max()) if problem.num_nodes else 0
+    types = problem.num_types
+    o_job, o_type, o_reps, o_lo = table.job[opt], table.type[opt], table.reps[opt], table.lo[opt]
     is_multi = table.hi[opt] > 1
-    multi_jobs = np.unique(table.job[opt][is_multi])
-    seg = np.zeros(problem.num_jobs, dtype=np.int64)
-    np.maximum.at(seg, table.job[opt][is_multi], (table.reps[opt] - table.lo[opt] + 1)[is_multi])  # K - (N - 1)
-    levels = _capped_levels(levels, seg, table.job[opt][~is_multi], table.reps[opt][~is_multi])
-    seg_max = np.minimum(seg[multi_jobs], levels)
+    pair_key = np.unique((o_job * types + o_type)[is_multi])  # multi pairs (job, type)
+    multi_jobs, multi_type = pair_key // types, pair_key % types
+    seg = np.zeros(pair_key.size, dtype=np.int64)
+    pair_of = np.searchsorted(pair_key, (o_job * types + o_type)[is_multi])
+    np.maximum.at(seg, pair_of, (o_reps - o_lo + 1)[is_multi])  # K - (N - 1)
     budget = budget or Budget()
     holding, state_node, state_res, state_slot = _holding_states(problem, table, slots, budget.max_columns)
-
-    layers = (2 if multi_jobs.size else 1) if slots else multi_jobs.size + 1
-    last = layers - 1
-    item_sizes = np.unique(table.reps[opt][~is_multi]).tolist()
+    state_type = problem.node_type[holding[np.array(state_node, dtype=np.int64)]]
+    single = ~is_multi
+    graphs = [
+        _type_graph(problem, t, slots, seg, (multi_jobs, multi_type), (o_job[single & (o_type == t)], o_reps[single & (o_type == t)]))
+        for t in range(types)
+    ]
+    seg_max = np.minimum(seg, np.array([g.levels for g in graphs], dtype=np.int64)[multi_type])
+    offsets = np.concatenate([[0], np.cumsum([g.layers * (g.levels + 1) for g in graphs])]).tolist()
     free_supply: dict = defaultdict(int)
-    for cap_n in np.delete(problem.capacity, holding).tolist():
-        free_supply[_vertex(0, levels - min(cap_n, levels), levels)] += 1
-    starts = set(free_supply) | {
-        _vertex(last if taken else 0, levels - min(res, levels), levels)
-        for res, taken in zip(state_res, state_slot)
-        if res > 0
-    }
-    arc = _reachable_arcs(starts, levels, last, slots, seg_max, item_sizes, budget)
+    not_holding = np.delete(np.arange(problem.num_nodes), holding)
+    for n, cap_n in zip(not_holding.tolist(), problem.capacity[not_holding].tolist()):
+        g, kind = graphs[problem.node_type[n]], int(problem.node_type[n])
+        free_supply[offsets[kind] + _vertex(0, g.levels - min(cap_n, g.levels), g.levels)] += 1
+    arcs = []
+    for t, g in enumerate(graphs):
+        levels, last = g.levels, g.layers - 1
+        starts = {v - offsets[t] for v in free_supply if offsets[t] <= v < offsets[t + 1]} | {
+            _vertex(last if taken else 0, levels - min(res, levels), levels)
+            for res, taken, kind in zip(state_res, state_slot, state_type.tolist())
+            if res > 0 and kind == t
+        }
+        used = sum(a.shape[0] for a in arcs)
+        arc = _reachable_arcs(starts, levels, last, slots, seg_max[g.pairs], g.item_sizes, budget, used)
+        arcs.append(_globalise(arc, offsets[t], g.pairs, t))
+    arc = np.concatenate(arcs) if arcs else np.zeros((0, 6), dtype=np.int64)
     return PackingGraph(
         opt=opt,
         excluded_rc=float(excluded_rc),
         multi_jobs=multi_jobs,
+        multi_type=multi_type,
         seg_max=seg_max,
         holding=holding,
         state_node=np.array(state_node, dtype=np.int64),
         state_res=np.array(state_res, dtype=np.int64),
         state_slot=np.array(state_slot, dtype=bool),
         slots=slots,
-        levels=levels,
-        layers=layers,
+        levels=graphs[0].levels,
+        layers=graphs[0].layers,
         free_supply=dict(free_supply),
         arc_tail=arc[:, 0],
         arc_head=arc[:, 1],
         arc_kind=arc[:, 2],
         arc_size=arc[:, 3],
         arc_job=arc[:, 4],
+        arc_type=arc[:, 5],
+        state_type=state_type,
+        type_levels=tuple(g.levels for g in graphs),
+        type_layers=tuple(g.layers for g in graphs),
+        type_offset=tuple(offsets[:-1]),
+        type_pairs=tuple(g.pairs.tolist() for g in graphs),
     )
+
+
+@dataclass(frozen=True)
+class _TypeGraph:
+    """Shape of one node type's graph: levels, layers, its multi pairs (layer order) and item sizes."""
+
+    levels: int
+    layers: int
+    pairs: np.ndarray  # int64 positions in multi_jobs of the type's multi pairs
+    item_sizes: list
+
+
+def _type_graph(problem: Problem, t: int, slots: bool, seg: np.ndarray, multi: tuple, singles: tuple) -> _TypeGraph:
+    """The graph shape of node type ``t``; ``multi`` = (job, type) of the multi pairs, ``seg``
+    their largest segments, ``singles`` = (job, K) of the type's single-node options."""
+    cap = problem.capacity if not problem.typed else problem.capacity[problem.node_type == t]
+    pairs = np.flatnonzero(multi[1] == t)
+    piece = np.zeros(problem.num_jobs, dtype=np.int64)  # each job's largest segment on type t
+    np.maximum.at(piece, multi[0][pairs], seg[pairs])
+    levels = _capped_levels(int(cap.max()) if cap.size else 0, piece, singles[0], singles[1])
+    layers = (2 if pairs.size else 1) if slots else pairs.size + 1
+    return _TypeGraph(levels, layers, pairs, np.unique(singles[1]).tolist())
+
+
+def _globalise(arc: np.ndarray, offset: int, pairs: np.ndarray, kind: int) -> np.ndarray:
+    """int64[A, 6] arcs of one type's graph in the global numbering, with the type as the last column."""
+    out = np.empty((arc.shape[0], 6), dtype=np.int64)
+    out[:, :5] = arc
+    out[:, 0] += offset
+    out[:, 1] = np.where(arc[:, 1] == SINK, SINK, arc[:, 1] + offset)
+    layered = arc[:, 4] >= 0
+    out[layered, 4] = pairs[arc[layered, 4]]
+    out[:, 5] = kind
+    return out
 
 
 def _capped_levels(levels: int, seg: np.ndarray, single_job: np.ndarray, single_reps: np.ndarray) -> int:

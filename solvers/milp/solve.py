@@ -10,8 +10,10 @@ is optimal, and otherwise the formulation may widen the offer for another
 round.  (3) Each round builds the model over the offered options, solves
 its LP relaxation first and runs the MIP only if it is fractional,
 warm-started from the current placement (a later round from the best one
-so far).  (4) HiGHS statuses map to :class:`solvers.Status` through
-:data:`~solvers.milp.highs.HIGHS_STATUS`.  The objective reported is
+so far; typed problems without a warm start, first trying to pack the
+LP's choices when they are integral, see
+:func:`~solvers.milp.highs.run_highs`).  (4) HiGHS statuses map to
+:class:`solvers.Status` through :data:`~solvers.milp.highs.HIGHS_STATUS`.  The objective reported is
 recomputed from the placement with :func:`solvers.evaluate`.
 
 Limits (:mod:`solvers.milp.budget`).  Every stage checks the deadline, and
@@ -24,6 +26,7 @@ in the time left), against the relaxation's bound.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -35,7 +38,16 @@ from ..problem import Problem, evaluate, job_values, violations
 from ..result import Result, Status
 from .bound import Relaxation, relax
 from .budget import MODEL_SECONDS_PER_COLUMN, Budget, OutOfTime, TooLarge
-from .highs import MIN_TIME_LIMIT, HighsRun, load_status_table, new_highs, result_status, run_highs, stopped_early
+from .highs import (
+    MIN_TIME_LIMIT,
+    SMALL_TYPED_OPTIONS,
+    HighsRun,
+    load_status_table,
+    new_highs,
+    result_status,
+    run_highs,
+    stopped_early,
+)
 from .compiled import compiled_model
 from .options import DEFAULT_MIP_GAP, UTILITY_RTOL, OptionTable, check_options, option_table
 from .packing import PackingGraph, packing_graph
@@ -51,6 +63,14 @@ log = logging.getLogger(__name__)
 #: The fallback greedy starts only with at least this much time per
 #: configuration left.
 GREEDY_SECONDS_PER_CONFIG = 1e-7
+
+#: Typed models up to this many columns run HiGHS with
+#: :data:`~solvers.milp.highs.SMALL_TYPED_OPTIONS` (Sia's 64-GPU cluster with
+#: 40 jobs makes about 450 columns).  Typed MIPs of any size run without a
+#: warm start: HiGHS's handling of the start cost more than half of the MIP
+#: (Sia's cluster: about 20 of 50 ms; 2048 GPUs, 1000 jobs: 0.8 of 1.9 s),
+#: and the start stays a candidate answer when the time runs out.
+SMALL_TYPED_COLUMNS = 2000
 
 #: Most rounds of one solve.  The exact formulation needs two (the second
 #: offers every option a better placement could use); the cap only stops
@@ -219,10 +239,19 @@ def _run_rounds(problem, formulation, table, rel, limits: tuple, out: _Rounds, s
         budget.check(columns * MODEL_SECONDS_PER_COLUMN)
         form, _ = compiled_model(problem, table, graph)
         budget.check()
-        warm = warm_start_values(problem, table, graph, start)
+        small = problem.typed and columns <= SMALL_TYPED_COLUMNS
+        warm = None if problem.typed else functools.partial(warm_start_values, problem, table, graph, start)
         t2 = time.perf_counter()
         remaining = None if budget.deadline is None else max(budget.deadline - t2, MIN_TIME_LIMIT)
-        run = run_highs(form, warm, time_limit=remaining, dive=formulation.dive, **highs_options)
+        run = run_highs(
+            form,
+            warm,
+            time_limit=remaining,
+            dive=formulation.dive,
+            pack_choices=problem.typed,
+            options=SMALL_TYPED_OPTIONS if small else None,
+            **highs_options,
+        )
         if budget.deadline is not None:  # HiGHS's presolve and root node do not always read the clock
             out.highs_overrun += max(0.0, time.perf_counter() - max(budget.deadline, t2))
         placement = _feasible_placement(problem, table, graph, run)
@@ -255,7 +284,7 @@ def _run_rounds(problem, formulation, table, rel, limits: tuple, out: _Rounds, s
 
 def _columns(problem: Problem, table: OptionTable, graph: PackingGraph) -> int:
     """Columns of the model over ``graph`` (y, k, z, g, h, f), counted before it is built."""
-    segments = int(graph.seg_max.sum()) if graph.slots and graph.layers > 1 else 0
+    segments = int(graph.seg_max.sum()) if graph.slots and graph.multi_jobs.size else 0
     return int(graph.opt.size + table.keep.size + problem.num_jobs + segments + graph.state_node.size + graph.arc_tail.size)
 
 

@@ -65,36 +65,52 @@ class JobSets:
     num_jobs: int
     num_opts: int
     num_keep: int
-    num_multi: int
+    num_multi: int  # multi pairs (job, type)
     keep_pos: list  # job -> position among keeps, -1 if none
     z_pos: list  # job -> position among z variables, -1 if it has no choice
     num_z: int
     opts_of_job: list  # job -> its offered options
-    multi_opts: list  # multi-node job position -> its multi-node options
-    fixed_nodes: list  # multi-node job position -> every option has lo = hi
+    multi_opts: list  # multi pair position -> its multi-node options
+    fixed_nodes: list  # multi pair position -> every option has lo = hi
     lo: list  # option -> fewest nodes
     hi: list  # option -> most nodes
     reps: list  # option -> replicas K
-    seg_max: list  # multi-node job position -> largest segment on one node
-    seg_index: list  # (job position, segment size) of the g variables
+    seg_max: list  # multi pair position -> largest segment on one node
+    seg_index: list  # (multi pair position, segment size) of the g variables
     shared_segments: bool  # g variables exist (segments share the multi arcs)
-    item_sizes: list  # replica counts of single-node options
-    singles_of_size: dict  # K -> single-node options of K replicas
+    item_sizes: list  # keys of the single_items rows: K, or (type, K) with node types
+    singles_of_size: dict  # item key -> single-node options of K replicas (of that type)
+    multi_type: list  # multi pair position -> node type
+    segment_keys: list  # keys of the segments rows: size m, or (type, m) with node types
+    typed: bool  # the problem has node types (row keys carry the type)
 
     @staticmethod
     def of(problem: Problem, table: OptionTable, graph: PackingGraph) -> "JobSets":
         o_job, o_reps, o_lo, o_hi = (a[graph.opt] for a in (table.job, table.reps, table.lo, table.hi))
+        o_type = table.type[graph.opt]
         num_multi = graph.multi_jobs.size
         keep_pos = np.full(problem.num_jobs, -1, dtype=np.int64)
         keep_pos[table.keep] = np.arange(table.keep.size)
-        multi_pos = np.full(problem.num_jobs, num_multi, dtype=np.int64)
-        multi_pos[graph.multi_jobs] = np.arange(num_multi)
+        types = problem.num_types
+        pair_key = graph.multi_jobs * types + graph.multi_type
+        at = np.minimum(np.searchsorted(pair_key, o_job * types + o_type), max(num_multi - 1, 0))
         is_multi = o_hi > 1
-        multi_opts = groups(np.where(is_multi, multi_pos[o_job], num_multi), num_multi)
+        multi_opts = groups(np.where(is_multi, at, num_multi), num_multi)
         seg_max = graph.seg_max.tolist()
-        shared_segments = graph.slots and graph.layers > 1
+        shared_segments = graph.slots and num_multi > 0
         seg_index = [(i, s) for i in range(num_multi) for s in range(1, seg_max[i] + 1)]
-        item_sizes = np.unique(o_reps[~is_multi]).tolist()
+        typed = problem.typed
+        multi_type = graph.multi_type.tolist()
+        if typed:
+            item_sizes = sorted(set(zip(o_type[~is_multi].tolist(), o_reps[~is_multi].tolist())))
+            singles = {key: [] for key in item_sizes}
+            for o in np.flatnonzero(~is_multi).tolist():
+                singles[(int(o_type[o]), int(o_reps[o]))].append(o)
+            segment_keys = sorted({(multi_type[i], s) for i, s in seg_index})
+        else:
+            item_sizes = np.unique(o_reps[~is_multi]).tolist()
+            singles = {k: np.flatnonzero(~is_multi & (o_reps == k)).tolist() for k in item_sizes}
+            segment_keys = sorted({s for _, s in seg_index})
         choosing = choosing_jobs(problem, table, graph)
         z_pos = np.full(problem.num_jobs, -1, dtype=np.int64)
         z_pos[choosing] = np.arange(choosing.size)
@@ -116,7 +132,10 @@ class JobSets:
             seg_index=seg_index if shared_segments else [],
             shared_segments=shared_segments,
             item_sizes=item_sizes,
-            singles_of_size={k: np.flatnonzero(~is_multi & (o_reps == k)).tolist() for k in item_sizes},
+            singles_of_size=singles,
+            multi_type=multi_type,
+            segment_keys=segment_keys if shared_segments else [],
+            typed=typed,
         )
 
 
@@ -124,7 +143,7 @@ class JobSets:
 class NodeSets:
     """Node-side index lists the rules read: arcs by kind and vertex, node states, kept jobs."""
 
-    arcs_by: dict  # (kind, size, job position) -> arcs
+    arcs_by: dict  # (kind, size, multi pair position, type) -> arcs
     vertices: list  # vertices with outgoing arcs, sorted
     arcs_out: list  # vertex position -> arcs leaving it
     arcs_in: list  # vertex position -> arcs entering it
@@ -139,7 +158,8 @@ class NodeSets:
     @staticmethod
     def of(problem: Problem, table: OptionTable, graph: PackingGraph) -> "NodeSets":
         arcs_by = defaultdict(list)
-        for a, key in enumerate(zip(graph.arc_kind.tolist(), graph.arc_size.tolist(), graph.arc_job.tolist())):
+        keys = zip(graph.arc_kind.tolist(), graph.arc_size.tolist(), graph.arc_job.tolist(), graph.arc_type.tolist())
+        for a, key in enumerate(keys):
             arcs_by[key].append(a)
         vertices = np.unique(graph.arc_tail)
         head_pos = np.searchsorted(vertices, graph.arc_head)
@@ -147,9 +167,9 @@ class NodeSets:
         inside[inside] = vertices[head_pos[inside]] == graph.arc_head[inside]
         state_res, state_slot = graph.state_res.tolist(), graph.state_slot.tolist()
         states_at = defaultdict(list)
-        for t, (res, taken) in enumerate(zip(state_res, state_slot)):
+        for t, (res, taken, kind) in enumerate(zip(state_res, state_slot, graph.state_type.tolist())):
             if res > 0:
-                states_at[graph.entry(res, taken)].append(t)
+                states_at[graph.entry(res, taken, kind)].append(t)
         keep_multi = (table.keep_nodes > 1).tolist()
         kept_here = [
             [(q, int(problem.current[table.keep[q], n]), keep_multi[q]) for q in np.flatnonzero(column > 0).tolist()]

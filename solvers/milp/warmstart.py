@@ -59,7 +59,7 @@ def warm_start_values(problem: Problem, table: OptionTable, graph: PackingGraph,
     values["z"] = (placement.sum(axis=1)[choosing_jobs(problem, table, graph)] == 0).astype(np.float64)
     moving = np.ones(problem.num_jobs, dtype=bool)
     moving[table.keep[kept]] = False
-    if not _set_options(values["y"], table, graph, placement, moving):
+    if not _set_options(values["y"], problem, table, graph, placement, moving):
         return None
     used = problem.current[table.keep[kept]].sum(axis=0)  # int64[N] CPUs of the kept jobs
     taken = np.zeros(problem.num_nodes, dtype=bool)  # bool[N] a kept multi-node job is on the node
@@ -78,13 +78,15 @@ def warm_start_values(problem: Problem, table: OptionTable, graph: PackingGraph,
     return values
 
 
-def _set_options(y: np.ndarray, table: OptionTable, graph: PackingGraph, placement: np.ndarray, moving) -> bool:
+def _set_options(y: np.ndarray, problem: Problem, table: OptionTable, graph: PackingGraph, placement, moving) -> bool:
     """Set ``y`` float64[O'] to 1 at the offered option of each moving job that holds replicas.
 
-    False if some such job's shape is in no offered option.
+    False if some such job's shape (with its node type) is in no offered option.
     """
     reps, nodes = placement.sum(axis=1), (placement > 0).sum(axis=1)
     o_job, o_reps, o_lo, o_hi = (a[graph.opt] for a in (table.job, table.reps, table.lo, table.hi))
+    o_type = table.type[graph.opt]
+    kind = problem.placement_types(placement)[0] if problem.typed else np.zeros(problem.num_jobs, dtype=np.int64)
     for j in np.flatnonzero(moving & (reps > 0)).tolist():
         fits = np.flatnonzero(
             (o_job == j)
@@ -92,6 +94,7 @@ def _set_options(y: np.ndarray, table: OptionTable, graph: PackingGraph, placeme
             & (o_lo <= nodes[j])
             & (o_hi >= nodes[j])
             & ((o_hi > 1) == (nodes[j] > 1))
+            & (o_type == kind[j])
         )
         if fits.size == 0:
             return False
@@ -110,26 +113,29 @@ def _path_flow(
     nodes = (moved > 0).sum(axis=1)
     keys = zip(graph.arc_tail.tolist(), graph.arc_kind.tolist(), graph.arc_size.tolist(), graph.arc_job.tolist())
     arc_of = {key: a for a, key in enumerate(keys)}
-    multi_pos = {j: i for i, j in enumerate(graph.multi_jobs.tolist())}
+    multi_pos = {(j, t): i for i, (j, t) in enumerate(zip(graph.multi_jobs.tolist(), graph.multi_type.tolist()))}
     flow = np.zeros(graph.arc_tail.size)
     for n in range(problem.num_nodes):
         residual = int(problem.capacity[n] - used[n])
         if residual == 0:
             continue
+        kind = int(problem.node_type[n])
         pieces = moved[:, n]
         multi = [(j, int(pieces[j])) for j in np.flatnonzero((pieces > 0) & (nodes > 1)).tolist()]
         singles = sorted((int(pieces[j]) for j in np.flatnonzero((pieces > 0) & (nodes == 1))), reverse=True)
-        v = graph.entry(residual, bool(taken[n]))
+        v = graph.entry(residual, bool(taken[n]), kind)
         steps = []
         if graph.slots:
             if len(multi) > 1 or (multi and taken[n]):
                 return None
             steps += [(MULTI, s, -1) for _, s in multi]
             for j, s in multi:
-                g[multi_pos[j], s] += 1.0
+                if (j, kind) not in multi_pos:
+                    return None
+                g[multi_pos[j, kind], s] += 1.0
         else:
-            on = dict((multi_pos.get(j, -1), s) for j, s in multi)
-            steps += [(MULTI, on[t], t) if t in on else (SKIP, 0, -1) for t in range(graph.layers - 1)]
+            on = dict((multi_pos.get((j, kind), -1), s) for j, s in multi)
+            steps += [(MULTI, on[t], t) if t in on else (SKIP, 0, -1) for t in graph.type_pairs[kind]]
         steps += [(ITEM, s, -1) for s in singles] + [(CLOSE, 0, -1)]
         for kind, size, jpos in steps:
             a = arc_of.get((v, kind, size, jpos))
@@ -153,19 +159,21 @@ def decode_placement(problem: Problem, table: OptionTable, graph: PackingGraph, 
         placement[j] = problem.current[j]
     chosen = graph.opt[values["y"] > 0]
     single = chosen[table.hi[chosen] == 1]
-    singles = defaultdict(list)  # size -> single-node jobs waiting for an item arc
-    for j, k in zip(table.job[single].tolist(), table.reps[single].tolist()):
-        singles[k].append(j)
-    segments = defaultdict(list)  # size -> multi-node jobs waiting for a multi arc
+    singles = defaultdict(list)  # (type, size) -> single-node jobs waiting for an item arc
+    for j, t, k in zip(table.job[single].tolist(), table.type[single].tolist(), table.reps[single].tolist()):
+        singles[t, k].append(j)
+    segments = defaultdict(list)  # (type, size) -> multi-node jobs waiting for a multi arc
     for (i, s), count in values["g"].items():
-        segments[s] += [int(graph.multi_jobs[i])] * int(count)
+        segments[int(graph.multi_type[i]), s] += [int(graph.multi_jobs[i])] * int(count)
     flow_values = np.asarray(values["f"])
     used = np.flatnonzero(flow_values > 0)
     flow = dict(zip(used.tolist(), flow_values[used].tolist()))  # arc -> flow left (arcs with flow only)
     out = defaultdict(list)  # vertex -> arcs leaving it that carry flow, in arc order
     for a, t in zip(used.tolist(), graph.arc_tail[used].tolist()):
         out[t].append(a)
-    kinds, sizes, jobs, heads = (x.tolist() for x in (graph.arc_kind, graph.arc_size, graph.arc_job, graph.arc_head))
+    kinds, sizes, jobs, heads, types = (
+        x.tolist() for x in (graph.arc_kind, graph.arc_size, graph.arc_job, graph.arc_head, graph.arc_type)
+    )
     multi_jobs = graph.multi_jobs.tolist()
     for n, v in _entries(problem, graph, values["h"] > 0):
         while v != SINK:
@@ -173,13 +181,13 @@ def decode_placement(problem: Problem, table: OptionTable, graph: PackingGraph, 
             if a is None:  # inconsistent flow: stop here; the feasibility check reports it
                 break
             flow[a] -= 1
-            kind, size, jpos = kinds[a], sizes[a], jobs[a]
-            if kind == ITEM and singles[size]:
-                placement[singles[size].pop(), n] += size
+            kind, size, jpos, key = kinds[a], sizes[a], jobs[a], (types[a], sizes[a])
+            if kind == ITEM and singles[key]:
+                placement[singles[key].pop(), n] += size
             elif kind == MULTI and jpos >= 0:
                 placement[multi_jobs[jpos], n] += size
-            elif kind == MULTI and segments[size]:
-                placement[segments[size].pop(), n] += size
+            elif kind == MULTI and segments[key]:
+                placement[segments[key].pop(), n] += size
             v = heads[a]
     return placement
 
@@ -187,9 +195,10 @@ def decode_placement(problem: Problem, table: OptionTable, graph: PackingGraph, 
 def _entries(problem: Problem, graph: PackingGraph, h: np.ndarray) -> list[tuple[int, int]]:
     """(node, entry vertex) of every node with free capacity: free nodes, then holding ones in their state ``h``."""
     free = np.delete(np.arange(problem.num_nodes), graph.holding)
-    entries = [(n, graph.entry(c, False)) for n, c in zip(free.tolist(), problem.capacity[free].tolist())]
+    kind = problem.node_type.tolist()
+    entries = [(n, graph.entry(c, False, kind[n])) for n, c in zip(free.tolist(), problem.capacity[free].tolist())]
     entries += [
-        (int(graph.holding[i]), graph.entry(int(r), bool(s)))
+        (int(graph.holding[i]), graph.entry(int(r), bool(s), kind[int(graph.holding[i])]))
         for i, r, s in zip(graph.state_node[h], graph.state_res[h], graph.state_slot[h])
         if r > 0
     ]

@@ -75,7 +75,7 @@ def test_model_table_matches_speedup_and_optimize():
         if s > 0:
             assert table[p] == pytest.approx(float(s), rel=1e-12)
             one = model.optimize(*p)
-            c = _batch_config(job, pairs, p)
+            c = _batch_config(job.speedup, pairs, job.base, None, p)
             assert (c.local_bsz, c.accum_steps, c.batch_size) == (int(one.local_bsz), int(one.accum_steps), int(one.batch_size))
             assert c.goodput == pytest.approx(float(one.goodput), rel=1e-12)
 

@@ -131,14 +131,15 @@ def test_per_job_restart_delays_are_independent():
     assert problem.restart_factor.tolist() == [90 / 110, 1.0, 80 / 120]
 
 
-def test_instance_round_trip_writes_version_2():
+def test_instance_round_trip_writes_the_current_version():
     inst = parse_instance(_instance_v2(restart_delay=7.5))
     data = instance_to_json(inst)
-    assert data["version"] == 2 == FORMAT_VERSION
+    assert data["version"] == 3 == FORMAT_VERSION
     assert data["jobs"][0]["restart_delay"] == 7.5
     assert parse_instance(json.loads(json.dumps(data))) == inst
-    plain = instance_to_json(parse_instance(EXAMPLE_INSTANCE))  # version 1 in, version 2 out
-    assert plain["version"] == 2 and "restart_delay" not in plain["jobs"][0]
+    plain = instance_to_json(parse_instance(EXAMPLE_INSTANCE))  # version 1 in, version 3 out
+    assert plain["version"] == 3 and "restart_delay" not in plain["jobs"][0]
+    assert "type" not in plain["cluster"]["nodes"][0]
     assert parse_instance(plain) == parse_instance(EXAMPLE_INSTANCE)
 
 
@@ -244,9 +245,9 @@ def test_every_solver_reachable_through_allocate(solver):
          r"spread_penalty must be a finite number >= 0 or None, got -0\.1"),
         ({**EXAMPLE_INSTANCE, "options": {"spread_penalty": 0.5, "max_nodes_per_job": 3}},
          r"spread_penalty must be >= 0 and below 1 / \(max_nodes_per_job - 1\) = 0\.5, got 0\.5"),
-        ({**EXAMPLE_INSTANCE, "version": 3}, r"version must be one of \[1, 2\], got 3"),
-        ({**EXAMPLE_INSTANCE, "version": True}, r"version must be one of \[1, 2\], got True"),
-        ({**EXAMPLE_INSTANCE, "version": 2.0}, r"version must be one of \[1, 2\], got 2\.0"),
+        ({**EXAMPLE_INSTANCE, "version": 4}, r"version must be one of \[1, 2, 3\], got 4"),
+        ({**EXAMPLE_INSTANCE, "version": True}, r"version must be one of \[1, 2, 3\], got True"),
+        ({**EXAMPLE_INSTANCE, "version": 2.0}, r"version must be one of \[1, 2, 3\], got 2\.0"),
         (_instance(id=None), r"jobs\[0\]\.id must be a non-empty string, got None"),
         (_instance(id=7), r"jobs\[0\]\.id must be a non-empty string, got 7"),
         (_instance(id=""), r"jobs\[0\]\.id must be a non-empty string, got ''"),

@@ -23,7 +23,9 @@ from pollux_opt.scheduling.policies import (
     make_policy,
     policy_names,
 )
-from pollux_opt.scheduling.policies.fair_jct import predicted_rho
+from pollux_opt.model.job import restart_factor
+from pollux_opt.scheduling.policies.fair_jct import FAIR_JCT_EXPLORATION, predicted_rho
+from pollux_opt.scheduling.policies.views import EXPLORATION_FACTOR
 from pollux_opt.workloads.job import WorkloadJob
 from pollux_opt.scheduling.policies.remaining import MIN_SAMPLES, MIN_WORK_S, WorkHistory, reference_rate
 
@@ -96,21 +98,52 @@ def test_fair_jct_weights_favour_short_jobs_until_the_fairness_bound():
     pol._history = _history([100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0])
     cluster = Cluster.uniform(1, 4)
     # 150 reference seconds done: past the short jobs, so a long one (index 1/9850
-    # against a new job's 1/200, see the Gittins test above).
+    # against a new job's 1/200, see the Gittins test above); both of one model,
+    # so their fair-share work rates, which scale both indices, cancel.
     started = _view("started", goodput_model=m, progress=150.0 * reference_rate(m), age=200.0)
-    views = [_view("new"), started]
+    views = [_view("new", goodput_model=m), started]
     tie = PolluxPolicy().weights(cluster, views)  # Pollux's weights: priority times tie-break
     w = pol.weights(cluster, views)
     assert w["new"] == pytest.approx(tie["new"])
     assert w["started"] == pytest.approx(tie["started"] * (200.0 / 9850.0) ** 0.5)
     # The same job after a long wait: predicted rho beyond the bound -> the top index.
-    waited = [_view("new"), dataclasses.replace(started, age=50000.0)]
+    waited = [_view("new", goodput_model=m), dataclasses.replace(started, age=50000.0)]
     assert pol.weights(cluster, waited)["started"] == pytest.approx(tie["started"])
     # Without the fairness term (knee and bound out of reach) it stays a long job.
     pol.knee, pol.bound = 1e6, 2e6
     assert pol.weights(cluster, waited)["started"] == pytest.approx(tie["started"] * (200.0 / 9850.0) ** 0.5)
+    # The tilt is bounded: at most max_tilt halvings.
+    pol.max_tilt = 1.0
+    assert pol.weights(cluster, waited)["started"] == pytest.approx(tie["started"] * 0.5)
     # alpha = 0: Pollux's weights exactly.
     assert FairJctPolicy(alpha=0.0).weights(cluster, views) == tie
+
+
+def test_a_lighter_job_pays_for_a_move_as_a_pollux_job_would():
+    m = _model()
+    pol = FairJctPolicy(alpha=1.0)
+    pol._history = _history([100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0])
+    cluster = Cluster.uniform(1, 4)
+    running = dict(placement={"n0": 1}, state="running", restarts=2)
+    long_ = _view("long", goodput_model=m, progress=150.0 * reference_rate(m), age=3000.0, **running)
+    short = _view("short", goodput_model=m, age=3000.0, **running)
+    views = [short, long_]
+    jobs = {j.id: j for j in pol.allocator_jobs(cluster, views)}
+    w, base = pol.weights(cluster, views), PolluxPolicy().weights(cluster, views)
+    pollux_f = restart_factor(3000.0, 2, 30.0)
+    # The top-weight job keeps Pollux's factor; the light one's move costs the same in the power mean.
+    assert restart_factor(jobs["short"].age, jobs["short"].restarts, jobs["short"].restart_delay) == pytest.approx(pollux_f)
+    f_long = restart_factor(jobs["long"].age, jobs["long"].restarts, jobs["long"].restart_delay)
+    assert w["long"] < base["long"]
+    assert w["long"] * (1 / f_long - 1) == pytest.approx(base["long"] * (1 / pollux_f - 1))
+
+
+def test_fair_jct_explores_further_than_pollux():
+    m = _model()
+    cluster = Cluster.uniform(4, 4)
+    v = _view("a", goodput_model=m, max_replicas=16, max_profiled_replicas=2)
+    assert PolluxPolicy().allocator_jobs(cluster, [v])[0].max_replicas == 2 * EXPLORATION_FACTOR
+    assert FairJctPolicy().allocator_jobs(cluster, [v])[0].max_replicas == 2 * FAIR_JCT_EXPLORATION
 
 
 def test_fair_jct_priority_weight_multiplies_the_weight():
@@ -157,6 +190,8 @@ def test_the_oracle_bound_uses_the_true_remaining_work_and_run_refuses_it():
         ({"knee": 3.0, "bound": 2.0}, r"bound must be > knee, got bound=2.0 and knee=3.0"),
         ({"alpha": -1.0}, r"alpha"),
         ({"knee": 0.5}, r"knee"),
+        ({"max_tilt": -1.0}, r"max_tilt"),
+        ({"exploration_factor": 0}, r"exploration_factor"),
     ],
 )
 def test_fair_jct_rejects_bad_options(kwargs, match):
@@ -191,10 +226,19 @@ def test_a_heavier_job_never_finishes_later(policy):
     assert jct["b"] < jct["a"]
 
 
-@pytest.mark.parametrize("policy", ["pollux", "fair-jct"])
-def test_equal_weights_finish_together(policy):
+def test_equal_weights_finish_together_under_pollux():
     """The reference of the test above: with equal weights neither job is favoured."""
     backend = _weighted_backend({"a": 1.0, "b": 1.0})
-    run_loop(backend, make_policy(policy), backend.cluster, _NullLog(), interval=120.0, max_rounds=1000)
+    run_loop(backend, make_policy("pollux"), backend.cluster, _NullLog(), interval=120.0, max_rounds=1000)
     jct = backend.jcts()
     assert jct["a"] == pytest.approx(jct["b"])
+
+
+def test_equal_weights_under_fair_jct_favour_the_tie_break():
+    """The reference of the test above for fair-jct: of two equal jobs the one the
+    tie-break favours ("a") gets ahead, and the remaining-work weights then run it
+    first (it is the shorter one left), so the heavier "b" above overcame both."""
+    backend = _weighted_backend({"a": 1.0, "b": 1.0})
+    run_loop(backend, make_policy("fair-jct"), backend.cluster, _NullLog(), interval=120.0, max_rounds=1000)
+    jct = backend.jcts()
+    assert jct["a"] < jct["b"]

@@ -51,7 +51,8 @@ def used(decision: Decision) -> int:
 
 
 def test_registry_and_protocol():
-    assert list(POLICIES) == ["fixed", "dynamic", "pollux", "fair-jct", "tiresias", "optimus", "fair-jct-oracle"]
+    assert list(POLICIES) == ["fixed", "dynamic", "pollux", "pollux-unaware", "sia", "fair-jct", "tiresias", "optimus",
+                              "fair-jct-oracle"]
     assert registered_policies() == dict(POLICIES)
     for name, info in POLICIES.items():
         assert info.name == name and info.description
@@ -60,17 +61,18 @@ def test_registry_and_protocol():
         assert isinstance(policy, Policy)
     assert make_policy("pollux").adapts_batch and not make_policy("fixed").adapts_batch
     assert not make_policy("dynamic").adapts_batch and not make_policy("tiresias").adapts_batch
-    with pytest.raises(InvalidProblem, match=r"unknown policy 'sia'; choose one of "
+    with pytest.raises(InvalidProblem, match=r"unknown policy 'gavel'; choose one of "
                                              r"\['dynamic', 'fair-jct', 'fair-jct-oracle', 'fixed', 'optimus', 'pollux', "
-                                             r"'tiresias'\]"):
-        make_policy("sia")
+                                             r"'pollux-unaware', 'sia', 'tiresias'\]"):
+        make_policy("gavel")
 
 
 def test_registry_records_what_each_policy_needs_from_its_backend():
     assert {name: info.needs for name, info in POLICIES.items()} == {
-        "fixed": (), "dynamic": (), "pollux": (), "fair-jct": (), "tiresias": (), "optimus": (Requirement.ORACLE,),
-        "fair-jct-oracle": (Requirement.ORACLE,)}
-    assert policy_names() == ("fixed", "dynamic", "pollux", "fair-jct", "tiresias")  # what real runs accept
+        "fixed": (), "dynamic": (), "pollux": (), "pollux-unaware": (), "sia": (), "fair-jct": (), "tiresias": (),
+        "optimus": (Requirement.ORACLE,), "fair-jct-oracle": (Requirement.ORACLE,)}
+    assert policy_names() == ("fixed", "dynamic", "pollux", "pollux-unaware", "sia", "fair-jct",
+                              "tiresias")  # what real runs accept
     assert policy_names([Requirement.ORACLE]) == tuple(POLICIES)  # the simulator provides the oracle
     with pytest.raises(InvalidProblem, match=r"policy 'optimus' needs the simulator's step oracle \(each job's "
                                              r"true remaining steps and step times, which a run of real jobs "

@@ -14,7 +14,7 @@ from solvers.milp.model import objective_coefficients, pyomo_model
 from solvers.milp.structure import ModelStructure
 from solvers.milp.packing import packing_graph
 from solvers.milp.strategy import choose_formulation
-from solvers.testing import edge_problems, random_problem
+from solvers.testing import edge_problems, random_problem, random_typed_problem
 
 #: (seed, nodes, CPUs per node, jobs, interference avoidance) of the random problems.
 CASES = [
@@ -31,7 +31,11 @@ def _problems() -> list[tuple[str, Problem]]:
         (f"random{seed}", random_problem(seed, num_nodes=n, cpus_per_node=c, num_jobs=j, interference_avoidance=ia))
         for seed, n, c, j, ia in CASES
     ]
-    return out + list(edge_problems())
+    typed = [
+        ("typed_slots", random_typed_problem(5, (3, 2, 2), (4, 8, 8), 12)),
+        ("typed_layers", random_typed_problem(6, (2, 2), (4, 8), 8, interference_avoidance=False)),
+    ]
+    return out + typed + list(edge_problems())
 
 
 def _reweighted(problem: Problem, seed: int) -> Problem:

@@ -48,7 +48,10 @@ from pollux_opt.backends.sim.state import (  # noqa: F401  (the simulator's sett
     batch_limits,
     per_app,
 )
+from pollux_opt.backends.sim.oracle import Oracle
 from pollux_opt.backends.sim.traces import Profile
+from pollux_opt.backends.sim.typed_jobs import TypedJobState, mixed_step_sync, per_type_profiles, pooled_limits
+from pollux_opt.backends.sim.typed_profiles import TypedProfile
 from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
 
@@ -60,49 +63,23 @@ log = logging.getLogger(__name__)
 _POSITIVE = Real(gt=0)
 
 
-class Oracle:
-    """True remaining work and step times, for Optimus+Oracle only.
-
-    The oracle answers from the hidden profiles; no other policy gets one.
-    """
-
-    def __init__(self, backend: "SimBackend") -> None:
-        self._backend = backend
-
-    def remaining_steps(self, job_id: str, batch_size: int) -> float:
-        """Optimizer steps at a fixed ``batch_size`` from the current epoch to completion."""
-        job = self._backend._jobs[job_id]
-        p = job.profile
-        b = min(max(batch_size, p.init_batch_size), p.max_batch_size)
-        return max(p.iterations(b, p.max_epochs) - p.iterations(b, job.epoch), 1.0)
-
-    def step_time(self, job_id: str, placement: Sequence[int], batch_size: int) -> float:
-        """True seconds per optimizer step of ``batch_size`` on ``placement`` (replicas per node)."""
-        p = self._backend._jobs[job_id].profile
-        k = sum(placement)
-        atomic, accum = split_batch(batch_size, k, p.max_local_bsz, p.min_local_bsz)
-        step, sync = p.step_sync(tuple(placement), atomic)
-        return step + accum * (step - sync)
-
-    def max_local_bsz(self, job_id: str) -> int:
-        return self._backend._jobs[job_id].profile.max_local_bsz
-
-    def min_local_bsz(self, job_id: str) -> int:
-        return self._backend._jobs[job_id].profile.min_local_bsz
-
-
 class SimBackend:
     """A :class:`~pollux_opt.scheduling.loop.Backend` over simulated jobs.
 
     Args:
         jobs: the workload.
-        profiles: application name -> true profile.
-        cluster: the simulated cluster (node ids are the placement keys).
+        profiles: application name -> true profile: a
+            :class:`~pollux_opt.backends.sim.traces.Profile` (every node type
+            alike), or a :class:`~pollux_opt.backends.sim.typed_profiles.TypedProfile`
+            naming each node type of ``cluster``.
+        cluster: the simulated cluster (node ids are the placement keys; node types
+            select the per-type truth, see :mod:`~pollux_opt.backends.sim.typed_jobs`).
         events: the run's event log (submit, start, rescale, complete events).
         config: simulation settings.
 
     Raises:
-        InvalidProblem: a job names an application without a profile.
+        InvalidProblem: a job names an application without a profile, or a
+            typed profile lacks a node type of the cluster.
     """
 
     def __init__(
@@ -124,7 +101,11 @@ class SimBackend:
         # application measured at the same configurations report the same
         # (noise-free) times, so each distinct set is fitted once.
         self._fits: dict[tuple, object] = {}
-        pinned = {a: pinned_config(profiles[a]) for a in self.config.fixed_applications if a in profiles}
+        self._typed = cluster.typed or any(isinstance(p, TypedProfile) for p in profiles.values())
+        self._node_type = {n.id: n.type for n in cluster.nodes}
+        per_type = {a: per_type_profiles(a, p, cluster.types) for a, p in profiles.items()} if self._typed else {}
+        reference = {a: next(iter(t.values())) for a, t in per_type.items()} if self._typed else profiles
+        pinned = {a: pinned_config(reference[a]) for a in self.config.fixed_applications if a in profiles}
         for spec in sorted(jobs, key=lambda j: (j.arrival_s, j.id)):
             if spec.kind not in profiles:
                 raise InvalidProblem(
@@ -133,12 +114,44 @@ class SimBackend:
                 )
             if spec.id in self._jobs:
                 raise InvalidProblem(f"duplicate job name {spec.id!r}")
-            p = profiles[spec.kind]
-            agent = JobAgent(batch_limits(p), refit_growth=REFIT_GROWTH, fit_cache=self._fits, name=spec.id)
-            self._jobs[spec.id] = SimJob(spec, p, pinned=pinned.get(spec.kind), agent=agent)
+            p = reference[spec.kind]
+            limits = pooled_limits(per_type[spec.kind]) if self._typed else batch_limits(p)
+            agent = JobAgent(limits, refit_growth=REFIT_GROWTH, fit_cache=self._fits, name=spec.id)
+            job = SimJob(spec, p, pinned=pinned.get(spec.kind), agent=agent)
+            if self._typed:
+                job.typed = TypedJobState.create(per_type[spec.kind], self._fits, spec.id)
+            self._jobs[spec.id] = job
         self._order = {nid: i for i, nid in enumerate(cluster.node_ids)}
         self.oracle = Oracle(self)
         self._admit()
+
+    def _restart_delay(self, job: SimJob) -> float:
+        """Seconds a restart of ``job`` costs: Sia's per-model delay when enabled, else the configured one."""
+        sia = self.config.sia.restart_delay_of(job.spec.kind)
+        return self.config.restart_delay if sia is None else sia
+
+    def _run_type(self, job: SimJob) -> str | None:
+        """The node type a typed job runs on (None: not running, or on several types)."""
+        kinds = {self._node_type[n] for n in job.placement}
+        return kinds.pop() if len(kinds) == 1 else None
+
+    def _run_truth(self, job: SimJob):
+        """(profile, limits) of the type the job runs on; on several types (or
+        none), the type with the smallest batch cap and the pooled limits."""
+        if job.typed is None:
+            return job.profile, job.agent.limits
+        t = self._run_type(job)
+        if t is not None:
+            return job.typed.profiles[t], job.typed.agents[t].limits
+        profiles = [job.typed.profiles[k] for k in dict.fromkeys(self._node_type[n] for n in job.placement)]
+        profile = min(profiles or job.typed.profiles.values(), key=lambda p: p.max_local_bsz)
+        return profile, job.agent.limits
+
+    def _step_sync(self, job: SimJob, placement: tuple[int, ...]) -> tuple[float, float]:
+        if job.typed is None:
+            return job.profile.step_sync(placement, job.local_bsz)
+        types = tuple(self._node_type[n] for n in sorted(job.placement, key=self._order.__getitem__))
+        return mixed_step_sync(job.typed.profiles, types, placement, job.local_bsz)
 
     # ---------------------------------------------------------------- protocol
     def now(self) -> float:
@@ -166,12 +179,14 @@ class SimBackend:
                     submitted_replicas=job.submitted_config[0],
                     submitted_batch_size=job.submitted_config[1],
                     goodput_model=self._model(job),
-                    restart_delay=cfg.restart_delay,
+                    restart_delay=self._restart_delay(job),
                     progress=job.progress,
                     attained_service=job.attained,
                     # what the policy's exploration cap is a multiple of
-                    max_profiled_replicas=job.agent.most_replicas,
+                    max_profiled_replicas=(job.agent.most_replicas if job.typed is None
+                                           else max(job.agent.most_replicas, job.typed.most_replicas)),
                     weight=job.spec.weight,
+                    goodput_models=None if job.typed is None else job.typed.models(),
                 )
             )
         return out
@@ -246,6 +261,8 @@ class SimBackend:
         for job in self._jobs.values():
             if not job.submitted and job.spec.arrival_s <= self._now:
                 job.submitted = arrived = True
+                if job.typed is not None:
+                    job.typed.profile_one_replica()
                 self._emit(
                     "submit", job.spec.arrival_s, job.spec.id,
                     submitted_replicas=job.submitted_config[0],
@@ -264,7 +281,7 @@ class SimBackend:
             job.rescale_left = 0.0
             job.local_bsz = job.accum_steps = 0
             return
-        job.rescale_left = self.config.restart_delay
+        job.rescale_left = self._restart_delay(job)
         if not job.started:
             if self.config.start_delay is not None:
                 job.rescale_left = per_app(self.config.start_delay, job.spec.kind)
@@ -275,7 +292,7 @@ class SimBackend:
             self._emit("rescale_begin", self._now, job.spec.id, old_placement=old, placement=new)
 
     def _set_batch(self, job: SimJob, config: BatchConfig | None) -> None:
-        p, limits = job.profile, job.agent.limits
+        p, limits = self._run_truth(job)
         k = job.replicas
         # With split_single, as the real executor runs it (runtime.adapt.executable).
         split = self.config.split_single
@@ -287,7 +304,8 @@ class SimBackend:
             batch = min(job.submitted_config[1], p.max_batch_size)
             local, accum = split_batch(batch, k, p.max_local_bsz, p.min_local_bsz)
         else:
-            model = self._model(job)
+            model = self._model(job) if job.typed is None else job.typed.models().get(self._run_type(job))
+            model = self._model(job) if model is None else model
             if model is not None:
                 choice = model.optimize(len(job.placement), k)
                 local, accum = int(choice.local_bsz), int(choice.accum_steps)
@@ -319,12 +337,19 @@ class SimBackend:
 
     def _report(self, job: SimJob, placement: tuple[int, ...], step: float, sync: float, sqr: float, var: float) -> None:
         """What the job tells the scheduler: this configuration's times and its gradient stats."""
-        job.agent.update_stats((sqr * self._noise(), var * self._noise()))
+        stats = (sqr * self._noise(), var * self._noise())
+        job.agent.update_stats(stats)
         # The profile's times are those of one micro-batch step: accum_steps 0.
         key = ConfigKey(len(placement), sum(placement), job.local_bsz, 0)
-        if key not in job.agent:  # a configuration's first report stands
+        if job.typed is not None:
+            job.typed.update_stats(stats)
+        if key not in job.agent or (job.typed is not None and self._run_type(job) is not None):
             noise = self._noise()
-            job.agent.add_measurement(key, step * noise, min(sync * self._noise(), step * noise))
+            times = (step * noise, min(sync * self._noise(), step * noise))
+            if key not in job.agent:  # a configuration's first report stands
+                job.agent.add_measurement(key, *times)
+            if job.typed is not None:
+                job.typed.report(self._run_type(job), key, *times)
 
     def _model(self, job: SimJob) -> GoodputModel | None:
         """The job's goodput model from what it reported (see :class:`JobAgent`)."""
@@ -343,19 +368,20 @@ class SimBackend:
             seconds -= delay
             if job.rescale_left <= 0 and job.restarts > 0:
                 self._emit("rescale_end", now, job.spec.id, placement=job.placement,
-                           duration_s=self.config.restart_delay)
+                           duration_s=self._restart_delay(job))
         placement = self._sorted(job.placement)
         while seconds > 0 and job.completion_time is None:
             batch = job.batch_size
-            step, sync = p.step_sync(placement, job.local_bsz)
+            step, sync = self._step_sync(job, placement)
             sqr, var = p.grad_stats(batch, job.epoch)
             scale = batch / p.init_batch_size
             gain = (var + sqr) / (var / scale + sqr)
             self._report(job, placement, step, sync, sqr, var)
             total = step + (step - sync) * job.accum_steps
-            goodput = gain / total * (1.0 - slowdown)
+            factor = (1.0 - slowdown) * self.config.sia.goodput_factor(job.spec.kind)
+            goodput = gain / total * factor
             job.last_goodput = goodput
-            job.last_throughput = batch / total * (1.0 - slowdown)
+            job.last_throughput = batch / total * factor
             target = p.progress_at(job.epoch + 1)
             if job.progress + goodput * seconds < target:
                 job.progress += goodput * seconds

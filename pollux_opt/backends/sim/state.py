@@ -17,6 +17,7 @@ from pollux_opt.model import BatchLimits
 from pollux_opt.model.domains import Boolean, Integer, Keyed, Real, check_fields, domain_field
 from pollux_opt.model.options import DEFAULT_RESTART_DELAY
 from pollux_opt.runtime.agent import JobAgent
+from pollux_opt.backends.sim.sia_settings import SiaSimSettings
 from pollux_opt.backends.sim.traces import Profile
 from pollux_opt.workloads.job import WorkloadJob
 
@@ -91,6 +92,9 @@ class SimConfig:
             views submit it and offer at most its replicas, and they always
             train at its batch size, whatever batch the policy picks
             (default: NCF, as in the paper's simulator; ``()``: none).
+        sia: Sia's simulator calibration (per-application goodput slowdowns
+            and restart delays; :class:`~pollux_opt.backends.sim.sia_settings.SiaSimSettings`),
+            off by default.
     """
 
     # Pollux's simulator charges 30 s per (re)start.
@@ -105,6 +109,7 @@ class SimConfig:
     start_delay: float | Mapping[str, float] | None = domain_field(None, Keyed(_NON_NEGATIVE, none=True))
     split_single: bool = domain_field(False, Boolean())
     fixed_applications: tuple[str, ...] = PAPER_FIXED_APPLICATIONS
+    sia: SiaSimSettings = field(default_factory=SiaSimSettings)
 
     def __post_init__(self) -> None:
         apps = self.fixed_applications
@@ -113,6 +118,8 @@ class SimConfig:
         ):
             raise InvalidProblem(f"fixed_applications must be a tuple of application names, got {apps!r}")
         object.__setattr__(self, "fixed_applications", tuple(apps))
+        if not isinstance(self.sia, SiaSimSettings):
+            raise InvalidProblem(f"sia must be a SiaSimSettings, got {self.sia!r}")
         check_fields(self)
 
 
@@ -146,6 +153,7 @@ class SimJob:
     submitted: bool = False
     completion_time: float | None = None
     agent: JobAgent | None = None  # what the job measured and its fitted model
+    typed: object | None = None  # per-type truth and agents on a typed cluster (typed_jobs.TypedJobState)
     last_goodput: float = 0.0
     last_throughput: float = 0.0
 

@@ -24,8 +24,9 @@ from solvers import InvalidProblem
 from pollux_opt.scheduling.loop import Policy
 from pollux_opt.scheduling.policies.fair_jct import FairJctOraclePolicy, FairJctPolicy
 from pollux_opt.scheduling.policies.fixed import FixedPolicy
-from pollux_opt.scheduling.policies.goodput import DynamicPolicy, PolluxPolicy
+from pollux_opt.scheduling.policies.goodput import DynamicPolicy, PolluxPolicy, PolluxUnawarePolicy
 from pollux_opt.scheduling.policies.optimus import OptimusPolicy, StepOracle
+from pollux_opt.scheduling.policies.sia import SiaPolicy
 from pollux_opt.scheduling.policies.tiresias import TiresiasPolicy
 
 __all__ = [
@@ -37,7 +38,9 @@ __all__ = [
     "OptimusPolicy",
     "PolicyInfo",
     "PolluxPolicy",
+    "PolluxUnawarePolicy",
     "Requirement",
+    "SiaPolicy",
     "StepOracle",
     "TiresiasPolicy",
     "make_policy",
@@ -87,7 +90,13 @@ POLICIES: Mapping[str, PolicyInfo] = MappingProxyType({
         PolicyInfo("dynamic", DynamicPolicy,
                    "throughput-only elastic allocation at each job's submitted batch size"),
         PolicyInfo("pollux", PolluxPolicy,
-                   "goodput-optimal allocation and batch sizes (Pollux, OSDI 2021)"),
+                   "goodput-optimal allocation and batch sizes (Pollux, OSDI 2021); "
+                   "heterogeneity-aware on clusters of several node types"),
+        PolicyInfo("pollux-unaware", PolluxUnawarePolicy,
+                   "Pollux that sees every node as one type (Sia's baseline on heterogeneous clusters)"),
+        PolicyInfo("sia", SiaPolicy,
+                   "heterogeneity-aware goodput-optimised allocation over Sia's configurations "
+                   "(Sia, SOSP 2023)"),
         PolicyInfo("fair-jct", FairJctPolicy,
                    "Pollux's power mean weighted for mean JCT by an online Gittins index of "
                    "remaining work, under a finish-time fairness bound"),

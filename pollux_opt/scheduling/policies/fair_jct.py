@@ -4,64 +4,80 @@ The same exact allocator and objective as Pollux (one-hot options per job,
 speedups over a fair share from each job's fitted goodput model with the
 goodput-best batch per option, the restart penalty, interference avoidance,
 the power mean with p = -1: Pollux, section 4), with per-job weights that
-carry what Pollux's objective ignores: how much work a job still has and how
-long it has waited.  The formulation, its assumptions and the literature it
-draws on are in ``docs/fair-jct.md``; in short, the round maximises
+carry what Pollux's objective ignores (how much work a job still has and how
+long it has waited), a restart factor that keeps a light job's move as costly
+as Pollux makes it, and a wider exploration cap.  The formulation, its
+assumptions and the measurements behind each choice are in
+``docs/fair-jct.md``; in short, the round maximises
 
-    M_p = ( sum_j w_j (s_j(o_j) f_j(o_j))^p / sum_j w_j )^(1/p),
-    w_j = pi_j * t_j * (Gamma_j / Gamma_top)^alpha,
-    Gamma_j = G_j^(1 - c_j) * Gamma_top^(c_j)
+    M_p = ( sum_j w_j (s_j(o_j) f'_j(o_j))^p / sum_j w_j )^(1/p),
+    w_j = pi_j * t_j * max((Gamma_j / Gamma_top)^alpha, 2^-max_tilt),
+    Gamma_j = H_j^(1 - c_j) * Gamma_top^(c_j),      H_j = G_j r_j
 
 over one option ``o_j`` per job, where
 
-* ``s_j(o)``, ``f_j(o)``: Pollux's speedup over the fair share and restart factor;
-* ``G_j``: the job's Gittins index, completions per reference second of
-  service, from the online distribution of completed jobs' work
-  (:class:`~pollux_opt.scheduling.policies.remaining.WorkHistory`): jobs
-  likely to finish soon weigh more (SRPT / Gittins scheduling for mean JCT),
-  with strength ``alpha`` (0: Pollux's own weights);
+* ``s_j(o)``: Pollux's speedup over the fair share;
+* ``H_j``: the job's expected completions per second on its fair share: its
+  Gittins index ``G_j`` (completions per reference second of service, from
+  the online distribution of completed jobs' work,
+  :class:`~pollux_opt.scheduling.policies.remaining.WorkHistory`) times its
+  work rate ``r_j`` there; jobs likely to finish soon weigh more (SRPT /
+  Gittins scheduling for mean JCT), with strength ``alpha`` (0: Pollux's
+  weights), at most ``max_tilt`` halvings below the top;
 * ``c_j = clip((rho_j - knee) / (bound - knee), 0, 1)``: fairness.  ``rho_j``
   is the job's predicted finish-time fairness (Themis, NSDI 2020) if it got
   its fair share from now on; as it passes ``knee`` the job's index is raised
-  geometrically to the highest index of the round, ``Gamma_top = max_j G_j``,
+  geometrically to the highest index of the round, ``Gamma_top = max_j H_j``,
   reached at ``bound``: a job about to exceed the bound is weighted like the
   job most likely to finish;
+* ``f'_j(o)``: 1 if the option keeps the job's placement, else the restart
+  factor that costs the move ``w_j (1 / f' - 1) = pi_j t_j (1 / f - 1)`` for
+  Pollux's factor ``f`` (:func:`_restart_as_pollux`);
 * ``pi_j``: the job's priority weight (``JobView.weight``) and ``t_j`` Pollux's
   tie-break factor (:data:`~pollux_opt.scheduling.policies.goodput.TIE_BREAK`).
 
-Each term is per job (the weights) or per job and option (the speedups), so
-the round is the same one-hot MILP as Pollux's: the policy only sets the
-Problem's weights.
+A job may get :data:`FAIR_JCT_EXPLORATION` times the replicas it has been
+measured on (Pollux: 2).  Each term is per job (weights, restart factors) or
+per job and option (speedups), so the round is the same one-hot MILP as
+Pollux's: the policy only sets the Problem's weights and restart factors.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Sequence
 
 from solvers import InvalidProblem
 
-from pollux_opt.model import Cluster, GoodputModel
+from pollux_opt.model import Cluster, GoodputModel, Job
+from pollux_opt.model.job import restart_factor
 from pollux_opt.model.domains import Real, domain_field
 from pollux_opt.scheduling.loop import JobView
 from pollux_opt.scheduling.policies.goodput import _AllocatorPolicy
 from pollux_opt.scheduling.policies.optimus import StepOracle
 from pollux_opt.scheduling.policies.remaining import MIN_WORK_S, WorkHistory, reference_rate, work_done
-from pollux_opt.scheduling.policies.views import fair_share
+from pollux_opt.scheduling.policies.views import EXPLORATION_FACTORS, fair_share
 
-__all__ = ["FAIRNESS_BOUND", "FAIRNESS_KNEE", "FairJctOraclePolicy", "FairJctPolicy", "SRPT_STRENGTH", "predicted_rho"]
+__all__ = ["FAIR_JCT_EXPLORATION", "FAIRNESS_BOUND", "FAIRNESS_KNEE", "MAX_TILT", "FairJctOraclePolicy", "FairJctPolicy", "SRPT_STRENGTH", "predicted_rho"]
 
-#: Exponent ``alpha`` of the remaining-work weights (project choice: a moderate
-#: tilt of the power mean; 0.5 and 1 were tried on workload-1, docs/fair-jct.md).
-SRPT_STRENGTH = 0.5
+#: Exponent ``alpha`` of the remaining-work weights (project choice: a mild
+#: tilt of the power mean; 0.25, 0.5 and 1 were tried on workload-6, docs/fair-jct.md).
+SRPT_STRENGTH = 0.25
 #: Predicted rho from which a job's priority starts to rise to the top (project
 #: choice: half-way between a fair finish, 1, and the bound).
 FAIRNESS_KNEE = 1.5
 #: Predicted rho at which a job is served as if it were the shortest (project
 #: choice: below the worst rho Pollux reaches on the AdaptDL workloads, about 3.8).
 FAIRNESS_BOUND = 3.0
+#: Largest tilt of a job's weight below the round's top, in halvings (project
+#: choice: 2^-10; bounds the weights' spread, which sets how hard the MILP is).
+MAX_TILT = 10.0
+#: fair-jct's exploration cap: a job may get this many times the replicas it
+#: has been measured on (Pollux: 2).  Project choice: 4 reached the first
+#: efficient scale of the short jobs in one restart fewer (docs/fair-jct.md).
+FAIR_JCT_EXPLORATION = 4
 #: Smallest weight of a job (the lower end of the solvers' weight range,
 #: ``solvers.domain.WEIGHT_RANGE``); the largest is about 1.
 MIN_WEIGHT = 1e-6
@@ -85,6 +101,28 @@ def _fair_rate(model: GoodputModel | None, share_replicas: int) -> float:
     return max(float(choice.goodput) / lim.init_batch_size / ref, 1e-9)
 
 
+def _restart_as_pollux(job: Job, tilt: float, default_delay: float) -> Job:
+    """``job`` with the restart factor ``f'`` that costs a move as much in the
+    power mean (p = -1) as Pollux's factor ``f`` costs a job of Pollux's weight:
+    ``w (1 / f' - 1) = w_pollux (1 / f - 1)`` with ``tilt = w / w_pollux`` (<= 1),
+    i.e. ``f' = 1 / (1 + (1 / f - 1) / tilt)``.  Without it a job that the
+    remaining-work weights make light moves almost for free, and every restart
+    idles all its replicas for the restart delay.  Encoded through the job's
+    age with no restarts: ``f' = age' / (age' + delay)``."""
+    delay = default_delay if job.restart_delay is None else job.restart_delay
+    f = restart_factor(job.age, job.restarts, delay)
+    if f >= 1.0 or tilt >= 1.0:
+        return job
+    g = 0.0 if f <= 0 else 1.0 / (1.0 + (1.0 / f - 1.0) / tilt)
+    return replace(job, age=delay * g / (1.0 - g), restarts=0, restart_delay=delay)
+
+
+def _base_rate(model: GoodputModel | None, share_replicas: int) -> float:
+    """Work rate of the job's speedup base (see ``views._feasible_base``): its
+    fair-share rate; ``share_replicas`` for a job without a model (linear prior over one replica)."""
+    return float(share_replicas) if model is None else _fair_rate(model, share_replicas)
+
+
 def predicted_rho(age: float, done: float, remaining: float, fair_rate: float) -> float:
     """Finish-time fairness (Themis) of a job that gets a fair share from now on:
     ``(age + R / f) / (D / f + R / f)`` for ``age`` seconds since submission,
@@ -106,6 +144,9 @@ class FairJctPolicy(_AllocatorPolicy):
         bound: predicted rho at which it reaches the round's top index (> knee).
         by_family: estimate a job's work from completed jobs of its own model
             family (same batch limits) once there are any, else from all.
+        max_tilt: most halvings of a job's weight below the round's top (>= 0).
+        exploration_factor: the exploration cap's multiple of the measured
+            replicas (:data:`FAIR_JCT_EXPLORATION`; Pollux's is 2).
     """
 
     name: str = "fair-jct"
@@ -113,7 +154,10 @@ class FairJctPolicy(_AllocatorPolicy):
     knee: float = domain_field(FAIRNESS_KNEE, Real(ge=1))
     bound: float = domain_field(FAIRNESS_BOUND, Real(gt=1))
     by_family: bool = True
+    max_tilt: float = domain_field(MAX_TILT, Real(ge=0))
+    exploration_factor: int = domain_field(FAIR_JCT_EXPLORATION, EXPLORATION_FACTORS)
     _history: WorkHistory = field(init=False, repr=False)
+    _last_weights: dict[str, float] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -135,18 +179,36 @@ class FairJctPolicy(_AllocatorPolicy):
         return out
 
     def weights(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, float]:
-        """Job id -> ``w_j`` of the module docstring (at least :data:`MIN_WEIGHT`)."""
+        """Job id -> ``w_j`` of the module docstring (at least :data:`MIN_WEIGHT`); one
+        call per round (it records the jobs that finished since the last one)."""
+        self._last_weights = self._weights(cluster, active, self.estimates(cluster, active))
+        return self._last_weights
+
+    def _weights(self, cluster: Cluster, active: Sequence[JobView],
+                 est: dict[str, tuple[float, float, float, float]]) -> dict[str, float]:
         base = super().weights(cluster, active)  # priority times tie-break
-        est = self.estimates(cluster, active)
-        top = max(g for _, _, g, _ in est.values())
+        share = fair_share(cluster, len(active))[1]
+        # completions per second on the speedup's base allocation: G_j times its work rate there
+        index = {v.job_id: est[v.job_id][2] * _base_rate(v.goodput_model, share) for v in active}
+        top = max(index.values())
+        floor = -self.max_tilt * math.log(2.0)
         out = {}
         for v in active:
-            _, _, g, rho = est[v.job_id]
+            rho = est[v.job_id][3]
             c = min(max((rho - self.knee) / (self.bound - self.knee), 0.0), 1.0)
-            # log(Gamma / top) = (1 - c) log(G / top): the raised index, relative to the top
-            tilt = math.exp(self.alpha * (1.0 - c) * math.log(g / top))
-            out[v.job_id] = max(base[v.job_id] * tilt, MIN_WEIGHT)
+            # log(Gamma / top) = (1 - c) log(H / top): the raised index, relative to the top
+            log_tilt = max(self.alpha * (1.0 - c) * math.log(index[v.job_id] / top), floor)
+            out[v.job_id] = max(base[v.job_id] * math.exp(log_tilt), MIN_WEIGHT)
         return out
+
+    def allocator_jobs(self, cluster: Cluster, active: Sequence[JobView]) -> list[Job]:
+        """Pollux's allocator jobs with the weights of :meth:`weights` and, for a
+        running job, the restart factor of :func:`_restart_as_pollux`."""
+        jobs = super().allocator_jobs(cluster, active)  # calls self.weights once
+        weight, base = self._last_weights, _AllocatorPolicy.weights(self, cluster, active)
+        by_id = {v.job_id: v for v in active}
+        return [_restart_as_pollux(job, weight[job.id] / base[job.id], self.options.restart_delay)
+                if by_id[job.id].placement else job for job in jobs]
 
 
 @dataclass

@@ -8,7 +8,14 @@
   al., OSDI 2021, section 4): speedups from each job's fitted goodput model
   with the batch size chosen per allocation, power mean with p = -1, the
   restart penalty with each job's own measured restart delay, and
-  interference avoidance.
+  interference avoidance.  On a cluster of several node types it is
+  heterogeneity-aware: each job's speedups per type come from its model on
+  that type over one common base, and a job runs on one type at a time.
+* :class:`PolluxUnawarePolicy` (``"pollux-unaware"``): Pollux that sees every
+  node as one type (how Sia, SOSP 2023, evaluated Pollux on heterogeneous
+  clusters): one goodput model per job, fitted to whatever it measured, and
+  placements that may span types (a simulated job then runs at the pace of
+  its slowest type).
 
 Both turn each view into the allocator's job with
 :func:`~pollux_opt.scheduling.policies.views.job_for_allocator` (the
@@ -18,7 +25,7 @@ exploration cap, the restart penalty and the fair-share base live there).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from pollux_opt.model import BatchConfig, Cluster, Job, Options
@@ -34,7 +41,7 @@ from pollux_opt.scheduling.policies.views import (
     submitted_batch,
 )
 
-__all__ = ["DynamicPolicy", "PolluxPolicy", "TIE_BREAK"]
+__all__ = ["DynamicPolicy", "PolluxPolicy", "PolluxUnawarePolicy", "TIE_BREAK"]
 
 #: Relative weight spread used to break ties between jobs in the power mean
 #: (project choice).  When jobs outnumber CPUs, some get nothing, and the
@@ -85,18 +92,22 @@ class _AllocatorPolicy:
         n = len(order)
         return {v.job_id: v.weight * (1.0 + TIE_BREAK * (n - r) / n) for r, v in enumerate(order)}
 
-    def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Decision:
-        active = active_views(jobs, cluster)
-        if not active:
-            return Decision({}, {}, math.nan, math.nan, DecisionStatus.IDLE)
+    def allocator_jobs(self, cluster: Cluster, active: Sequence[JobView]) -> list[Job]:
+        """The allocator's job for each active view (see
+        :func:`~pollux_opt.scheduling.policies.views.job_for_allocator`), weighted by :meth:`weights`."""
         weight = self.weights(cluster, active)
         share = fair_share(cluster, len(active)) if self.fair_share_base else (1, 1)
-        alloc_jobs = [
+        return [
             job_for_allocator(v, cluster, self.options, fixed_batch=self.fixed_batch, weight=weight[v.job_id],
                               share=share, exploration_factor=self.exploration_factor)
             for v in active
         ]
-        result = allocate(cluster, alloc_jobs, self.options)
+
+    def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Decision:
+        active = active_views(jobs, cluster)
+        if not active:
+            return Decision({}, {}, math.nan, math.nan, DecisionStatus.IDLE)
+        result = allocate(cluster, self.allocator_jobs(cluster, active), self.options)
         batch: dict[str, BatchConfig] = dict(result.batch)
         if self.fixed_batch:
             # No model yet: the allocator chose no batch; run the submitted one.
@@ -137,3 +148,19 @@ class PolluxPolicy(_AllocatorPolicy):
     name: str = "pollux"
     adapts_batch: bool = True
     fixed_batch: bool = False
+
+
+@dataclass
+class PolluxUnawarePolicy(PolluxPolicy):
+    """Pollux blind to node types: the cluster as one type (:meth:`Cluster.untyped`)
+    and each job's single goodput model (``view.goodput_model``), never its
+    per-type models.  On a one-type cluster it is :class:`PolluxPolicy`."""
+
+    name: str = "pollux-unaware"
+
+    def prepare(self, cluster: Cluster) -> None:
+        super().prepare(cluster.untyped())
+
+    def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Decision:
+        views = [replace(v, goodput_models=None) for v in jobs]
+        return super().decide(now, cluster.untyped(), views)

@@ -37,11 +37,14 @@ from pollux_opt.model.domains import Integer, check, shown
 
 __all__ = [
     "SIA_GOODPUT_CLIP",
+    "SIA_ROUND_DECIMALS",
+    "SIA_ZERO_ALLOC_GAIN",
     "SIA_LAMBDA_CHANGE",
     "SIA_LAMBDA_NO_ALLOC",
     "SIA_P",
     "SIA_RESTART_PENALTY",
     "SIA_DEFAULT_RESTART_PENALTY",
+    "sia_restart_penalty",
     "sia_configurations",
     "typed_configurations",
 ]
@@ -54,6 +57,12 @@ SIA_LAMBDA_NO_ALLOC = 1.1
 SIA_LAMBDA_CHANGE = 0.01
 #: Normalised goodputs above this are clipped (artifact ``sia_goodput_clip_val``).
 SIA_GOODPUT_CLIP = 3000.0
+#: Floor of a normalised goodput, so that powers with p < 0 stay finite
+#: (artifact ``sia-simulator/sia.py``, ``ZERO_ALLOC_GAIN``).
+SIA_ZERO_ALLOC_GAIN = 1e-4
+#: Decimals the powered goodputs are rounded to before the integer program
+#: (artifact ``sia.py``, ``__power_up_speedup_matrix``: ``np.round(..., 2)``).
+SIA_ROUND_DECIMALS = 2
 #: The policy's restart-time estimates per model, seconds (artifact
 #: ``sia-simulator/sia.py``, ``get_restart_penalty``; matched by substring of the job name).
 SIA_RESTART_PENALTY: Mapping[str, float] = {
@@ -109,3 +118,13 @@ def typed_configurations(types: Mapping[str, tuple[int, int]]) -> tuple[tuple[st
             raise InvalidProblem(f"types[{name!r}]: {exc}") from None
         out.extend((name, nodes, k) for nodes, k in configs)
     return tuple(out)
+
+
+def sia_restart_penalty(job_id: str) -> float:
+    """Sia's policy's restart estimate for a job, seconds: by the model named in
+    its id (:data:`SIA_RESTART_PENALTY`, matched by substring), else
+    :data:`SIA_DEFAULT_RESTART_PENALTY`."""
+    for name, seconds in SIA_RESTART_PENALTY.items():
+        if name in job_id:
+            return seconds
+    return SIA_DEFAULT_RESTART_PENALTY

@@ -1,0 +1,135 @@
+"""Heterogeneity-aware scheduling on Sia's 64-GPU cluster, simulated.
+
+The eight AdaptDL workloads on ``sia-64`` (6 x 4 ``aws`` (T4, measured) + 3 x 8
+``rtx`` + 2 x 8 ``dgx-ext``, the synthetic types of
+:mod:`pollux_opt.backends.sim.synthetic_types`) under ``pollux`` (aware),
+``pollux-unaware`` and ``sia``.  For every (workload, policy): average and p99
+JCT, makespan, worst rho (shared metrics' summary.json), GPU-hours per job
+(replica-seconds used / 3600 / jobs), the policy's wall seconds per round
+(median and p95) and the simulation's wall seconds.  Writes ``OUT/hetero.csv``
+(one row per pair), ``OUT/hetero_means.csv`` and one run directory per pair;
+``--results`` writes the rows into ``experiments/results/sim_hetero.csv``
+(replacing those of the same workload and policy, keeping the others).
+
+    python experiments/sim_hetero.py --out runs/sim-hetero [--jobs 2] [--results]
+    python experiments/sim_hetero.py --quick --out /tmp/q    # first 12 jobs of workload-1, smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pollux_opt import Cluster
+from pollux_opt.backends.sim import default_trace_dir, quiet_library_logs, run_tasks, simulate
+from pollux_opt.backends.sim.backend import SIM_DEFAULT_INTERVAL_S
+from pollux_opt.backends.sim.synthetic_types import build_hetero_profiles
+from pollux_opt.model.cluster_types import PRESETS
+from pollux_opt.records.events import read_events
+from pollux_opt.records.files import atomic_write_csv
+from pollux_opt.workloads.adaptdl import read_adaptdl_csv
+
+POLICIES = ("pollux", "pollux-unaware", "sia")
+CLUSTER = "sia-64"
+QUICK_JOBS = 12
+RESULTS = Path(__file__).resolve().parent / "results" / "sim_hetero.csv"
+
+
+@lru_cache(maxsize=2)
+def _profiles(traces: str, types: tuple[str, ...]) -> dict:
+    return build_hetero_profiles(traces, types=types)
+
+
+def _round_seconds(out_dir: Path) -> np.ndarray:
+    """The policy's wall seconds of each round (``solver_s`` of the allocation events)."""
+    return np.array([e["solver_s"] for e in read_events(out_dir / "events.jsonl")
+                     if e.get("type") == "allocation" and e.get("solver_s") is not None], dtype=float)
+
+
+def run_one(task: dict) -> dict:
+    """Top-level (picklable): simulate one (workload, policy) pair; one CSV row."""
+    quiet_library_logs()
+    types = PRESETS[task["cluster"]]
+    cluster = Cluster.from_types(types)
+    profiles = _profiles(task["traces"], types.names)
+    jobs = read_adaptdl_csv(task["workload"])
+    if task["quick"]:
+        jobs = jobs[:QUICK_JOBS]
+    out_dir = Path(task["out_dir"])
+    res = simulate(jobs, profiles, task["policy"], cluster=cluster, interval=task["interval"], out_dir=out_dir)
+    summary = json.loads((out_dir / "summary.json").read_text())
+    used = pd.read_csv(out_dir / "jobs.csv").attained_service.sum()
+    rounds = _round_seconds(out_dir)
+    return {
+        "workload": Path(task["workload"]).stem, "policy": task["policy"], "cluster": task["cluster"],
+        "jobs": res.num_jobs, "completed": res.completed, "avg_jct_s": res.avg_jct, "p99_jct_s": res.p99_jct,
+        "makespan_s": res.makespan, "worst_rho": summary.get("worst_rho"),
+        "gpu_hours_per_job": float(used) / 3600.0 / max(res.num_jobs, 1),
+        "round_s_median": float(np.median(rounds)) if rounds.size else float("nan"),
+        "round_s_p95": float(np.percentile(rounds, 95)) if rounds.size else float("nan"),
+        "wall_s": res.wall_seconds, "load1_end": os.getloadavg()[0],
+    }
+
+
+def merge_results(df: pd.DataFrame) -> None:
+    """Write ``df``'s rows into :data:`RESULTS`, replacing rows of the same
+    (workload, policy) and keeping the others (so runs over parts of the grid
+    fill one table)."""
+    if RESULTS.is_file():
+        old = pd.read_csv(RESULTS)
+        keep = ~old.set_index(["workload", "policy"]).index.isin(df.set_index(["workload", "policy"]).index)
+        df = pd.concat([old[keep], df], ignore_index=True)
+    atomic_write_csv(RESULTS, df.sort_values(["workload", "policy"]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", default=None, help="trace folder (default: ../shared/traces/adaptdl-osdi21)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES))
+    ap.add_argument("--workloads", nargs="+", type=int, default=list(range(1, 9)))
+    ap.add_argument("--interval", type=float, default=SIM_DEFAULT_INTERVAL_S)
+    ap.add_argument("--jobs", type=int, default=1, help="parallel processes")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--results", action="store_true", help=f"also write the rows to {RESULTS}")
+    args = ap.parse_args(argv)
+    traces = Path(args.traces) if args.traces else default_trace_dir()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    workloads = [1] if args.quick else args.workloads
+    tasks = [
+        {"traces": str(traces), "workload": str(traces / "workloads" / f"workload-{w}.csv"), "policy": p,
+         "quick": args.quick, "cluster": CLUSTER, "interval": args.interval,
+         "out_dir": str(out / f"workload-{w}-{p}")}
+        for w in workloads for p in args.policies
+    ]
+    rows: list[dict] = []
+    t0 = time.perf_counter()
+
+    def write(task, row):
+        rows.append(row)
+        df = pd.DataFrame(rows).sort_values(["workload", "policy"])
+        atomic_write_csv(out / "hetero.csv", df)
+        if args.results and not args.quick:
+            merge_results(df)
+        print(f"{row['workload']} {row['policy']}: avg JCT {row['avg_jct_s']:.0f} s, "
+              f"wall {row['wall_s']:.0f} s ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+
+    run_tasks(run_one, tasks, jobs=args.jobs, on_result=write)
+    df = pd.DataFrame(rows)
+    means = df.groupby("policy")[["avg_jct_s", "p99_jct_s", "makespan_s", "worst_rho", "gpu_hours_per_job",
+                                  "round_s_median", "round_s_p95", "wall_s"]].mean()
+    means.to_csv(out / "hetero_means.csv")
+    print(means.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,222 @@
+"""A job's configurations on a cluster: the (nodes, replicas) pairs it may take and their speedups.
+
+Used by :func:`pollux_opt.model.allocate.to_problem` to encode jobs, and to
+decode a placement's batch configuration from the same cached evaluation.
+On a typed cluster each node type gets its own pairs (on that type's nodes,
+under that type's batch limits) and its speedups on the job's common base.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from itertools import accumulate
+
+import numpy as np
+
+from pollux_opt.model.batch import BatchChoice, BatchConfig
+from pollux_opt.model.cluster import Cluster
+from pollux_opt.model.goodput import GoodputModel
+from pollux_opt.model.job import Job
+from pollux_opt.model.options import Options
+from pollux_opt.model.typed import TypedGoodput, TypedTable
+
+log = logging.getLogger(__name__)
+
+#: Speedup tables cached across rounds: a scheduler calls allocate() every
+#: interval with mostly unchanged (frozen, hashable) goodput models, and
+#: evaluating a model at every (nodes, replicas) pair dominates a round's cost.
+_SPEEDUP_CACHE_SIZE = 4096
+
+
+@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+def _model_table(
+    model: GoodputModel,
+    pairs: tuple[tuple[int, int], ...],
+    base: tuple[int, int],
+    fixed_batch_size: int | None,
+) -> tuple[dict[tuple[int, int], float], BatchChoice | None]:
+    """Speedups and best batch configurations of a goodput model at the given pairs.
+
+    Returns ``({pair: speedup}, choice)``: the speedups of the feasible
+    (speedup > 0) pairs, and the model's :class:`BatchChoice` at ``pairs``
+    (arrays in the order of ``pairs``; None when there are none).  The choice
+    is kept so that decoding a placement (:func:`_batch_config`) reuses it
+    instead of optimizing again; ``GoodputModel.optimize`` treats every pair
+    independently, so it equals a one-pair call.
+    """
+    if not pairs:
+        return {}, None
+    # The base goes last in the same call (one vectorised search instead of two).
+    nn = np.array([p[0] for p in pairs] + [base[0]])
+    kk = np.array([p[1] for p in pairs] + [base[1]])
+    choice = model.optimize(nn, kk, fixed_batch_size=fixed_batch_size)
+    if not choice.feasible[-1]:
+        model.speedup(nn, kk, base=base, fixed_batch_size=fixed_batch_size)  # raises its clear error
+    spd = choice.goodput[:-1] / choice.goodput[-1]
+    keep = np.flatnonzero(spd > 0)
+    table = dict(zip([pairs[i] for i in keep], spd[keep].tolist()))
+    return table, choice
+
+
+@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+def _pair_index(pairs: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], int]:
+    """{pair: position in pairs}; a scheduler uses few distinct pair lists, so this is shared."""
+    return {p: i for i, p in enumerate(pairs)}
+
+
+def _batch_config(model: GoodputModel, pairs: tuple[tuple[int, int], ...], base: tuple[int, int],
+                  fixed_batch_size: int | None, pair: tuple[int, int]) -> BatchConfig | None:
+    """The cached best configuration of ``model`` at ``pair`` (None if not a feasible cached pair)."""
+    if not pairs:
+        return None
+    table, choice = _model_table(model, pairs, base, fixed_batch_size)
+    if pair not in table:
+        return None
+    return choice.config(_pair_index(pairs)[pair])
+
+
+def _discounted(table: dict[tuple[int, int], float], spread_penalty: float) -> dict[tuple[int, int], float]:
+    """``table``'s speedups, each discounted by ``1 - spread_penalty (N - 1)``: among
+    spreads a goodput model cannot tell apart, fewer nodes win."""
+    return {(nn, k): s * (1.0 - spread_penalty * (nn - 1)) for (nn, k), s in table.items()}
+
+
+def _top_sums(cluster: Cluster) -> tuple[int, ...]:
+    """``top[n - 1]``: the capacity of the cluster's ``n`` largest nodes together."""
+    return tuple(accumulate(sorted((n.cpus for n in cluster.nodes), reverse=True)))
+
+
+def _replica_range(job: Job, top: tuple[int, ...], max_nodes: int, model: GoodputModel | None = None
+                   ) -> tuple[int, int, int]:
+    """``(lo, hi, nodes)``: the replica counts and the node count a job may take
+    (``top`` from :func:`_top_sums`).
+
+    The upper end is what the job can use, never a node's size: its
+    ``max_replicas``, the cluster's largest ``nodes`` nodes together, and for
+    a goodput model the largest replica count with a batch: choosing its own
+    batch size, ``max_batch_size // min_local_bsz`` (beyond it every
+    configuration is infeasible); at a fixed batch size B, B replicas (beyond,
+    a replica would hold no sample of the batch).  ``model``: the goodput
+    model whose limits apply (default: the job's own, if it is one).
+    """
+    nodes = min(max_nodes, len(top))
+    hi = min(job.max_replicas, top[nodes - 1])
+    model = job.speedup if model is None and isinstance(job.speedup, GoodputModel) else model
+    if model is not None:
+        limits = model.limits
+        usable = limits.max_batch_size // limits.min_local_bsz if job.fixed_batch_size is None else job.fixed_batch_size
+        hi = min(hi, usable)
+    return max(job.min_replicas, 1), hi, min(nodes, max(hi, 0))
+
+
+def _candidate_pairs(job: Job, top: tuple[int, ...], max_nodes: int, model: GoodputModel | None = None
+                     ) -> tuple[tuple[int, int], ...]:
+    """(num_nodes, num_replicas) pairs a goodput-model job may take on this cluster and options.
+
+    A pair needs ``num_nodes <= min(max_nodes, #nodes)``, replicas within the
+    job's usable range (:func:`_replica_range`), and replicas that fit on the
+    ``num_nodes`` largest nodes.
+    """
+    lo, hi, nodes = _replica_range(job, top, max_nodes, model)
+    return _pairs(lo, hi, top[:nodes])
+
+
+@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+def _pairs(lo: int, hi: int, top: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """The pairs of :func:`_candidate_pairs` on nodes of capacity sums ``top``, cached:
+    a scheduler asks for the same few ranges every round."""
+    return tuple((n, k) for n in range(1, len(top) + 1) for k in range(max(n, lo), min(hi, top[n - 1]) + 1))
+
+
+def _placeable_table(job: Job, top: tuple[int, ...], max_nodes: int, table=None) -> dict[tuple[int, int], float]:
+    """The pairs of an explicit speedup table (default: the job's own) the job may take
+    (as :func:`_candidate_pairs` enumerates them), found by checking the table's own
+    pairs: the cost grows with the table, not with the cluster."""
+    lo, hi, nodes = _replica_range(job, top, max_nodes)
+    table = job.speedup if table is None else table
+    return {
+        (nn, k): s for (nn, k), s in table.items() if nn <= nodes and max(nn, lo) <= k <= min(hi, top[nn - 1])
+    }
+
+
+def _table_configs(table: dict[tuple[int, int], float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(nodes int64[C], replicas int64[C], speedup float64[C]) of a speedup table, in (nodes, replicas) order."""
+    items = sorted(table.items())
+    return (
+        np.array([nn for (nn, _), _ in items], dtype=np.int64),
+        np.array([k for (_, k), _ in items], dtype=np.int64),
+        np.array([float(s) for _, s in items], dtype=np.float64),
+    )
+
+
+@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+def _model_configs(
+    model: GoodputModel,
+    pairs: tuple[tuple[int, int], ...],
+    base: tuple[int, int],
+    fixed_batch_size: int | None,
+    spread_penalty: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_table_configs` of a goodput model's discounted speedup table (read-only arrays), cached:
+    a scheduler's rounds encode mostly unchanged models."""
+    table = _discounted(_model_table(model, pairs, base, fixed_batch_size)[0], spread_penalty)
+    configs = _table_configs(table)
+    for a in configs:
+        a.flags.writeable = False
+    return configs
+
+
+def _type_tops(cluster: Cluster) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``((type, top), ...)``: :func:`_top_sums` of each node type's nodes, in type order."""
+    return tuple((t, _top_sums(Cluster(cluster.of_type(t)))) for t in cluster.types)
+
+
+def _type_model(job: Job, type_name: str) -> tuple[GoodputModel | None, tuple[int, int]]:
+    """The goodput model of ``job`` on ``type_name`` and its base there (None: a table, or no model there)."""
+    if isinstance(job.speedup, TypedGoodput):
+        model = job.speedup.model(type_name)
+        return model, (job.speedup.base(type_name) if model is not None else job.base)
+    return (job.speedup if isinstance(job.speedup, GoodputModel) else None), job.base
+
+
+def _type_ratio(job: Job, model: GoodputModel, pairs, base, types: tuple[str, ...]) -> float | None:
+    """A typed job's goodput at its base on one type over its speedup base
+    (:meth:`TypedGoodput.base_goodput`): the factor that puts the type's
+    speedups on the common base; None where the type's base is infeasible."""
+    if not isinstance(job.speedup, TypedGoodput):
+        return 1.0
+    choice = _model_table(model, pairs, base, job.fixed_batch_size)[1] if pairs else None
+    if choice is None or not choice.feasible[-1]:
+        return None
+    ref = float(choice.goodput[-1])
+    common = job.speedup.base_goodput(job.fixed_batch_size, tuple(t for t in types if t in job.speedup.types))
+    return ref / common
+
+
+def _job_configs(job: Job, tops, options: Options) -> list[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """``[(type index, (nodes, replicas, speedups)), ...]``: the job's configurations on each node type."""
+    out = []
+    types = tuple(t for t, _ in tops)
+    for i, (t, top) in enumerate(tops):
+        model, base = _type_model(job, t)
+        if isinstance(job.speedup, TypedTable):
+            table = job.speedup.table(t)
+            if table is not None:
+                out.append((i, _table_configs(_placeable_table(job, top, options.max_nodes_per_job, table))))
+            continue
+        if model is None and isinstance(job.speedup, TypedGoodput):
+            continue  # no model on this type: the job does not run there
+        if model is None:
+            out.append((i, _table_configs(_placeable_table(job, top, options.max_nodes_per_job))))
+            continue
+        pairs = _candidate_pairs(job, top, options.max_nodes_per_job, model)
+        ratio = _type_ratio(job, model, pairs, base, types) if pairs else 1.0
+        if ratio is None:
+            log.debug("job %s: no feasible base on type %s; the type is left out", job.id, t)
+            continue
+        nodes, reps, spd = _model_configs(model, pairs, base, job.fixed_batch_size, options.spread_penalty)
+        out.append((i, (nodes, reps, spd if ratio == 1.0 else spd * ratio)))
+    return out
+
+

@@ -1,0 +1,140 @@
+"""A job's goodput models on a heterogeneous cluster: one per node type, one speedup base.
+
+A job has one throughput model per node type (fitted to its measurements on
+that type, or projected from another type, :mod:`pollux_opt.model.hetero`)
+and one statistical efficiency (its gradient noise scale does not depend on
+the device), so its per-type :class:`~pollux_opt.model.GoodputModel` s share
+their :class:`~pollux_opt.model.GradientStats` and differ in throughput and
+batch limits (a type's device memory caps the per-replica batch).
+
+Speedups on every type are divided by one number, the job's lowest goodput
+at its base shape over the types (:func:`pollux_opt.model.hetero.speedup_base`),
+so that they compare across types; with one type that is the base of the
+single-type model (see ``docs/heterogeneity.md``, section 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from solvers import InvalidProblem
+
+from pollux_opt.model.domains import shown
+from pollux_opt.model.goodput import GoodputModel
+from pollux_opt.model.hetero import speedup_base
+
+__all__ = ["TypedGoodput", "TypedTable"]
+
+#: Cached base goodputs: a scheduler asks for the same models' bases every round.
+_CACHE_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class TypedGoodput:
+    """Goodput models of one job per node type, with the base shape on each type.
+
+    Attributes:
+        models: ``((type, model), ...)``, one per type the job may run on.
+        bases: ``((type, (nodes, replicas)), ...)``: the base allocation on each
+            type (e.g. a fair share); the speedup base is the lowest goodput
+            over these (:meth:`base_goodput`).
+
+    Build it with :meth:`of` from mappings.  Frozen and hashable (tuples), so
+    encodings can be cached by it.
+    """
+
+    models: tuple[tuple[str, GoodputModel], ...]
+    bases: tuple[tuple[str, tuple[int, int]], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "models", tuple((str(t), m) for t, m in self.models))
+        object.__setattr__(self, "bases", tuple((str(t), (int(b[0]), int(b[1]))) for t, b in self.bases))
+        if not self.models:
+            raise InvalidProblem("typed goodput models must name at least one type, got none")
+        for t, m in self.models:
+            if not isinstance(m, GoodputModel):
+                raise InvalidProblem(f"model of type {t!r} must be a GoodputModel, got {shown(m)}")
+        names = [t for t, _ in self.models]
+        if len(set(names)) != len(names):
+            raise InvalidProblem(f"typed goodput models name a type twice: {names}")
+        missing = sorted(set(names) - {t for t, _ in self.bases})
+        if missing:
+            raise InvalidProblem(f"type {missing[0]!r} has a model but no base allocation")
+        for t, (nn, k) in self.bases:
+            if nn < 1 or k < nn:
+                raise InvalidProblem(f"base of type {t!r} needs 1 <= num_nodes <= num_replicas, got {(nn, k)}")
+
+    @classmethod
+    def of(cls, models: Mapping[str, GoodputModel], bases: Mapping[str, tuple[int, int]]) -> "TypedGoodput":
+        """From ``{type: model}`` and ``{type: (nodes, replicas)}`` (types in ``models``' order)."""
+        if not isinstance(models, Mapping) or not isinstance(bases, Mapping):
+            raise InvalidProblem(f"models and bases must be mappings by type, got {shown(models)}, {shown(bases)}")
+        return cls(tuple(models.items()), tuple((t, tuple(bases[t])) for t in models if t in bases))
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        return tuple(t for t, _ in self.models)
+
+    def model(self, type_name: str) -> GoodputModel | None:
+        """The model on ``type_name`` (None: the job has none there)."""
+        return dict(self.models).get(type_name)
+
+    def base(self, type_name: str) -> tuple[int, int]:
+        return dict(self.bases)[type_name]
+
+    def base_goodput(self, fixed_batch_size: int | None = None, types: tuple[str, ...] | None = None) -> float:
+        """The speedup base: the lowest best goodput at each type's base shape
+        over ``types`` (default: all the job's types), samples/s x efficiency.
+
+        A type where the base shape has no feasible batch is left out.
+
+        Raises:
+            InvalidProblem: no type has a feasible base.
+        """
+        return _base_goodput(self, fixed_batch_size, self.types if types is None else tuple(types))
+
+
+@dataclass(frozen=True)
+class TypedTable:
+    """Explicit speedup tables of one job per node type (speedups already on one base).
+
+    Attributes:
+        tables: ``((type, ((num_nodes, num_replicas, speedup), ...)), ...)``;
+            build it with :meth:`of` from ``{type: {(num_nodes, num_replicas): speedup}}``.
+            :class:`~pollux_opt.model.Job` checks every table as it checks an untyped one.
+    """
+
+    tables: tuple[tuple[str, tuple[tuple[int, int, float], ...]], ...]
+
+    @classmethod
+    def of(cls, tables: Mapping[str, Mapping[tuple[int, int], float]]) -> "TypedTable":
+        if not isinstance(tables, Mapping) or not all(isinstance(t, Mapping) for t in tables.values()):
+            raise InvalidProblem(f"typed speedup tables must map each type to a table, got {shown(tables)}")
+        return cls(tuple((str(t), tuple((k[0], k[1], s) for k, s in table.items())) for t, table in tables.items()))
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        return tuple(t for t, _ in self.tables)
+
+    def table(self, type_name: str) -> dict[tuple[int, int], float] | None:
+        """``{(num_nodes, num_replicas): speedup}`` on ``type_name`` (None: the job does not run there)."""
+        rows = dict(self.tables).get(type_name)
+        return None if rows is None else {(n, k): s for n, k, s in rows}
+
+
+@lru_cache(maxsize=_CACHE_SIZE)
+def _base_goodput(typed: TypedGoodput, fixed_batch_size: int | None, types: tuple[str, ...]) -> float:
+    at_share = {}
+    for t in types:
+        model = typed.model(t)
+        if model is None:
+            continue
+        nn, k = typed.base(t)
+        choice = model.optimize(nn, k, fixed_batch_size=fixed_batch_size)
+        if bool(choice.feasible):
+            at_share[t] = float(choice.goodput)
+    if not at_share:
+        raise InvalidProblem(f"no type of {list(types)} has a feasible base allocation for this job")
+    return speedup_base(at_share)[1]
