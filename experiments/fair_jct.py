@@ -12,8 +12,9 @@ multiplier and seed.  Writes ``OUT/fair_jct.csv`` (one row per run) and
     python experiments/fair_jct.py --out runs/fair-jct-load --workloads --loads 0.5 1.5 2 --seeds 0 1
     python experiments/fair_jct.py --quick --out /tmp/q      # 12 jobs of workload-1 on 4 x 4
 
-``--option NAME=VALUE`` passes a fair-jct option (e.g. ``knee=2``); ``--interval`` and
-``--noise`` (log-normal sigma of what jobs report) set the sensitivity axes.
+``--option NAME=VALUE`` passes a fair-jct option (e.g. ``knee=2``); ``--interval``,
+``--noise`` (log-normal sigma of what jobs report) and ``--restart-delay`` (seconds
+a job's start or restart costs) set the sensitivity axes.
 ``--merge DIR ...`` joins the ``fair_jct.csv`` of runs made apart (e.g. two
 processes on different workloads) into ``OUT/fair_jct.csv`` (``--csv`` names
 another file) without simulating; a later DIR's run of the same workload,
@@ -34,6 +35,7 @@ import pandas as pd
 from pollux_opt import Cluster
 from pollux_opt.backends.sim import SimConfig, default_trace_dir, load_profiles, quiet_library_logs, run_tasks, simulate
 from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
+from pollux_opt.model.options import DEFAULT_RESTART_DELAY
 from pollux_opt.records.files import atomic_write_csv
 from pollux_opt.workloads.adaptdl import philly_workload, read_adaptdl_csv
 
@@ -41,7 +43,7 @@ log = logging.getLogger("fair_jct")
 POLICIES = ("pollux", "fair-jct")
 QUICK_JOBS = 12
 #: The columns that name one run (a row of the CSV).
-RUN_KEY = ["set", "workload", "policy", "options", "interval_s", "report_noise"]
+RUN_KEY = ["set", "workload", "policy", "options", "interval_s", "report_noise", "restart_delay_s"]
 #: Summary fields copied into each row.
 SUMMARY_FIELDS = ("worst_rho", "frac_rho_gt_1", "jain_index")
 
@@ -62,13 +64,14 @@ def run_one(task: dict) -> dict:
     jobs = _workload(task, profiles)
     cluster = Cluster.uniform(task["nodes"], SIM_DEFAULT_CPUS_PER_NODE)
     options = task["options"] if task["policy"].startswith("fair-jct") else {}
+    config = SimConfig(report_noise=task["noise"], restart_delay=task["restart_delay"])
     res = simulate(jobs, profiles, task["policy"], cluster=cluster, interval=task["interval"],
-                   config=SimConfig(report_noise=task["noise"]), out_dir=task["out_dir"], policy_options=options)
+                   config=config, out_dir=task["out_dir"], policy_options=options)
     summary = json.loads((Path(task["out_dir"]) / "summary.json").read_text())
     return {
         "set": task["set"], "workload": task["name"], "load": task["load"], "seed": task["seed"],
         "policy": task["policy"], "options": json.dumps(options, sort_keys=True),
-        "interval_s": task["interval"], "report_noise": task["noise"],
+        "interval_s": task["interval"], "report_noise": task["noise"], "restart_delay_s": task["restart_delay"],
         "jobs": res.num_jobs, "completed": res.completed, "avg_jct_s": res.avg_jct, "p99_jct_s": res.p99_jct,
         "makespan_s": res.makespan, **{k: summary.get(k) for k in SUMMARY_FIELDS},
         "wall_s": res.wall_seconds, "solver_s": res.solver_seconds,
@@ -92,13 +95,15 @@ def _axis_suffix(args) -> str:
         parts.append(f"-noise{args.noise:g}")
     if args.interval != SIM_DEFAULT_INTERVAL_S:
         parts.append(f"-interval{args.interval:g}")
+    if args.restart_delay != DEFAULT_RESTART_DELAY:
+        parts.append(f"-restart{args.restart_delay:g}")
     return "".join(parts)
 
 
 def tasks_for(args, traces: Path, out: Path) -> list[dict]:
     options = dict((kv.split("=", 1)[0], _value(kv.split("=", 1)[1])) for kv in args.option)
     base = {"traces": str(traces), "quick": args.quick, "nodes": 4 if args.quick else SIM_DEFAULT_NODES,
-            "interval": args.interval, "noise": args.noise, "options": options}
+            "interval": args.interval, "noise": args.noise, "restart_delay": args.restart_delay, "options": options}
     axis = _axis_suffix(args)
     sets = [dict(set=f"adaptdl{axis}", name=f"workload-{w}{axis}", workload=w, load=None, seed=None)
             for w in args.workloads]
@@ -119,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--option", action="append", default=[], help="fair-jct option NAME=VALUE")
     ap.add_argument("--interval", type=float, default=SIM_DEFAULT_INTERVAL_S)
     ap.add_argument("--noise", type=float, default=0.0, help="report noise (log-normal sigma of measurements)")
+    ap.add_argument("--restart-delay", type=float, default=DEFAULT_RESTART_DELAY,
+                    help=f"seconds a job's (re)start costs (default {DEFAULT_RESTART_DELAY:g})")
     ap.add_argument("--jobs", type=int, default=1, help="parallel processes")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--merge", nargs="+", default=None, metavar="DIR",
@@ -161,6 +168,9 @@ def _merge(paths: list[Path], target: Path) -> int:
     if missing:
         raise FileNotFoundError(f"--merge: no fair_jct.csv at {missing}")
     df = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    # runs written without the column ran at the default delay
+    df["restart_delay_s"] = df.get("restart_delay_s", pd.Series(index=df.index, dtype=float)).fillna(
+        DEFAULT_RESTART_DELAY)
     # a later DIR's run of the same set, workload, policy and settings replaces an earlier one
     df = df.drop_duplicates(RUN_KEY, keep="last").reset_index(drop=True)
     atomic_write_csv(target, df)

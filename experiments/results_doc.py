@@ -497,8 +497,9 @@ def fair_jct_section(results: Results) -> list[str]:
         "exploration cap of 4, 16 x 4, interval 60 s, against Pollux "
         "(from `sim_compare.csv` where the row is not in `fair_jct.csv`; those lack Jain's index). "
         "`philly-Lx-sN` rows are workloads sampled from `philly.csv` at job load L, seed N; a "
-        "`-noiseS` or `-intervalI` suffix marks a sensitivity setting (report noise S, interval I s). "
-        "\"below Pollux\" is the reduction of average JCT.",
+        "`-noiseS`, `-intervalI` or `-restartD` suffix marks a sensitivity setting (report noise S, "
+        "interval I s, restart delay D s instead of 30 s); a `mean` row averages its set's workloads "
+        "(for a Philly load, its seeds). \"below Pollux\" is the reduction of average JCT.",
         "",
         *md_table(["workload", "policy", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
                    "Jain (1/rho)", "wall (s)"], rows, [False, False] + [True] * 6),

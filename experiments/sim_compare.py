@@ -71,16 +71,23 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def grid_parser(description: str, policies) -> argparse.ArgumentParser:
+    """The arguments of a (workload, policy) grid experiment: ``--traces``,
+    ``--out``, ``--policies`` (default ``policies``), ``--workloads`` (1..8),
+    ``--interval`` (seconds), ``--jobs`` (parallel processes) and ``--quick``."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--traces", default=None, help="trace folder (default: ../shared/traces/adaptdl-osdi21)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--policies", nargs="+", default=list(POLICIES))
+    ap.add_argument("--policies", nargs="+", default=list(policies))
     ap.add_argument("--workloads", nargs="+", type=int, default=list(range(1, 9)))
     ap.add_argument("--interval", type=float, default=SIM_DEFAULT_INTERVAL_S)
     ap.add_argument("--jobs", type=int, default=1, help="parallel processes")
     ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = grid_parser(__doc__.splitlines()[0], POLICIES).parse_args(argv)
     traces = Path(args.traces) if args.traces else default_trace_dir()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,9 @@ JCT, makespan, worst rho (shared metrics' summary.json), GPU-hours per job
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -29,12 +29,15 @@ import pandas as pd
 
 from pollux_opt import Cluster
 from pollux_opt.backends.sim import default_trace_dir, quiet_library_logs, run_tasks, simulate
-from pollux_opt.backends.sim.backend import SIM_DEFAULT_INTERVAL_S
 from pollux_opt.backends.sim.synthetic_types import build_hetero_profiles
 from pollux_opt.model.cluster_types import PRESETS
 from pollux_opt.records.events import read_events
 from pollux_opt.records.files import atomic_write_csv
 from pollux_opt.workloads.adaptdl import read_adaptdl_csv
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # the sibling experiment, also when loaded by path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_compare import grid_parser  # noqa: E402
 
 POLICIES = ("pollux", "pollux-unaware", "sia")
 CLUSTER = "sia-64"
@@ -90,14 +93,7 @@ def merge_results(df: pd.DataFrame) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", default=None, help="trace folder (default: ../shared/traces/adaptdl-osdi21)")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--policies", nargs="+", default=list(POLICIES))
-    ap.add_argument("--workloads", nargs="+", type=int, default=list(range(1, 9)))
-    ap.add_argument("--interval", type=float, default=SIM_DEFAULT_INTERVAL_S)
-    ap.add_argument("--jobs", type=int, default=1, help="parallel processes")
-    ap.add_argument("--quick", action="store_true")
+    ap = grid_parser(__doc__.splitlines()[0], POLICIES)
     ap.add_argument("--results", action="store_true", help=f"also write the rows to {RESULTS}")
     args = ap.parse_args(argv)
     traces = Path(args.traces) if args.traces else default_trace_dir()

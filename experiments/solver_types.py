@@ -28,13 +28,12 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
+from solver_speed import _row as speed_row
+from solver_speed import _time
 
 log = logging.getLogger("solver_types")
 
@@ -48,22 +47,9 @@ LARGE_NODES, LARGE_GPUS = (128, 96, 96), (4, 8, 8)
 LARGE_JOBS = 1000
 
 
-def _time(fn) -> tuple[float, float, object]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    out = fn()
-    return time.perf_counter() - wall, time.process_time() - cpu, out
-
-
 def _row(case: str, walls: list, cpus: list, **extra) -> dict:
-    return {
-        "case": case,
-        "solves": len(walls),
-        "wall_median_s": statistics.median(walls),
-        "wall_p95_s": float(np.percentile(walls, 95)),
-        "cpu_median_s": statistics.median(cpus),
-        "load_average_1min": os.getloadavg()[0],
-        **extra,
-    }
+    """:func:`solver_speed._row` with the 1-minute load average at the end of the case."""
+    return speed_row(case, walls, cpus, load_average_1min=os.getloadavg()[0], **extra)
 
 
 def _clear_cache() -> None:

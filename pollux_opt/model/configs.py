@@ -216,6 +216,8 @@ def _job_configs(job: Job, tops, options: Options) -> list[tuple[int, tuple[np.n
             log.debug("job %s: no feasible base on type %s; the type is left out", job.id, t)
             continue
         nodes, reps, spd = _model_configs(model, pairs, base, job.fixed_batch_size, options.spread_penalty)
+        if isinstance(job.speedup, TypedGoodput):
+            ratio *= job.speedup.factor(t)
         out.append((i, (nodes, reps, spd if ratio == 1.0 else spd * ratio)))
     return out
 

@@ -16,7 +16,7 @@ single-type model (see ``docs/heterogeneity.md``, section 1).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from solvers import InvalidProblem
@@ -40,6 +40,9 @@ class TypedGoodput:
         bases: ``((type, (nodes, replicas)), ...)``: the base allocation on each
             type (e.g. a fair share); the speedup base is the lowest goodput
             over these (:meth:`base_goodput`).
+        factors: ``((type, factor), ...)``: a multiplier in (0, 1] on every
+            speedup of that type (default 1), e.g. the price of moving a
+            running job to another type; the base is not affected.
 
     Build it with :meth:`of` from mappings.  Frozen and hashable (tuples), so
     encodings can be cached by it.
@@ -47,10 +50,15 @@ class TypedGoodput:
 
     models: tuple[tuple[str, GoodputModel], ...]
     bases: tuple[tuple[str, tuple[int, int]], ...]
+    factors: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple((str(t), m) for t, m in self.models))
         object.__setattr__(self, "bases", tuple((str(t), (int(b[0]), int(b[1]))) for t, b in self.bases))
+        object.__setattr__(self, "factors", tuple((str(t), float(f)) for t, f in self.factors))
+        for t, f in self.factors:
+            if not 0.0 < f <= 1.0:
+                raise InvalidProblem(f"factor of type {t!r} must be in (0, 1], got {f!r}")
         if not self.models:
             raise InvalidProblem("typed goodput models must name at least one type, got none")
         for t, m in self.models:
@@ -67,11 +75,16 @@ class TypedGoodput:
                 raise InvalidProblem(f"base of type {t!r} needs 1 <= num_nodes <= num_replicas, got {(nn, k)}")
 
     @classmethod
-    def of(cls, models: Mapping[str, GoodputModel], bases: Mapping[str, tuple[int, int]]) -> "TypedGoodput":
-        """From ``{type: model}`` and ``{type: (nodes, replicas)}`` (types in ``models``' order)."""
-        if not isinstance(models, Mapping) or not isinstance(bases, Mapping):
-            raise InvalidProblem(f"models and bases must be mappings by type, got {shown(models)}, {shown(bases)}")
-        return cls(tuple(models.items()), tuple((t, tuple(bases[t])) for t in models if t in bases))
+    def of(cls, models: Mapping[str, GoodputModel], bases: Mapping[str, tuple[int, int]],
+           factors: Mapping[str, float] | None = None) -> "TypedGoodput":
+        """From ``{type: model}``, ``{type: (nodes, replicas)}`` and optional
+        ``{type: factor}`` (types in ``models``' order)."""
+        factors = {} if factors is None else factors
+        if not all(isinstance(m, Mapping) for m in (models, bases, factors)):
+            raise InvalidProblem(f"models, bases and factors must be mappings by type, got "
+                                 f"{shown(models)}, {shown(bases)}, {shown(factors)}")
+        return cls(tuple(models.items()), tuple((t, tuple(bases[t])) for t in models if t in bases),
+                   tuple((t, factors[t]) for t in models if t in factors))
 
     @property
     def types(self) -> tuple[str, ...]:
@@ -84,6 +97,10 @@ class TypedGoodput:
     def base(self, type_name: str) -> tuple[int, int]:
         return dict(self.bases)[type_name]
 
+    def factor(self, type_name: str) -> float:
+        """The multiplier on the job's speedups on ``type_name`` (1 unless set)."""
+        return dict(self.factors).get(type_name, 1.0)
+
     def base_goodput(self, fixed_batch_size: int | None = None, types: tuple[str, ...] | None = None) -> float:
         """The speedup base: the lowest best goodput at each type's base shape
         over ``types`` (default: all the job's types), samples/s x efficiency.
@@ -93,7 +110,8 @@ class TypedGoodput:
         Raises:
             InvalidProblem: no type has a feasible base.
         """
-        return _base_goodput(self, fixed_batch_size, self.types if types is None else tuple(types))
+        key = replace(self, factors=()) if self.factors else self  # factors do not move the base
+        return _base_goodput(key, fixed_batch_size, self.types if types is None else tuple(types))
 
 
 @dataclass(frozen=True)

@@ -171,3 +171,37 @@ def test_sia_packing_leaves_out_what_a_fragmented_type_cannot_hold():
     assert _pack(cluster, nodes, {"a": (1, 2), "b": (2, 12)}, {"a": {"six-1": 2}}) is None
     assert _pack(cluster, nodes, {"a": (1, 2), "b": (1, 4)}, {"a": {"six-1": 2}}) == {
         "a": {"six-1": 2}, "b": {"six-1": 4}}
+
+
+def test_a_running_jobs_other_types_carry_its_restart_factor_once_more():
+    from pollux_opt.model.allocate import to_problem
+    from pollux_opt.model.job import restart_factor
+    from pollux_opt.scheduling.policies.views import type_move_factors
+
+    cluster = two_types()
+    models = {"slow": model(1.0), "fast": model(3.0)}
+    running = view("a", models, placement={"slow-0": 2}, age=1000.0, restarts=2)
+    r = restart_factor(1000.0, 2, 30.0)
+    assert 0.0 < r < 1.0
+    assert type_move_factors(running, cluster, ("slow", "fast")) == {"fast": pytest.approx(r)}
+    assert type_move_factors(view("b", models), cluster, ("slow", "fast")) == {}  # holds nothing
+    assert type_move_factors(replace(running, restarts=0, age=0.0), cluster, ("slow", "fast")) == {}  # r = 0
+
+    def speedups(v):
+        problem = to_problem(cluster, [job_for_allocator(v, cluster, Options(), fixed_batch=False)], Options())
+        return {t: problem.cfg_speedup[problem.cfg_type == i] for i, t in enumerate(cluster.types)}
+
+    moved, pending = speedups(running), speedups(replace(running, placement={}, state="pending"))
+    np.testing.assert_allclose(moved["slow"], pending["slow"])
+    np.testing.assert_allclose(moved["fast"], pending["fast"] * r)
+
+
+def test_typed_goodput_factors_are_checked_and_leave_the_base_alone():
+    models = {"slow": model(1.0), "fast": model(3.0)}
+    bases = {"slow": (1, 2), "fast": (1, 2)}
+    plain = TypedGoodput.of(models, bases)
+    scaled = TypedGoodput.of(models, bases, {"fast": 0.5})
+    assert scaled.factor("fast") == 0.5 and scaled.factor("slow") == plain.factor("fast") == 1.0
+    assert scaled.base_goodput() == plain.base_goodput()
+    with pytest.raises(InvalidProblem, match="factor of type 'fast'"):
+        TypedGoodput.of(models, bases, {"fast": 0.0})

@@ -10,7 +10,9 @@
   restart penalty with each job's own measured restart delay, and
   interference avoidance.  On a cluster of several node types it is
   heterogeneity-aware: each job's speedups per type come from its model on
-  that type over one common base, and a job runs on one type at a time.
+  that type over one common base, and a job runs on one type at a time; a
+  running job's move to another type is priced as two restarts
+  (:func:`~pollux_opt.scheduling.policies.views.type_move_factors`).
 * :class:`PolluxUnawarePolicy` (``"pollux-unaware"``): Pollux that sees every
   node as one type (how Sia, SOSP 2023, evaluated Pollux on heterogeneous
   clusters): one goodput model per job, fitted to whatever it measured, and

@@ -18,7 +18,7 @@ from solvers import InvalidProblem
 
 from pollux_opt.model import BatchConfig, Cluster, Job, Options
 from pollux_opt.model.domains import Integer, check
-from pollux_opt.model.job import WEIGHT
+from pollux_opt.model.job import WEIGHT, restart_factor
 from pollux_opt.model.typed import TypedGoodput
 from pollux_opt.scheduling.loop import ACTIVE_STATES, JobView
 
@@ -31,6 +31,7 @@ __all__ = [
     "replica_cap",
     "requested_replicas",
     "submitted_batch",
+    "type_move_factors",
     "typed_goodput",
 ]
 
@@ -166,13 +167,42 @@ def typed_goodput(view: JobView, cluster: Cluster, share: tuple[int, int], fixed
     over the common speedup base (:func:`pollux_opt.model.hetero.speedup_base`);
     None on a one-type cluster or without per-type models.  The exploration cap
     (:func:`replica_cap`) counts the replicas measured on any type, as Sia
-    shares a job's replica limit over the types it projects to."""
+    shares a job's replica limit over the types it projects to.
+
+    A running job's speedups on the types it does not run on carry the job's
+    restart factor once more (:func:`type_move_factors`)."""
     if not cluster.typed or not view.goodput_models:
         return None
     models = {t: view.goodput_models[t] for t in cluster.types if t in view.goodput_models}
     if not models:
         return None
-    return TypedGoodput.of(models, {t: _base_of(m.limits, view, share, fixed_batch) for t, m in models.items()})
+    return TypedGoodput.of(models, {t: _base_of(m.limits, view, share, fixed_batch) for t, m in models.items()},
+                           type_move_factors(view, cluster, tuple(models)))
+
+
+def type_move_factors(view: JobView, cluster: Cluster, types: Sequence[str]) -> dict[str, float]:
+    """``{type: factor}`` on the speedups of a running job's other types: its
+    Pollux restart factor ``r`` (:func:`pollux_opt.model.job.restart_factor`
+    with the job's own delay), so that with the allocator's own factor a move
+    to another type is worth ``r ** 2`` of its speedup and a move within the
+    type ``r``.
+
+    A type move costs more than a resize: it leaves the type whose throughput
+    the job has measured for one whose speedups are, until it runs there, a
+    projection from another type (``docs/heterogeneity.md``, section 2), so a
+    move on an overestimate is likely to be followed by a second restart back.
+    Pricing the move as two restarts keeps a job on its type unless the other
+    type's speedup beats it by more than a second restart's cost.  Empty for a
+    job that holds nothing or whose restart factor is 0 or 1.
+    """
+    node_type = {n.id: n.type for n in cluster.nodes}
+    held = {node_type[nid] for nid, k in view.placement.items() if k > 0 and nid in node_type}
+    if len(held) != 1:
+        return {}
+    r = restart_factor(float(view.age), int(view.restarts), float(view.restart_delay))
+    if not 0.0 < r < 1.0:
+        return {}
+    return {t: r for t in types if t not in held}
 
 
 def job_for_allocator(
