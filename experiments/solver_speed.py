@@ -171,18 +171,23 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.sim)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    rows = _run("current", None, args.sim)
+    if args.reference:
+        rows += _run("reference", args.reference, args.sim)
+    write_rows(rows, Path(args.out))
+    return 0
+
+
+def write_rows(rows: list[dict], out: Path) -> None:
+    """The timing rows as a CSV at ``out`` (written atomically), with the machine's CPU count."""
     import pandas as pd
 
     from pollux_opt.records.files import atomic_write_csv
 
-    rows = _run("current", None, args.sim)
-    if args.reference:
-        rows += _run("reference", args.reference, args.sim)
     df = pd.DataFrame(rows)
     df["cpus"] = os.cpu_count()
-    atomic_write_csv(Path(args.out), df)
-    log.info("wrote %s\n%s", args.out, df.to_string())
-    return 0
+    atomic_write_csv(out, df)
+    log.info("wrote %s\n%s", out, df.to_string())
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from solver_speed import _row as speed_row
-from solver_speed import _time
+from solver_speed import _time, write_rows
 
 log = logging.getLogger("solver_types")
 
@@ -127,17 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.typed)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    import pandas as pd
-
-    from pollux_opt.records.files import atomic_write_csv
-
     rows = _run("current", None, True)
     if args.reference:
         rows += _run("reference", args.reference, args.reference_typed)
-    df = pd.DataFrame(rows)
-    df["cpus"] = os.cpu_count()
-    atomic_write_csv(Path(args.out), df)
-    log.info("wrote %s\n%s", args.out, df.to_string())
+    write_rows(rows, Path(args.out))
     return 0
 
 

@@ -30,35 +30,21 @@ def job_values(problem: Problem, placement: np.ndarray) -> np.ndarray:
     x = np.asarray(placement, dtype=np.int64)
     reps = x.sum(axis=1)
     nodes = (x > 0).sum(axis=1)
+    kind = None
     if problem.typed:
-        return _typed_job_values(problem, x, reps, nodes)
-    s = problem.lookup_speedup(np.arange(problem.num_jobs), nodes, reps)
-    s[reps == 0] = 0.0
-    bad = np.flatnonzero(np.isnan(s))
-    if bad.size:
-        j = bad[0]
-        raise InvalidProblem(
-            f"job {j} is placed on (nodes={nodes[j]}, replicas={reps[j]}), "
-            "which is not one of its allowed configurations"
-        )
-    moved = problem.has_current & np.any(x != problem.current, axis=1)
-    return s * np.where(moved, problem.restart_factor, 1.0)
-
-
-def _typed_job_values(problem: Problem, x: np.ndarray, reps: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-    """:func:`job_values` of a typed problem: each job's speedup looked up with its nodes' type."""
-    kind, mixed = problem.placement_types(x)
-    bad = np.flatnonzero(mixed)
-    if bad.size:
-        j = bad[0]
-        raise InvalidProblem(f"job {j} is placed on nodes of several types {_types_of(problem, x[j])}")
+        kind, mixed = problem.placement_types(x)
+        bad = np.flatnonzero(mixed)
+        if bad.size:
+            j = bad[0]
+            raise InvalidProblem(f"job {j} is placed on nodes of several types {_types_of(problem, x[j])}")
     s = problem.lookup_speedup(np.arange(problem.num_jobs), nodes, reps, kind)
     s[reps == 0] = 0.0
     bad = np.flatnonzero(np.isnan(s))
     if bad.size:
         j = bad[0]
+        typed = "" if kind is None else f"type={kind[j]}, "
         raise InvalidProblem(
-            f"job {j} is placed on (type={kind[j]}, nodes={nodes[j]}, replicas={reps[j]}), "
+            f"job {j} is placed on ({typed}nodes={nodes[j]}, replicas={reps[j]}), "
             "which is not one of its allowed configurations"
         )
     moved = problem.has_current & np.any(x != problem.current, axis=1)
