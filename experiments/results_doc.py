@@ -16,14 +16,15 @@ workloads are computed from it), ``sim_compare_means.csv`` (also
 each adding a section when present: ``solver_comparison.csv``
 (``solver_comparison.py``), ``runtime_measurements.csv``
 (``runtime_measurements.py --csv``), ``fidelity.csv`` (``sim_fidelity.py``),
-``real_cluster.csv`` (the rows of ``real_cluster.py``'s ``headline.json``),
+``real_cluster.csv`` (``real_cluster.py --csv``),
 ``solver_speed.csv`` (``solver_speed.py``), ``ray_*.csv`` (``ray_cluster.py``;
 ``ray_fidelity.csv``: ``sim_fidelity.py`` on its Ray runs), ``user_jobs.csv``
 (``user_jobs.py``), ``fuzz.csv`` (``fuzz_instances.py``), ``kills.csv``
 (``kill_runs.py``) and ``fair_jct.csv``,
 ``fair_jct_estimator.csv`` (``fair_jct.py``, ``fair_jct_estimator.py``).
 The ``*_quick.csv`` files are smoke runs and are not reported.  The sections on
-real jobs are in ``results_real.py``, the shared formatting in ``results_format.py``.
+real jobs are in ``results_real.py``, fair-jct's in ``results_fair_jct.py``, the heterogeneous
+cluster's in ``results_hetero.py``, the shared formatting in ``results_format.py``.
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ from results_format import (  # noqa: E402
     ms,
     ordered,
     pct,
+    reduction,
     seconds,
     short,
+    workload_key,
 )
+from results_fair_jct import fair_jct_section  # noqa: E402
 from results_hetero import hetero_section, solver_types_section  # noqa: E402
 from results_real import (  # noqa: E402
     fidelity_section,
@@ -126,6 +130,8 @@ OPTIONAL_COLUMNS = {
                        "gpu_hours_per_job", "round_s_median", "round_s_p95"],
     "solver_types.csv": ["code", "case", "solves", "wall_median_s", "wall_p95_s", "cpu_median_s",
                          "load_average_1min"],
+    "real_hetero.csv": ["sweep", "policy", "avg_jct_s", "max_jct_s", "makespan_s", "worst_rho", "restarts", "load1",
+                        "wall_s", "step_ratio", "sweep_step_ratio"],
     "fair_jct_diagnosis.csv": ["run", "application", "jobs", "mean_jct_s", "share_of_mean", "wait_s", "restarts",
                                "restart_s", "mean_replicas", "max_replicas"],
 }
@@ -157,6 +163,7 @@ class Results:
     fair_jct_diagnosis: pd.DataFrame | None = None
     hetero: pd.DataFrame | None = None
     solver_types: pd.DataFrame | None = None
+    real_hetero: pd.DataFrame | None = None
 
 
 def _read(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -222,6 +229,7 @@ def load_results(results_dir: Path) -> Results:
         fair_jct_diagnosis=tables["fair_jct_diagnosis.csv"],
         hetero=tables["sim_hetero.csv"],
         solver_types=tables["solver_types.csv"],
+        real_hetero=tables["real_hetero.csv"],
     )
 
 
@@ -239,16 +247,6 @@ def compare_means(compare: pd.DataFrame, published: pd.DataFrame) -> pd.DataFram
 # ----------------------------------------------------------------------------- formatting
 
 
-def _reduction(ours: float, baseline: float) -> float:
-    """How far ``ours`` is below ``baseline``, as a fraction of ``baseline``."""
-    return 1.0 - ours / baseline
-
-
-def _workload_key(name: str) -> tuple:
-    stem, _, num = str(name).rpartition("-")
-    return (stem, int(num)) if num.isdigit() else (str(name), -1)
-
-
 def _plot(results: Results, name: str, alt: str) -> list[str]:
     return [f"![{alt}]({RESULTS_LINK}/{name})", ""] if name in results.plots else []
 
@@ -263,7 +261,7 @@ def mean_jct(results: Results, policy: str) -> float:
     return float(row.avg_jct_s.iloc[0])
 
 
-def per_workload_reduction(results: Results, ours: str = "pollux", baseline: str = "tiresias") -> pd.Series:
+def per_workloadreduction(results: Results, ours: str = "pollux", baseline: str = "tiresias") -> pd.Series:
     """Per workload, how far ``ours``'s average JCT is below ``baseline``'s (fraction)."""
     pivot = results.compare.pivot(index="workload", columns="policy", values="avg_jct_s")
     return (1.0 - pivot[ours] / pivot[baseline]).dropna()
@@ -280,7 +278,7 @@ def headline(results: Results) -> list[str]:
     names = " / ".join(display_name(p) for p in policies)
     ours = " / ".join(seconds(mean_jct(results, p)) for p in policies)
     published = " / ".join(seconds(float(m[m.policy == p].published_avg_jct_s.iloc[0])) for p in policies)
-    red = per_workload_reduction(results)
+    red = per_workloadreduction(results)
     scale = results.scale[results.scale.policy == "pollux"].sort_values("cpus")
     small, large = scale.iloc[0], scale.iloc[-1]
     pm = m[m.policy == "pollux"].iloc[0]
@@ -288,7 +286,7 @@ def headline(results: Results) -> list[str]:
         [f"Average JCT, {n_workloads} AdaptDL workloads, 16 x 4 simulated: {names}", f"{ours} s"],
         [f"Published Pollux-simulator averages: {names}", f"{published} s"],
         [f"Pollux's average JCT below Tiresias ({n_workloads}-workload mean; per-workload range)",
-         f"{pct(_reduction(mean_jct(results, 'pollux'), mean_jct(results, 'tiresias')), 1)}"
+         f"{pct(reduction(mean_jct(results, 'pollux'), mean_jct(results, 'tiresias')), 1)}"
          f" ({pct(red.min())} to {pct(red.max())})"],
         [f"Pollux scheduling round (speedup tables + MILP), mean / p95, {small.cpus:.0f} CPUs and "
          f"{large.cpus:.0f} CPUs", f"{ms(small.mean_solver_s)} / {ms(small.p95_solver_s)} ms and "
@@ -301,8 +299,10 @@ def headline(results: Results) -> list[str]:
         workload = "mixed" if "mixed" in set(real.workload) else str(real.workload.iloc[0])
         sub = real[real.workload == workload]
         pols = ordered(sub.policy, REAL_POLICY_NAMES)
-        rows.append([f"Real CPU jobs on this machine, set `{workload}`, average JCT: {' / '.join(pols)}",
-                     " / ".join(f"{float(sub[sub.policy == p].avg_jct_s.iloc[0]):.1f}" for p in pols) + " s"])
+        runs = sub.groupby("policy").size()
+        rows.append([f"Real CPU jobs on this machine, set `{workload}`, average JCT (mean of "
+                     f"{runs.max()} run{'s' if runs.max() > 1 else ''}): {' / '.join(pols)}",
+                     " / ".join(f"{float(sub[sub.policy == p].avg_jct_s.mean()):.1f}" for p in pols) + " s"])
     return md_table(["result", "value"], rows, [False, True])
 
 
@@ -310,9 +310,9 @@ def compare_section(results: Results) -> list[str]:
     df = results.compare
     policies = ordered(df.policy, POLICY_NAMES)
     pivot = df.pivot(index="workload", columns="policy", values="avg_jct_s")
-    incomplete = sorted(set(df.workload[df.completed < df.jobs]), key=_workload_key)
-    workloads = sorted(pivot.index, key=_workload_key)
-    red = per_workload_reduction(results)
+    incomplete = sorted(set(df.workload[df.completed < df.jobs]), key=workload_key)
+    workloads = sorted(pivot.index, key=workload_key)
+    red = per_workloadreduction(results)
     rows = [[w, *(seconds(pivot.loc[w, p]) for p in policies), pct(red.get(w, float("nan")))] for w in workloads]
     lines = [
         "## Policy comparison on the AdaptDL workloads",
@@ -360,7 +360,7 @@ def sensitivity_section(results: Results) -> list[str]:
             at = sub[sub.value == value].set_index("policy").avg_jct_s
             pol, tir = at.get("pollux", float("nan")), at.get("tiresias", float("nan"))
             rows.append([label, fmt(value), seconds(pol), seconds(tir),
-                         "-" if missing(pol) or missing(tir) else pct(_reduction(pol, tir))])
+                         "-" if missing(pol) or missing(tir) else pct(reduction(pol, tir))])
     lines = [
         "## Sensitivity",
         "",
@@ -453,103 +453,6 @@ def speed_section(results: Results) -> list[str]:
                    "reference / current CPU", "load", "reference load"], rows, [False] + [True] * 6),
         "",
     ]
-
-
-FAIR_JCT_POLICIES = {"pollux": "Pollux", "fair-jct": "fair-jct", "fair-jct-oracle": "fair-jct+oracle (bound)"}
-
-
-def fair_jct_section(results: Results) -> list[str]:
-    """fair-jct against Pollux (experiments/fair_jct.py); Pollux rows missing from
-    fair_jct.csv are taken from sim_compare.csv (same simulator and settings)."""
-    if results.fair_jct is None:
-        return []
-    df = results.fair_jct
-    base = results.compare[results.compare.policy == "pollux"].assign(set="adaptdl", jain_index=math.nan)
-    have = set(zip(df.workload, df.policy))
-    extra = base[[(w, "pollux") not in have for w in base.workload]]
-    extra = extra[extra.workload.isin(df.workload)]
-    df = pd.concat([df, extra[["set", "workload", "policy", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index",
-                               "wall_s"]]], ignore_index=True)
-    # per set: the means over its workloads (NaN where a workload lacks the figure), for the
-    # policies run on all of the set's workloads
-    means = df.groupby(["set", "policy"], as_index=False)[["avg_jct_s", "p99_jct_s", "worst_rho", "jain_index",
-                                                           "wall_s"]].agg(lambda x: x.mean(skipna=False))
-    runs = df.groupby(["set", "policy"]).workload.nunique()
-    full = runs.groupby(level="set").transform("max")
-    means = means[[bool(runs[(s, p)] == full[(s, p)]) for s, p in zip(means.set, means.policy)]]
-    df = pd.concat([df, means.assign(workload=[f"mean {s}" for s in means.set])], ignore_index=True)
-    rows = []
-    order = lambda n: (n.startswith("mean "), not n.startswith("workload"), _workload_key(n))  # noqa: E731
-    for w in sorted(dict.fromkeys(df.workload), key=order):
-        sub = df[df.workload == w].set_index("policy")
-        ref = float(sub.avg_jct_s["pollux"]) if "pollux" in sub.index else math.nan
-        for p in ordered(sub.index, FAIR_JCT_POLICIES):
-            r = sub.loc[p]
-            rows.append([str(w), FAIR_JCT_POLICIES[p], seconds(r.avg_jct_s),
-                         "-" if p == "pollux" or missing(ref) else pct(_reduction(float(r.avg_jct_s), ref), 1),
-                         seconds(r.p99_jct_s), short(r.worst_rho),
-                         "-" if missing(r.jain_index) else f"{r.jain_index:.3f}", short(r.wall_s)])
-    lines = [
-        "## fair-jct: mean JCT with a finish-time fairness bound",
-        "",
-        "`experiments/fair_jct.py` (formulation in [`docs/fair-jct.md`](fair-jct.md)): Pollux's power mean "
-        "with online Gittins-index weights, a predicted-rho bound, a weight-scaled restart factor and an "
-        "exploration cap of 4, 16 x 4, interval 60 s, against Pollux "
-        "(from `sim_compare.csv` where the row is not in `fair_jct.csv`; those lack Jain's index). "
-        "`philly-Lx-sN` rows are workloads sampled from `philly.csv` at job load L, seed N; a "
-        "`-noiseS`, `-intervalI` or `-restartD` suffix marks a sensitivity setting (report noise S, "
-        "interval I s, restart delay D s instead of 30 s); a `mean` row averages its set's workloads "
-        "(for a Philly load, its seeds). \"below Pollux\" is the reduction of average JCT.",
-        "",
-        *md_table(["workload", "policy", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
-                   "Jain (1/rho)", "wall (s)"], rows, [False, False] + [True] * 6),
-        "",
-    ]
-    diag = results.fair_jct_diagnosis
-    if diag is not None:
-        drows = [[str(r.run), str(r.application), f"{r.jobs:.0f}", seconds(r.mean_jct_s), pct(r.share_of_mean),
-                  seconds(r.wait_s), f"{r.restarts:.1f}", seconds(r.restart_s), f"{r.mean_replicas:.1f}",
-                  f"{r.max_replicas:.1f}"] for r in diag.itertuples()]
-        lines += [
-            "Where the mean JCT goes, per application (`experiments/fair_jct_diagnose.py` on the runs' "
-            "events; wait: submission to first allocation; restarts and their seconds; replicas over the "
-            "rounds a job held any; means over the application's jobs):",
-            "",
-            *md_table(["run", "application", "jobs", "mean JCT (s)", "share of summed JCT", "wait (s)",
-                       "restarts", "restart time (s)", "mean replicas", "max replicas"], drows,
-                      [False, False] + [True] * 8),
-            "",
-        ]
-    screen = results.fair_jct_screen
-    if screen is not None:
-        ref = results.compare[results.compare.policy == "pollux"].set_index("workload").avg_jct_s
-        srows = [[str(r.workload), str(r.options), seconds(r.avg_jct_s),
-                  pct(_reduction(float(r.avg_jct_s), float(ref[r.workload])), 1) if r.workload in ref.index else "-",
-                  seconds(r.p99_jct_s), short(r.worst_rho), f"{r.jain_index:.3f}"]
-                 for r in screen.sort_values(["workload", "avg_jct_s"]).itertuples()]
-        lines += [
-            "Screening of fair-jct's variants (`fair_jct_screen.csv`; options as in "
-            "[`docs/fair-jct.md`](fair-jct.md), \"Variants screened\"):",
-            "",
-            *md_table(["workload", "options", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
-                       "Jain (1/rho)"], srows, [False, False] + [True] * 5),
-            "",
-        ]
-    est = results.fair_jct_estimator
-    if est is not None:
-        erows = [[str(r.workload), str(r.variant), str(r.application), f"{r.samples:.0f}",
-                  pct(r.median_rel_error), pct(r.p90_rel_error), f"{r.median_ratio:.2f}"]
-                 for r in est.itertuples()]
-        lines += [
-            "Remaining-work estimate against the simulator's truth (`experiments/fair_jct_estimator.py`, "
-            "logged every few rounds for each job with a fitted model, the run's length and period in "
-            "[`docs/fair-jct.md`](fair-jct.md); relative error |estimate - truth| / truth):",
-            "",
-            *md_table(["workload", "estimator", "application", "samples", "median error", "p90 error",
-                       "median estimate / truth"], erows, [False, False, False, True, True, True, True]),
-            "",
-        ]
-    return lines
 
 
 def render_doc(results: Results) -> str:

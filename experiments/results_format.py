@@ -9,7 +9,7 @@ from typing import Sequence
 #: Display names of the simulator's policies, in table order.
 POLICY_NAMES = {"pollux": "Pollux", "tiresias": "Tiresias+tuned", "optimus": "Optimus+Oracle+tuned"}
 #: Display names of the real executor's policies, in table order.
-REAL_POLICY_NAMES = {"fixed": "fixed", "dynamic": "dynamic", "pollux": "pollux"}
+REAL_POLICY_NAMES = {"fixed": "fixed", "dynamic": "dynamic", "pollux": "pollux", "fair-jct": "fair-jct"}
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> list[str]:
@@ -53,3 +53,14 @@ def ordered(values, order: dict[str, str]) -> list[str]:
 
 def display_name(policy: str, names: dict[str, str] = POLICY_NAMES) -> str:
     return names.get(policy, policy)
+
+
+def reduction(ours: float, baseline: float) -> float:
+    """How far ``ours`` is below ``baseline``, as a fraction of ``baseline``."""
+    return 1.0 - ours / baseline
+
+
+def workload_key(name: str) -> tuple:
+    """Sort key of a workload name: ``workload-10`` after ``workload-9``."""
+    stem, _, num = str(name).rpartition("-")
+    return (stem, int(num)) if num.isdigit() else (str(name), -1)

@@ -1,5 +1,6 @@
 """The sections of ``docs/results.md`` on heterogeneous clusters (:mod:`results_doc`
-renders them): the simulated policies on Sia's 64-GPU cluster and the typed
+renders them): the simulated policies on Sia's 64-GPU cluster (followed by the
+real throttled cluster's runs, :func:`real_hetero_section`) and the typed
 allocator's round times.  Each takes the loaded :class:`results_doc.Results`
 and returns its lines (none when its CSV is absent)."""
 
@@ -36,10 +37,54 @@ def _means(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return sub.groupby("policy")[[c for c, _, _ in HETERO_COLUMNS]].mean().reindex(policies), len(common)
 
 
+#: Policies of ``real_hetero.csv`` in table order, with their display names.
+REAL_HETERO_POLICIES = {"fixed": "fixed", "dynamic": "dynamic", **HETERO_POLICIES}
+#: Columns of the real runs' table, with their labels and formatters.
+REAL_HETERO_COLUMNS = [
+    ("avg_jct_s", "avg JCT (s)", seconds),
+    ("max_jct_s", "max JCT (s)", seconds),
+    ("makespan_s", "makespan (s)", seconds),
+    ("worst_rho", "worst rho", lambda v: f"{v:.2f}"),
+    ("restarts", "restarts", lambda v: f"{v:.0f}"),
+    ("step_ratio", "slow/fast step", lambda v: "-" if pd.isna(v) else f"{v:.2f}"),
+    ("load1", "load", lambda v: f"{v:.1f}"),
+    ("wall_s", "wall (s)", seconds),
+]
+
+
+def real_hetero_section(results: Results) -> list[str]:
+    """The latest sweep of ``experiments/real_hetero.py`` (real jobs on ``local-hetero``)."""
+    df = getattr(results, "real_hetero", None)
+    if df is None or df.empty:
+        return []
+    sweep = df.sweep.astype(str).iloc[-1]
+    sub = df[df.sweep.astype(str) == sweep].drop_duplicates("policy", keep="last")
+    order = [p for p in REAL_HETERO_POLICIES if p in set(sub.policy)] + \
+        [p for p in sub.policy if p not in REAL_HETERO_POLICIES]
+    sub = sub.set_index("policy").loc[order]
+    rows = [[REAL_HETERO_POLICIES.get(p, p), *(fmt(float(r[c])) for c, _, fmt in REAL_HETERO_COLUMNS)]
+            for p, r in sub.iterrows()]
+    ratio = float(sub.sweep_step_ratio.iloc[0])
+    return [
+        "### Real jobs on a throttled cluster (local-hetero)",
+        "",
+        "`experiments/real_hetero.py`: the quick `hetero` set (four built-in CPU jobs) on `local-hetero`, one node "
+        "`fast` (1 CPU) and one node `slow` (1 CPU at a 0.5 cgroup CPU quota), 10 s rounds, one policy after "
+        f"another (sweep {sweep}). Wall-clock runs on the shared 2-core machine: the load column is the mean "
+        "1-minute load during each run. `slow/fast step` is the median over the run's jobs that ran on both "
+        "types of the step-time ratio their own per-type fits predict at one replica and M0; over the sweep "
+        f"(per job kind, fits pooled over the runs) it is {'-' if pd.isna(ratio) else f'{ratio:.2f}'}.",
+        "",
+        *md_table(["policy", *(label for _, label, _ in REAL_HETERO_COLUMNS)], rows,
+                  [False] + [True] * len(REAL_HETERO_COLUMNS)),
+        "",
+    ]
+
+
 def hetero_section(results: Results) -> list[str]:
     df = results.hetero
     if df is None:
-        return []
+        return real_hetero_section(results)
     means, count = _means(df)
     rows = [[HETERO_POLICIES[p], *(fmt(float(r[c])) for c, _, fmt in HETERO_COLUMNS)] for p, r in means.iterrows()]
     lines = [
@@ -70,7 +115,7 @@ def hetero_section(results: Results) -> list[str]:
         *md_table(["workload", *(HETERO_POLICIES[p] for p in per.columns)], rows, [False] + [True] * per.shape[1]),
         "",
     ]
-    return lines
+    return lines + real_hetero_section(results)
 
 
 def solver_types_section(results: Results) -> list[str]:

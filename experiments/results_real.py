@@ -66,28 +66,41 @@ def fidelity_section(results: Results) -> list[str]:
 
 
 def real_section(results: Results) -> list[str]:
+    """Every run of ``real_cluster.csv`` (set, sweep, policy), then fair-jct against pollux per set and sweep."""
     if results.real is None:
         return []
     df = results.real
-    rows = []
+    sweeps = df["sweep"].astype(str) if "sweep" in df.columns else None
+    rows, versus = [], []
     for w in list(dict.fromkeys(df.workload)):
-        sub = df[df.workload == w].set_index("policy")
-        for p in ordered(sub.index, REAL_POLICY_NAMES):
-            r = sub.loc[p]
-            rows.append([str(w), display_name(p, REAL_POLICY_NAMES), f"{r.avg_jct_s:.1f}", f"{r.worst_rho:.2f}",
-                         f"{r.avg_goodput:.2f}", f"{r.overhead_pct_of_interval:.2f} %"])
-    return [
-        "## Real CPU jobs: fixed, dynamic and pollux",
+        in_set = df[df.workload == w]
+        for sweep in (list(dict.fromkeys(sweeps[in_set.index])) if sweeps is not None else [None]):
+            sub = (in_set if sweep is None else in_set[sweeps[in_set.index] == sweep]).set_index("policy")
+            for p in ordered(sub.index, REAL_POLICY_NAMES):
+                r = sub.loc[p]
+                load = f"{r.load1:.1f}" if "load1" in sub.columns and not missing(r.load1) else "-"
+                rows.append([str(w), "-" if sweep is None else sweep, display_name(p, REAL_POLICY_NAMES),
+                             f"{r.avg_jct_s:.1f}", f"{r.worst_rho:.2f}", f"{r.avg_goodput:.2f}",
+                             f"{r.overhead_pct_of_interval:.2f} %", load])
+            if {"pollux", "fair-jct"} <= set(sub.index):
+                versus.append(f"`{w}`{'' if sweep is None else f' sweep {sweep}'}: "
+                              f"{100 * (sub.loc['fair-jct'].avg_jct_s / sub.loc['pollux'].avg_jct_s - 1):+.1f} %")
+    out = [
+        "## Real CPU jobs",
         "",
         "`experiments/real_cluster.py` (`pollux-opt demo` per workload set): real CPU training jobs on this "
-        "machine, the three policies one after another. Average goodput is in single-CPU equivalents; "
-        "overhead is the scheduler's time per round in % of the interval. Wall-clock figures on a shared "
+        "machine, the policies one after another; every run is listed (a sweep runs each policy once). "
+        "Average goodput is in single-CPU equivalents; overhead is the scheduler's time per round in % of the "
+        "interval; load is the mean 1-minute load average during the run. Wall-clock figures on a shared "
         "machine: compare policies within one sweep.",
         "",
-        *md_table(["set", "policy", "avg JCT (s)", "worst rho", "avg goodput", "overhead"], rows,
-                  [False, False, True, True, True, True]),
+        *md_table(["set", "sweep", "policy", "avg JCT (s)", "worst rho", "avg goodput", "overhead", "load"], rows,
+                  [False, False, False, True, True, True, True, True]),
         "",
     ]
+    if versus:
+        out += ["fair-jct's average JCT against pollux's in the same sweep: " + "; ".join(versus) + ".", ""]
+    return out
 
 
 #: ray_vs_local.csv's phase columns and their headers.

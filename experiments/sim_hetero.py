@@ -9,9 +9,11 @@ JCT, makespan, worst rho (shared metrics' summary.json), GPU-hours per job
 (median and p95) and the simulation's wall seconds.  Writes ``OUT/hetero.csv``
 (one row per pair), ``OUT/hetero_means.csv`` and one run directory per pair;
 ``--results`` writes the rows into ``experiments/results/sim_hetero.csv``
-(replacing those of the same workload and policy, keeping the others).
+(replacing those of the same workload and policy, keeping the others);
+``--merge`` writes the rows of earlier runs' ``hetero.csv`` files there the same way.
 
     python experiments/sim_hetero.py --out runs/sim-hetero [--jobs 2] [--results]
+    python experiments/sim_hetero.py --out runs/sim-hetero --merge runs/a/hetero.csv runs/b/hetero.csv
     python experiments/sim_hetero.py --quick --out /tmp/q    # first 12 jobs of workload-1, smoke test
 """
 
@@ -95,7 +97,12 @@ def merge_results(df: pd.DataFrame) -> None:
 def main(argv=None) -> int:
     ap = grid_parser(__doc__.splitlines()[0], POLICIES)
     ap.add_argument("--results", action="store_true", help=f"also write the rows to {RESULTS}")
+    ap.add_argument("--merge", nargs="+", default=[], metavar="CSV",
+                    help=f"write the rows of these hetero.csv files (earlier runs) to {RESULTS} and exit")
     args = ap.parse_args(argv)
+    if args.merge:
+        merge_results(pd.concat([pd.read_csv(p) for p in args.merge], ignore_index=True))
+        return 0
     traces = Path(args.traces) if args.traces else default_trace_dir()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

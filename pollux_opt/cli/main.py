@@ -182,16 +182,28 @@ def _run_on_ray(args: argparse.Namespace, workload, cluster, interval: float) ->
     from pollux_opt.backends.ray import run_ray_workload
 
     if cluster is not None:
-        raise InvalidProblem("--nodes and --cpus do not apply with --backend ray: the cluster is Ray's nodes")
+        raise InvalidProblem("--nodes, --cpus and --cluster do not apply with --backend ray: the cluster is "
+                             "Ray's nodes")
     return run_ray_workload(args.out, workload, args.policy, address=args.ray_address,
                             checkpoint_dir=args.checkpoint_dir, interval=interval, progress=not args.quiet,
                             repair=args.repair_log)
 
 
 def _cluster(args: argparse.Namespace):
-    """The cluster ``--nodes`` / ``--cpus`` ask for (0 is an error, not "unset"); None if neither."""
+    """The cluster ``--cluster`` describes (a :class:`~pollux_opt.model.cluster_types.ClusterTypes`,
+    checked against this machine's CPUs) or ``--nodes`` / ``--cpus`` ask for (0 is
+    an error, not "unset"); None if none of them."""
     from pollux_opt.backends.local import default_cluster
 
+    if getattr(args, "cluster", None) is not None:
+        from pollux_opt.backends.local.nodes import typed_cluster
+        from pollux_opt.model.cluster_types import load_cluster_types
+
+        if args.nodes is not None or args.cpus is not None:
+            raise InvalidProblem("--cluster describes the nodes: give it without --nodes and --cpus")
+        types = load_cluster_types(args.cluster)
+        typed_cluster(types)  # more CPUs than this process may use is refused before anything runs
+        return types
     if args.nodes is None and args.cpus is None:
         return None
     return default_cluster(1 if args.nodes is None else args.nodes, args.cpus)
@@ -273,7 +285,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     cluster = _cluster(args)
     summaries = run_demo(args.out, args.workload, quick=args.quick, interval=args.interval,
-                         cluster=cluster, progress=not args.quiet, import_dir=args.import_dir)
+                         policies=tuple(args.policies), cluster=cluster, progress=not args.quiet,
+                         import_dir=args.import_dir)
     _print_table(summaries)
     print(f"plots and comparison.json in {args.out}")
     return 0
@@ -286,6 +299,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pollux_opt.backends.local.demo import DEMO_POLICIES
     from pollux_opt.scheduling.policies import policy_names
 
     parser = argparse.ArgumentParser(
@@ -317,6 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="use the workload's quick variant")
     p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
     p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
+    p.add_argument("--cluster", metavar="FILE|PRESET",
+                   help="node types instead of --nodes/--cpus: a JSON description (as for simulate) or a "
+                        "preset, e.g. local-hetero (one fast and one slow node of one CPU each; a type's "
+                        "cpu_quota < 1 throttles its nodes with cgroup CPU quotas, which need root)")
     p.add_argument("--quiet", action="store_true", help="no live progress table")
     p.add_argument("--import", dest="import_dir", metavar="DIR",
                    help="directory the workload file's user jobs ('entry') are imported from (default: the file's)")
@@ -335,13 +353,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dirs", nargs="+", metavar="DIR", help="run directories")
     p.set_defaults(handler=_cmd_compare)
 
-    p = sub.add_parser("demo", help="run a workload under fixed, dynamic and pollux; compare and plot")
+    p = sub.add_parser("demo", help="run a workload under each of several policies (default fixed, dynamic, "
+                                    "pollux); compare and plot")
     p.add_argument("--workload", default="mixed", help="named workload set or file (default: mixed)")
+    p.add_argument("--policies", nargs="+", metavar="POLICY", default=list(DEMO_POLICIES),
+                   help=f"policies to run, in order (default: {' '.join(DEMO_POLICIES)}; any of "
+                        f"{', '.join(policy_names())})")
     p.add_argument("--quick", action="store_true", help="quick variant, 10 s rounds (about 2-3 minutes on 2 cores)")
     p.add_argument("--out", default="demo-out", help="output directory (default: demo-out)")
     p.add_argument("--interval", type=float, help="seconds between rounds (default 30; 10 with --quick)")
     p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
     p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
+    p.add_argument("--cluster", metavar="FILE|PRESET",
+                   help="node types instead of --nodes/--cpus: a JSON description (as for simulate) or a "
+                        "preset, e.g. local-hetero (one fast and one slow node of one CPU each; a type's "
+                        "cpu_quota < 1 throttles its nodes with cgroup CPU quotas, which need root)")
     p.add_argument("--quiet", action="store_true", help="no live progress table")
     p.add_argument("--import", dest="import_dir", metavar="DIR",
                    help="directory the workload file's user jobs ('entry') are imported from (default: the file's)")

@@ -197,9 +197,13 @@ def _sia_type(name: str, count: int) -> NodeType:
 #: (SOSP 2023 evaluation; artifact ``cluster_nnodes = {"aws": 6, "dgx-ext": 2,
 #: "rtx": 3}``), 6 x 4 T4 + 3 x 8 RTX 2080 Ti + 2 x 8 A100.  ``aws-64``: the
 #: homogeneous 16 x 4 T4 cluster of Pollux's evaluation, as one type.
+#: ``local-hetero``: a real run's cluster on a 2-CPU machine
+#: (:mod:`pollux_opt.backends.local.nodes`), one node ``fast`` of one
+#: unthrottled CPU and one node ``slow`` of one CPU at half its bandwidth.
 PRESETS: Mapping[str, ClusterTypes] = {
     "sia-64": ClusterTypes((_sia_type("aws", 6), _sia_type("rtx", 3), _sia_type("dgx-ext", 2))),
     "aws-64": ClusterTypes((_sia_type("aws", 16),)),
+    "local-hetero": ClusterTypes((NodeType("fast", 1, 1), NodeType("slow", 1, 1, cpu_quota=0.5))),
 }
 
 _FIELDS = tuple(f.name for f in fields(NodeType))

@@ -18,12 +18,14 @@ from the type it knows best.  The rule ignores that ``K`` replicas span a
 different number of nodes on types with different node sizes (Sia's estimate
 does the same); a measured row replaces the estimate as soon as one exists.
 
-The speedup base (:func:`speedup_base`): a job's speedups on every type are
-divided by one number so that they are comparable across types.  Sia divides
-each job's row by its minimum over all configurations; here the base is the
-job's lowest goodput at its fair-share shape over the types, so that on a
-one-type cluster it is exactly today's fair-share base (see
-``docs/heterogeneity.md``).
+The speedup base: a job's speedups on every type are divided by one number
+so that they are comparable across types.  Sia divides each job's row by its
+minimum over all configurations.  :func:`speedup_base` is the analogue here,
+the job's lowest goodput at its fair-share shape over the types; the
+type-aware Pollux policy weights those goodputs by each type's GPUs instead
+(:class:`pollux_opt.model.typed.TypedGoodput`, the goodput of a fair share of
+the whole cluster).  On a one-type cluster both are the single-type model's
+fair-share base (see ``docs/heterogeneity.md``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from solvers import InvalidProblem
 from pollux_opt.model.domains import shown
 from pollux_opt.model.throughput import ThroughputParams
 
-__all__ = ["bootstrap_ratio", "project_params", "project_throughputs", "projection_source", "speedup_base"]
+__all__ = ["bootstrap_ratio", "project_params", "project_throughputs", "projection_plan", "projection_source",
+           "speedup_base"]
 
 #: Step-time parameters that are times (seconds or seconds per sample or
 #: replica): a projection divides them by the speed ratio; ``gamma`` and
@@ -143,7 +146,7 @@ def speedup_base(goodput_at_share: Mapping[str, float]) -> tuple[str, float]:
     fair-share shape on type ``t``.  Dividing every type's goodputs by the
     lowest keeps all speedups comparable and >= 1 at the fair share on any
     type, like Sia's minimum normalisation; with one type it is that type's
-    fair-share goodput, the base of today's single-type model.
+    fair-share goodput, the base of the single-type model.
 
     Raises:
         InvalidProblem: no types, or a non-positive goodput.
@@ -174,3 +177,64 @@ def project_params(source: ThroughputParams, ratio: float) -> ThroughputParams:
     values = {name: getattr(source, name) / r for name in _TIME_PARAMS}
     alpha_a = None if source.alpha_a is None else source.alpha_a / r
     return ThroughputParams(**values, gamma=source.gamma, alpha_a=alpha_a, kappa=source.kappa)
+
+
+def _arrival_rows(type_name: str, one_replica: Mapping[str, float]) -> int:
+    """Configurations of ``type_name`` that are its arrival profile (1 if it was profiled, else 0)."""
+    return 1 if type_name in one_replica else 0
+
+
+def projection_plan(
+    types: tuple[str, ...] | list[str],
+    replicas: Mapping[str, list[int] | tuple[int, ...]],
+    fitted: frozenset[str] | set[str],
+    one_replica: Mapping[str, float],
+) -> dict[str, tuple[str, float]]:
+    """Which type's throughput fit serves each type, and at what speed ratio.
+
+    Args:
+        types: the cluster's node types.
+        replicas: ``{type: replica count of each measured configuration}``
+            (a one-replica arrival profile counts as a configuration).
+        fitted: the types with a fitted goodput model.
+        one_replica: the job's one-replica throughput on each profiled type
+            (samples/s; empty where the job was not profiled on arrival).
+
+    Returns:
+        ``{type: (source type, ratio)}``: the type's own fit with ratio 1 once
+        the job has measured there beyond its arrival profile; else the fit of
+        :func:`projection_source` (the type measured at the most replica counts
+        beyond one) at :func:`bootstrap_ratio`; else its own fit of the arrival
+        profile; else, for a type with no measurement at all, the fitted type
+        with the most measured configurations (ties: the largest replica count,
+        then the name).  The ratio is 1 where either type lacks an arrival
+        profile: an unprofiled type is assumed as fast as the one it is
+        projected from until its first measurement replaces the projection.
+        Types with no fit to serve them are left out.
+    """
+    plan: dict[str, tuple[str, float]] = {}
+    measured = {t: dict.fromkeys(r, 1.0) for t, r in replicas.items()}
+
+    def ratio(target: str, source: str) -> float:
+        if target in one_replica and source in one_replica:
+            return bootstrap_ratio(one_replica, target, source)
+        return 1.0
+
+    for t in types:
+        n = len(replicas.get(t, ()))
+        if t in fitted and n > _arrival_rows(t, one_replica):
+            plan[t] = (t, 1.0)
+            continue
+        if t not in fitted and n > 0:
+            continue  # measured but not fitted yet: nothing stands for it
+        source = projection_source(measured, t)
+        if source is not None and source in fitted:
+            plan[t] = (source, ratio(t, source))
+        elif t in fitted:
+            plan[t] = (t, 1.0)
+        elif n == 0:
+            best = max(((len(replicas.get(u, ())), max(replicas.get(u, ()), default=0), u)
+                        for u in fitted if u != t), default=None)
+            if best is not None:
+                plan[t] = (best[2], ratio(t, best[2]))
+    return plan

@@ -7,14 +7,17 @@ the device), so its per-type :class:`~pollux_opt.model.GoodputModel` s share
 their :class:`~pollux_opt.model.GradientStats` and differ in throughput and
 batch limits (a type's device memory caps the per-replica batch).
 
-Speedups on every type are divided by one number, the job's lowest goodput
-at its base shape over the types (:func:`pollux_opt.model.hetero.speedup_base`),
-so that they compare across types; with one type that is the base of the
-single-type model (see ``docs/heterogeneity.md``, section 1).
+Speedups on every type are divided by one number so that they compare across
+types: with per-type weights (a scheduler gives each type's GPUs in the
+cluster), the weighted mean of the job's goodputs at its base shape on each
+type, the goodput of a fair share of the whole cluster; without, the lowest of
+them (:func:`pollux_opt.model.hetero.speedup_base`).  With one type either is
+the base of the single-type model (see ``docs/heterogeneity.md``, section 1).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -43,6 +46,10 @@ class TypedGoodput:
         factors: ``((type, factor), ...)``: a multiplier in (0, 1] on every
             speedup of that type (default 1), e.g. the price of moving a
             running job to another type; the base is not affected.
+        weights: ``((type, weight), ...)``: each type's weight (> 0) in the
+            speedup base, e.g. its GPUs in the cluster (:meth:`base_goodput`);
+            empty: the base is the lowest goodput over the types.  Given, it
+            must name every type of ``models``.
 
     Build it with :meth:`of` from mappings.  Frozen and hashable (tuples), so
     encodings can be cached by it.
@@ -51,14 +58,19 @@ class TypedGoodput:
     models: tuple[tuple[str, GoodputModel], ...]
     bases: tuple[tuple[str, tuple[int, int]], ...]
     factors: tuple[tuple[str, float], ...] = ()
+    weights: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple((str(t), m) for t, m in self.models))
         object.__setattr__(self, "bases", tuple((str(t), (int(b[0]), int(b[1]))) for t, b in self.bases))
         object.__setattr__(self, "factors", tuple((str(t), float(f)) for t, f in self.factors))
+        object.__setattr__(self, "weights", tuple((str(t), float(w)) for t, w in self.weights))
         for t, f in self.factors:
             if not 0.0 < f <= 1.0:
                 raise InvalidProblem(f"factor of type {t!r} must be in (0, 1], got {f!r}")
+        for t, w in self.weights:
+            if not 0.0 < w < math.inf:
+                raise InvalidProblem(f"weight of type {t!r} must be a finite number > 0, got {w!r}")
         if not self.models:
             raise InvalidProblem("typed goodput models must name at least one type, got none")
         for t, m in self.models:
@@ -70,21 +82,27 @@ class TypedGoodput:
         missing = sorted(set(names) - {t for t, _ in self.bases})
         if missing:
             raise InvalidProblem(f"type {missing[0]!r} has a model but no base allocation")
+        unweighted = sorted(set(names) - {t for t, _ in self.weights}) if self.weights else []
+        if unweighted:
+            raise InvalidProblem(f"type {unweighted[0]!r} has a model but no weight in the speedup base")
         for t, (nn, k) in self.bases:
             if nn < 1 or k < nn:
                 raise InvalidProblem(f"base of type {t!r} needs 1 <= num_nodes <= num_replicas, got {(nn, k)}")
 
     @classmethod
     def of(cls, models: Mapping[str, GoodputModel], bases: Mapping[str, tuple[int, int]],
-           factors: Mapping[str, float] | None = None) -> "TypedGoodput":
+           factors: Mapping[str, float] | None = None,
+           weights: Mapping[str, float] | None = None) -> "TypedGoodput":
         """From ``{type: model}``, ``{type: (nodes, replicas)}`` and optional
-        ``{type: factor}`` (types in ``models``' order)."""
+        ``{type: factor}`` and ``{type: weight}`` (types in ``models``' order)."""
         factors = {} if factors is None else factors
-        if not all(isinstance(m, Mapping) for m in (models, bases, factors)):
-            raise InvalidProblem(f"models, bases and factors must be mappings by type, got "
-                                 f"{shown(models)}, {shown(bases)}, {shown(factors)}")
+        weights = {} if weights is None else weights
+        if not all(isinstance(m, Mapping) for m in (models, bases, factors, weights)):
+            raise InvalidProblem(f"models, bases, factors and weights must be mappings by type, got "
+                                 f"{shown(models)}, {shown(bases)}, {shown(factors)}, {shown(weights)}")
         return cls(tuple(models.items()), tuple((t, tuple(bases[t])) for t in models if t in bases),
-                   tuple((t, factors[t]) for t in models if t in factors))
+                   tuple((t, factors[t]) for t in models if t in factors),
+                   tuple((t, weights[t]) for t in models if t in weights))
 
     @property
     def types(self) -> tuple[str, ...]:
@@ -102,10 +120,16 @@ class TypedGoodput:
         return dict(self.factors).get(type_name, 1.0)
 
     def base_goodput(self, fixed_batch_size: int | None = None, types: tuple[str, ...] | None = None) -> float:
-        """The speedup base: the lowest best goodput at each type's base shape
-        over ``types`` (default: all the job's types), samples/s x efficiency.
+        """The speedup base, samples/s x efficiency: over ``types`` (default: all
+        the job's types), the mean of the best goodputs at each type's base
+        shape weighted by :attr:`weights`, or without weights the lowest of them.
 
-        A type where the base shape has no feasible batch is left out.
+        With a type's GPUs as its weight and a fair share as the base shape,
+        the weighted mean is the goodput of an exclusive ``1 / J`` share of
+        the whole cluster, which holds ``1 / J`` of every type's GPUs (for
+        linear scaling exactly; Pollux's fair-share base, OSDI 2021, section
+        4.2, on a cluster of several types).  A type where the base shape has
+        no feasible batch is left out (its weight with it).
 
         Raises:
             InvalidProblem: no type has a feasible base.
@@ -155,4 +179,7 @@ def _base_goodput(typed: TypedGoodput, fixed_batch_size: int | None, types: tupl
             at_share[t] = float(choice.goodput)
     if not at_share:
         raise InvalidProblem(f"no type of {list(types)} has a feasible base allocation for this job")
+    if typed.weights:
+        weight = dict(typed.weights)
+        return sum(weight[t] * g for t, g in at_share.items()) / sum(weight[t] for t in at_share)
     return speedup_base(at_share)[1]

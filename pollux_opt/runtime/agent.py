@@ -144,6 +144,11 @@ class JobAgent:
         self._model = None
 
     @property
+    def reported_stats(self) -> tuple[float, float] | None:
+        """``(grad_sqr, grad_var)`` as last reported (None before any)."""
+        return self._stats
+
+    @property
     def grad_stats(self) -> GradientStats | None:
         """The reported statistics at M0 (|G|^2 floored at :data:`MIN_GRAD_SQR`,
         the variance at 0), or None before any."""

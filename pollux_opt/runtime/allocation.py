@@ -1,5 +1,7 @@
 """What a scheduler asks an elastic job to run on: replicas per node, optional
-CPU pins, and optionally the batch configuration (:class:`WorkerAllocation`)."""
+CPU pins, optionally the batch configuration, and on a cluster of several node
+types the type of each node and the cgroup its replicas run in
+(:class:`WorkerAllocation`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from solvers import InvalidProblem
 
 from pollux_opt.model import BatchConfig, BatchLimits
-from pollux_opt.model.domains import Integer, check
+from pollux_opt.model.domains import NAME, Integer, check
 from pollux_opt.runtime.adapt import check_allocation
 from pollux_opt.runtime.report import normalize_placement
 
@@ -28,11 +30,21 @@ class WorkerAllocation:
         cpus: CPU ids to pin the replicas to, one per replica in rank order, or None.
         pin: the batch configuration to run, exactly, until the next allocation
             (None: the job chooses its own, see :mod:`~pollux_opt.runtime.adapt`).
+        node_types: ``{node: node type}`` of every node of ``placement`` (None:
+            an untyped cluster).  The job's step times go to the type it runs
+            on (see :mod:`~pollux_opt.runtime.status`).
+        cgroups: ``{node: cgroup directory}`` of every node of ``placement``:
+            each replica moves itself into its node's cgroup before it trains
+            (a throttled node's CPU quota, or the root cgroup of an unthrottled
+            node; see :mod:`pollux_opt.backends.local.throttle`); None: replicas
+            stay where they are.
     """
 
     placement: Mapping[str, int]
     cpus: tuple[int, ...] | None = None
     pin: BatchConfig | None = None
+    node_types: Mapping[str, str] | None = None
+    cgroups: Mapping[str, str] | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -42,9 +54,39 @@ class WorkerAllocation:
     def num_nodes(self) -> int:
         return len(self.placement)
 
+    @property
+    def node_type(self) -> str | None:
+        """The one node type of the placement (None: untyped, or over several types)."""
+        types = set((self.node_types or {}).values())
+        return types.pop() if len(types) == 1 else None
+
+    def rank_nodes(self) -> list[str]:
+        """The node of each rank: ranks fill the placement's nodes in order."""
+        return [nid for nid, k in self.placement.items() for _ in range(k)]
+
     def same_workers(self, other: "WorkerAllocation | None") -> bool:
-        """Whether ``other`` asks for the same placement and CPUs (whatever its batch)."""
-        return other is not None and self.placement == other.placement and self.cpus == other.cpus
+        """Whether ``other`` asks for the same placement, CPUs, types and cgroups (whatever its batch)."""
+        return (other is not None and self.placement == other.placement and self.cpus == other.cpus
+                and self.node_types == other.node_types and self.cgroups == other.cgroups)
+
+
+def _per_node(what: str, value: Mapping[str, str] | None, placement: Mapping[str, int],
+              check_value) -> dict[str, str] | None:
+    """``value`` checked to name exactly the nodes of ``placement``, keys as strings."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidProblem(f"{what} must map each node of the placement to a string, got {value!r}")
+    out = {str(k): v for k, v in value.items()}
+    if set(out) != set(placement):
+        raise InvalidProblem(f"{what} must name exactly the placement's nodes {sorted(placement)}, got {sorted(out)}")
+    return {nid: check_value(f"{what}[{nid!r}]", out[nid]) for nid in placement}
+
+
+def _cgroup_dir(what: str, value) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise InvalidProblem(f"{what} must be an absolute cgroup directory, got {value!r}")
+    return value
 
 
 def parse_allocation(
@@ -55,10 +97,14 @@ def parse_allocation(
     cpus: Sequence[int] | None,
     local_bsz: int | None,
     accum_steps: int | None,
+    node_types: Mapping[str, str] | None = None,
+    cgroups: Mapping[str, str] | None = None,
 ) -> WorkerAllocation:
     """The allocation of :meth:`ElasticJob.start` / ``rescale`` arguments, checked
     against the job's batch ``limits``; raises InvalidProblem naming a bad argument."""
     placement = normalize_placement(replicas, num_nodes)
+    extra = {"node_types": _per_node("node_types", node_types, placement, lambda w, v: check(w, v, NAME)),
+             "cgroups": _per_node("cgroups", cgroups, placement, _cgroup_dir)}
     k = sum(placement.values())
     if cpus is not None:
         cpus = tuple(cpus)
@@ -67,9 +113,9 @@ def parse_allocation(
         cpus = tuple(int(c) for c in cpus)
     if local_bsz is None and accum_steps is None:
         check_allocation(limits, len(placement), k, fixed_batch_size)
-        return WorkerAllocation(placement, cpus, None)
+        return WorkerAllocation(placement, cpus, None, **extra)
     m = limits.min_local_bsz if local_bsz is None else local_bsz
     s = 0 if accum_steps is None else accum_steps
     m = check("local_bsz", m, Integer(ge=limits.min_local_bsz, le=limits.max_local_bsz))
     s = check("accum_steps", s, Integer(ge=0, le=limits.max_accum_steps))
-    return WorkerAllocation(placement, cpus, BatchConfig(m, s))
+    return WorkerAllocation(placement, cpus, BatchConfig(m, s), **extra)

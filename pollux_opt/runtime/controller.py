@@ -286,6 +286,7 @@ class JobController(WorkerIntake):
         self._launch_wall = time.time()
         store = self._pool.rendezvous(workers, self.workdir, self._gen) if k > 1 else None
         params = params_to_dict(self.status.agent.params)
+        rank_nodes = alloc.rank_nodes()
         for rank, w in enumerate(workers):
             w.job_key = self.job_id
             a = Assignment(
@@ -293,7 +294,8 @@ class JobController(WorkerIntake):
                 rank=rank, world=k, num_nodes=n, store_path=None if store is None else str(store),
                 checkpoint_meta=None if info is None else str(info.meta_path), local_bsz=config.local_bsz,
                 accum_steps=config.accum_steps, options=self.options, params=params,
-                cpu=None if alloc.cpus is None else alloc.cpus[rank],
+                cpu=None if alloc.cpus is None else alloc.cpus[rank], node_type=alloc.node_type,
+                cgroup=None if alloc.cgroups is None else alloc.cgroups[rank_nodes[rank]],
             )
             try:
                 w.conn.send(("run", a))
@@ -366,7 +368,7 @@ class JobController(WorkerIntake):
             return
         self._last_adapt = now
         agent = self.status.agent
-        params = agent.refit()
+        params = self.status.refit()
         alloc = self.status.alloc
         if alloc is None or alloc.pin is not None:
             return

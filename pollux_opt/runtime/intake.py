@@ -129,8 +129,7 @@ class WorkerIntake:
     def _on_metrics(self, info: dict) -> None:
         with self.status.lock:
             self.status.take_position(info)
-            self.status.agent.update_stats(info["stats"], info["stats_steps"])
-            self.status.agent.update_profile(info["profile"])
+            self.status.take_measurements(info)
             self.status.changed.notify_all()
         self.journal.append_steps(info["rows"])
 

@@ -135,6 +135,8 @@ class ElasticJob:
         cpus: Sequence[int] | None = None,
         local_bsz: int | None = None,
         accum_steps: int | None = None,
+        node_types: Mapping[str, str] | None = None,
+        cgroups: Mapping[str, str] | None = None,
     ) -> None:
         """Start (or resume from the newest good checkpoint) on an allocation.
 
@@ -145,11 +147,17 @@ class ElasticJob:
             local_bsz, accum_steps: pin the batch configuration: the job runs
                 exactly this, with no adaptation, until the next start/rescale
                 without them (the batch a scheduler decided; profiling).
+            node_types: ``{node: node type}`` of the placement's nodes on a
+                cluster of several types (the job's measurements go to the
+                type it runs on); None on an untyped cluster.
+            cgroups: ``{node: cgroup directory}`` each replica moves itself
+                into (a throttled node's CPU quota); None: no cgroups.
 
         Returns at once; the job is ``rescaling`` until its workers train.
         Raises InvalidProblem for a bad allocation or a finished job.
         """
-        self._submit("alloc", self._allocation(replicas, num_nodes, cpus, local_bsz, accum_steps))
+        self._submit("alloc", self._allocation(replicas, num_nodes, cpus, local_bsz, accum_steps,
+                                               node_types, cgroups))
 
     def rescale(
         self,
@@ -159,6 +167,8 @@ class ElasticJob:
         cpus: Sequence[int] | None = None,
         local_bsz: int | None = None,
         accum_steps: int | None = None,
+        node_types: Mapping[str, str] | None = None,
+        cgroups: Mapping[str, str] | None = None,
     ) -> None:
         """Move the job to a new allocation (arguments as in :meth:`start`).
 
@@ -169,7 +179,8 @@ class ElasticJob:
         changing (same placement and CPUs) applies at the next step, without a
         restart, also while the job is still starting.
         """
-        self._submit("alloc", self._allocation(replicas, num_nodes, cpus, local_bsz, accum_steps))
+        self._submit("alloc", self._allocation(replicas, num_nodes, cpus, local_bsz, accum_steps,
+                                               node_types, cgroups))
 
     def stop(self) -> None:
         """Checkpoint and release all workers (state ``stopped``; resume with start)."""
@@ -233,9 +244,9 @@ class ElasticJob:
         return f"ElasticJob({self.job_id!r}, kind={self.spec.name!r}, state={self.poll().value!r})"
 
     # ============================================================ API helpers
-    def _allocation(self, replicas, num_nodes, cpus, local_bsz, accum_steps):
+    def _allocation(self, replicas, num_nodes, cpus, local_bsz, accum_steps, node_types=None, cgroups=None):
         return parse_allocation(self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus,
-                                local_bsz, accum_steps)
+                                local_bsz, accum_steps, node_types, cgroups)
 
     def _submit(self, kind: str, payload: Any) -> None:
         if self._closed:

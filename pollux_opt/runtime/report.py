@@ -201,6 +201,10 @@ class JobReport:
         worker_pids: process ids of the current workers, by rank.
         error: why the job failed (None otherwise).
         events: everything recorded so far (also in ``<workdir>/events.jsonl``).
+        type_measurements: on a cluster of several node types, the step times
+            measured on each type (``{node type: Measurements}``; empty on an
+            untyped cluster); ``measurements`` pools every type.
+        type_params: the throughput fit of each measured type (None until fitted).
     """
 
     job_id: str
@@ -234,6 +238,8 @@ class JobReport:
     worker_pids: tuple[int, ...]
     error: str | None
     events: tuple[Event, ...]
+    type_measurements: Mapping[str, Measurements] = field(default_factory=dict)
+    type_params: Mapping[str, ThroughputParams | None] = field(default_factory=dict)
 
     def goodput_model(self) -> GoodputModel | None:
         """The job's :class:`~pollux_opt.model.goodput.GoodputModel`, or None until it
@@ -246,6 +252,33 @@ class JobReport:
         """
         return goodput_model(self.throughput_params, self.grad_stats, self.limits,
                              fixed_batch=self.fixed_batch_size is not None)
+
+    def goodput_models(self, types: tuple[str, ...] | list[str]) -> dict[str, GoodputModel] | None:
+        """The job's goodput model on each of ``types`` (a cluster's node types),
+        one shared gradient statistic; None where the job has measured no type.
+
+        A type's own fit once the job has measured there; an unmeasured type
+        gets the fit of a measured one (:func:`pollux_opt.model.hetero.projection_plan`:
+        the type measured at the most replica counts beyond one, else the one
+        with the most measured configurations) at speed ratio 1, the optimistic
+        assumption its first measurement replaces.  The declared speed of a
+        type (its ``cpu_quota``) is never used.
+        """
+        from pollux_opt.model.hetero import project_params, projection_plan
+
+        if not self.type_measurements:
+            return None
+        fixed = self.fixed_batch_size is not None
+        own = {t: goodput_model(self.type_params.get(t), self.grad_stats, self.limits, fixed_batch=fixed)
+               for t in self.type_measurements}
+        fitted = {t for t, m in own.items() if m is not None}
+        replicas = {t: m.num_replicas.tolist() for t, m in self.type_measurements.items()}
+        out = {}
+        for t, (src, ratio) in projection_plan(tuple(types), replicas, fitted, {}).items():
+            model = own[src]
+            out[t] = model if src == t else GoodputModel(
+                project_params(model.throughput_params, ratio), model.grad_stats, self.limits)
+        return out
 
     def events_of(self, kind: str) -> tuple[Event, ...]:
         """The recorded events of one kind, oldest first."""

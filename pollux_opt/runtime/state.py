@@ -40,6 +40,8 @@ class TrainingState:
     target_reached: bool = False
     eval_history: list = field(default_factory=list)
     profile: dict = field(default_factory=dict)  # ConfigKey -> aggregate (see measurements)
+    #: On a cluster of several node types: node type -> the profile of the steps run there.
+    type_profiles: dict = field(default_factory=dict)
     ema: GradStatsEMA = field(default_factory=GradStatsEMA)
     params: dict | None = None
     #: A user's loop (:mod:`pollux_opt.elastic`): epochs completed and samples
@@ -56,7 +58,9 @@ class TrainingState:
             "step": self.step, "progress": self.progress, "samples": self.samples,
             "train_seconds": self.train_seconds, "next_eval": self.next_eval, "metric": self.metric,
             "target_reached": self.target_reached, "eval_history": list(self.eval_history),
-            "profile": profile_to_json(self.profile), "ema": self.ema.state(), "params": self.params,
+            "profile": profile_to_json(self.profile),
+            "type_profiles": {t: profile_to_json(p) for t, p in self.type_profiles.items()},
+            "ema": self.ema.state(), "params": self.params,
             "epoch": self.epoch, "epoch_pos": self.epoch_pos, "loss_ref": self.loss_ref,
             "diverging_reports": self.diverging_reports,
         }
@@ -74,6 +78,7 @@ class TrainingState:
         state.target_reached = False
         state.eval_history = [list(row) for row in data.get("eval_history", [])]
         state.profile = profile_from_json(data.get("profile"))
+        state.type_profiles = {str(t): profile_from_json(p) for t, p in (data.get("type_profiles") or {}).items()}
         state.ema = GradStatsEMA.from_state(data["ema"])
         state.params = data.get("params")
         for key in ("epoch", "epoch_pos", "diverging_reports"):

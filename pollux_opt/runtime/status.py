@@ -55,6 +55,9 @@ class JobStatus:
         self.config: BatchConfig | None = None  # the batch configuration running (or last run)
         self.worker_pids: tuple[int, ...] = ()
         self.agent = JobAgent(self.limits, fixed_batch=options.fixed_batch_size is not None, name=job_id)
+        #: On a cluster of several node types: one agent per type the job ran on,
+        #: fed the steps run there (``agent`` pools every type).
+        self.type_agents: dict[str, JobAgent] = {}
         self.submitted = 0  # commands put on the supervisor's queue
         self.handled = 0  # commands the supervisor has taken off it
 
@@ -82,9 +85,41 @@ class JobStatus:
             profile_from_json(meta.get("profile")), params_from_dict(meta.get("params")),
             None if stats is None else (float(stats[0]), float(stats[1])), int(meta.get("stats_steps", 0)),
         )
+        for t, profile in (meta.get("type_profiles") or {}).items():
+            self.type_agent(str(t)).restore(
+                profile_from_json(profile), None,
+                None if stats is None else (float(stats[0]), float(stats[1])), int(meta.get("stats_steps", 0)),
+            )
         config = meta.get("config")
         if config:
             self.config = BatchConfig(int(config[0]), int(config[1]))
+
+    def type_agent(self, node_type: str) -> JobAgent:
+        """The agent of ``node_type`` (created empty, with the job's gradient statistics)."""
+        agent = self.type_agents.get(node_type)
+        if agent is None:
+            agent = self.type_agents[node_type] = JobAgent(
+                self.limits, fixed_batch=self.options.fixed_batch_size is not None, name=f"{self.job_id}@{node_type}")
+            agent.update_stats(self.agent.reported_stats, self.agent.stats_steps)
+        return agent
+
+    def take_measurements(self, info: dict) -> None:
+        """Take rank 0's gradient statistics (shared by every type) and profiles:
+        the pooled one, and each node type's (``info["type_profiles"]``)."""
+        stats, steps = info["stats"], info["stats_steps"]
+        self.agent.update_stats(stats, steps)
+        self.agent.update_profile(info["profile"])
+        for t, profile in (info.get("type_profiles") or {}).items():
+            agent = self.type_agent(t)
+            agent.update_profile(profile)
+        for agent in self.type_agents.values():
+            agent.update_stats(stats, steps)
+
+    def refit(self):
+        """Re-fit the pooled throughput model and each type's (where stale); returns the pooled parameters."""
+        for agent in self.type_agents.values():
+            agent.refit()
+        return self.agent.refit()
 
     def take_position(self, info: dict) -> None:
         """Take the training position of a worker report (step, progress, samples, metric)."""
@@ -102,6 +137,8 @@ class JobStatus:
             "first_start": self.first_start, "step": self.step, "progress": self.progress,
             "placement": None if self.alloc is None else dict(self.alloc.placement),
             "params": params_to_dict(self.agent.params), "time": time.time(),
+            **({"type_params": {t: params_to_dict(a.params) for t, a in self.type_agents.items()}}
+               if self.type_agents else {}),
         }
 
     def report(self) -> JobReport:
@@ -129,4 +166,6 @@ class JobStatus:
             num_restarts=self.restarts,
             age=0.0 if self.first_start is None else time.time() - self.first_start,
             worker_pids=self.worker_pids if alloc else (), error=self.error, events=tuple(self.events),
+            type_measurements={t: a.measurements for t, a in self.type_agents.items()},
+            type_params={t: a.params for t, a in self.type_agents.items()},
         )

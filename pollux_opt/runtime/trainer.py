@@ -193,7 +193,11 @@ class Trainer(StepControl):
             if not math.isfinite(mean_sqr):
                 raise FloatingPointError(f"gradient's squared norm is {mean_sqr} at step {state.step}")
             if self.since_change > self.a.options.warmup_steps and full:
-                record_step(state.profile, ConfigKey(self.a.num_nodes, self.world, m, s), step_time, t_sync, t_compute)
+                key = ConfigKey(self.a.num_nodes, self.world, m, s)
+                record_step(state.profile, key, step_time, t_sync, t_compute)
+                if self.a.node_type is not None:  # the same step, to the profile of the type it ran on
+                    record_step(state.type_profiles.setdefault(self.a.node_type, {}), key, step_time, t_sync,
+                                t_compute)
             self.rows.append(
                 (self.a.generation, state.step, time.time(), self.world, m, s, step_time, t_compute, t_sync,
                  loss_mean, est_sqr, est_var, gain, factor, state.progress)
@@ -289,7 +293,8 @@ class Trainer(StepControl):
             "progress": self.state.progress, "samples": self.state.samples,
             "metric": self.state.metric, "eval_history": self.state.eval_history[-5:],
             "stats": None if stats is None else [stats[0], stats[1]], "stats_steps": self.state.ema.count,
-            "profile": self.state.profile, "rows": self.rows, "config": list(self.config),
+            "profile": self.state.profile, "type_profiles": self.state.type_profiles, "rows": self.rows,
+            "config": list(self.config),
         }
         self.rows = []
         try:
@@ -321,6 +326,7 @@ class Trainer(StepControl):
             "progress": state.progress, "samples": state.samples, "metric": state.metric,
             "final": final, "num_replicas": self.world, "config": list(self.config),
             "checksum": param_checksum(parts.model), "profile": profile_to_json(state.profile),
+            "type_profiles": {t: profile_to_json(p) for t, p in state.type_profiles.items()},
             "params": state.params,
             "stats": None if stats is None else [stats[0], stats[1]], "stats_steps": state.ema.count,
             "eval_history": state.eval_history, "train_seconds": state.train_seconds,

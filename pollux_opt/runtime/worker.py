@@ -78,6 +78,10 @@ class Assignment:
     options: RuntimeOptions
     params: dict | None = None
     cpu: int | None = None
+    #: The node type this generation runs on (None: untyped, or over several types).
+    node_type: str | None = None
+    #: The cgroup directory this worker moves itself into before it trains (None: stay).
+    cgroup: str | None = None
 
 
 class PartsCache:
@@ -248,6 +252,8 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
             os.sched_setaffinity(0, {a.cpu} if a.cpu is not None else all_cpus)
         except (AttributeError, OSError, ValueError):  # pragma: no cover - non-Linux or bad cpu id
             logger.warning("could not set CPU affinity to %s", a.cpu)
+        if a.cgroup is not None:
+            join_cgroup(a.cgroup)
         spec = JobSpec.from_json(a.spec_json)
         launch = _Launch(conn, a, spec, _assigned_checkpoint(a), torch, dist, received)
         fn = resolve_builder(spec.builder, spec.import_dir)
@@ -275,6 +281,18 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
         writer.release()
         root.removeHandler(handler)
         handler.close()
+
+
+def join_cgroup(directory: str) -> None:
+    """Move this process (all its threads) into the cgroup ``directory`` (its
+    node's CPU quota, or the root cgroup of an unthrottled node).
+
+    Raises:
+        OSError: the cgroup cannot be written (the assignment fails: a replica
+            of a throttled node must not train unthrottled).
+    """
+    with open(os.path.join(directory, "cgroup.procs"), "w") as fh:
+        fh.write(str(os.getpid()))
 
 
 class _GenerationFilter(logging.Filter):

@@ -11,6 +11,12 @@ demo --quick`` runs all three policies on a 2-core machine in about six
 minutes: arrivals compressed by :data:`~pollux_opt.workloads.job.QUICK_TIME_SCALE`
 and each job's spec taken from its ``quick_spec`` below instead of ``spec``.
 
+``hetero`` is sized for the ``local-hetero`` cluster
+(:data:`pollux_opt.model.cluster_types.PRESETS`: one fast and one throttled
+node of one CPU each): at most two jobs run at a time, so a policy decides
+which job trains on the fast node.  It runs on any cluster (its jobs are the
+built-in ones); only on a typed cluster do the policies see per-type models.
+
 Targets: the full sets use each built-in job's own target or a harder one.
 Measured on a shared 2-core machine at one CPU and the submitted batch size,
 each built-in target takes 20 s or more of training co-adapted, plus 3-10 s
@@ -77,4 +83,10 @@ WORKLOAD_SETS: dict[str, Workload] = {w.name: w for w in (
         WorkloadJob("charlm-b", "stdlib-charlm", 80.0, 1, 128, spec={"seed": 1},
                     quick_spec={**CHARLM_QUICK, "seed": 1}),
     ), "five jobs, two of them of the same kind with other seeds, arriving every 20 s on one CPU each"),
+    Workload(
+        "hetero",
+        _four_jobs({"charlm": 0.0, "ratings": 2.0, "digits": 30.0, "regress": 45.0}, replicas=1),
+        "four jobs on one CPU each for the two-node local-hetero cluster (one fast and one slow CPU): "
+        "two arrive together and take both nodes, two more queue behind them",
+    ),
 )}

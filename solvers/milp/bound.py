@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from ..problem import Problem
-from .options import OptionTable
+from .options import OptionTable, _running_max
 
 __all__ = ["Relaxation", "relax"]
 
@@ -90,6 +90,26 @@ class _Entries:
             return 0.0
         value, _, best_each = self._values(lam, mu)
         return float(np.minimum.reduceat(np.where(value >= best_each, per, np.inf), self.starts).sum())
+
+    def front(self) -> "_Entries":
+        """The entries no other entry of the same job beats on both worth (>=) and replicas (<=).
+
+        For any CPU price >= 0 and no slot price, a job's best value and the
+        fewest replicas among its best choices are those of its front, to the
+        bit (float subtraction is monotone), so :meth:`used` with per =
+        ``reps`` is unchanged on it.  Sorted by job; ``order`` and ``kind``
+        are left out.
+        """
+        job = np.repeat(np.arange(self.starts.size), self.counts)
+        by = np.lexsort((-self.worth, self.reps, job))  # per job: fewest replicas first, then most worth
+        earlier = np.full(by.size, -np.inf)  # best worth of the job's entries before each one
+        earlier[1:] = _running_max(self.worth[by], job[by])[:-1]
+        earlier[np.r_[True, job[by][1:] != job[by][:-1]]] = -np.inf
+        kept = np.sort(by[self.worth[by] > earlier])
+        starts = np.flatnonzero(np.r_[True, job[kept][1:] != job[kept][:-1]]) if kept.size else np.zeros(0, int)
+        counts = np.diff(np.append(starts, kept.size))
+        none = np.zeros(0, dtype=np.int64)
+        return _Entries(self.worth[kept], self.gain[kept], self.reps[kept], self.span[kept], none, starts, counts)
 
     def evaluate(self, lam: float, mu: float) -> tuple[float, np.ndarray, np.ndarray]:
         """(sum of job bests, entry values, each entry's job best)."""
@@ -245,8 +265,9 @@ def _dual_prices(problem: Problem, e: _Entries, cap: np.ndarray, count: np.ndarr
     idle = e.starts + e.counts - 1  # "hold nothing", each job's last entry (always feasible)
     # Start from each job's best choice per type at one CPU price for all types (the
     # untyped relaxation's), so that the first LP is near its optimum.
+    front = e.front()
     flat = _lowest_price(
-        lambda lam: e.used(lam, 0.0, e.reps), float(cap.sum()), e.gain, e.reps, deadline
+        lambda lam: front.used(lam, 0.0, front.reps), float(cap.sum()), e.gain, e.reps, deadline
     )
     start = profit - flat * e.reps
     columns = np.union1d(finite[_first_per(job[finite] * types + e.kind[finite], start[finite])], idle)

@@ -161,22 +161,33 @@ def assemble(s: ModelStructure, coefs) -> CompiledModel:
             expr, lo, up = row
             starts.append(len(tokens))
             tokens += expr.tokens
-            merged: dict = {}
-            for c, t in zip(expr.coefs, expr.tokens):
-                if t in merged:
-                    merged[t] += c
-                elif c:
-                    merged[t] = c
-            if not merged:
+            row_cols, row_vals = _merged(expr.coefs, expr.tokens)
+            if not row_cols:
                 _check_constant_row(lo, up)
                 continue
-            cols += merged.keys()
-            vals += merged.values()
+            cols += row_cols
+            vals += row_vals
             indptr.append(len(cols))
             row_lo.append(-np.inf if lo is None else lo)
             row_up.append(np.inf if up is None else up)
     order = _component_order(base, tokens, starts)
     return _arrays(s, coefs, base, order, (indptr, cols, vals, row_lo, row_up))
+
+
+def _merged(coefs, tokens) -> tuple:
+    """(columns, coefficients) of one row: a token's entries summed, in first-met order.
+
+    A token first met with a zero coefficient is left out there (as the compiler does).
+    """
+    if len(set(tokens)) == len(tokens) and all(coefs):
+        return tokens, coefs  # the common row: distinct tokens, no zero coefficient
+    merged: dict = {}
+    for c, t in zip(coefs, tokens):
+        if t in merged:
+            merged[t] += c
+        elif c:
+            merged[t] = c
+    return list(merged.keys()), list(merged.values())
 
 
 def _component_order(base: np.ndarray, tokens: list, starts: list) -> list:

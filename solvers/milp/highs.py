@@ -23,6 +23,11 @@ import numpy as np
 
 from ..result import Status
 from .compiled import VARIABLES, CompiledModel
+from .fixing import INTEGRALITY_TOL as _INTEGRALITY_TOL
+from .fixing import PRIMAL_FEASIBLE as _PRIMAL_FEASIBLE
+from .fixing import dive as _dive
+from .fixing import pack_lp_choices as _pack_lp_choices
+from .fixing import primal_matches_objective as _primal_matches_objective
 
 __all__ = [
     "HIGHS_STATUS",
@@ -38,21 +43,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: HiGHS ``primal_solution_status`` value of a feasible primal solution (kSolutionStatusFeasible).
-_PRIMAL_FEASIBLE = 2
-
-#: Relative tolerance when checking HiGHS's primal against its reported objective.
-_OBJECTIVE_RTOL = 1e-6
-
-#: A relaxed LP solution counts as integral when every integer column is this
-#: close to an integer (HiGHS's own MIP feasibility tolerance is 1e-6).
-_INTEGRALITY_TOL = 1e-7
-
 #: Row activity tolerance when accepting a rounded LP solution (HiGHS's primal feasibility tolerance).
 _ROW_TOL = 1e-7
-
-#: The model's choice variables: whole options, kept jobs, job sizes, segments (the rest is the packing).
-_CHOICES = ("y", "k", "z", "g")
 
 #: HiGHS options for a small typed model (a few hundred columns, its MIP run
 #: without a warm start): presolve took a third of its LP relaxation, and
@@ -144,6 +136,9 @@ class HighsRun:
     #: False when ``values`` are a heuristic's answer (the LP dive): HiGHS's
     #: "optimal" is then the fixed sub-MIP's, not the model's.
     proven: bool = True
+    #: int64[J, N] the answer as a placement when it was packed without the
+    #: packing variables (``values`` then hold the choices only), else None.
+    placement: np.ndarray | None = None
 
 
 class _HighsCall:
@@ -214,7 +209,7 @@ class _HighsCall:
         x[self.ints] = np.rint(x[self.ints])
         return x
 
-    def outcome(self, values, model_status, bound: float, message: str, mip_nodes: int, *, proven=True) -> HighsRun:
+    def outcome(self, values, model_status, bound: float, message: str, mip_nodes: int, **extra) -> HighsRun:
         return HighsRun(
             values=values,
             model_status=model_status,
@@ -223,7 +218,7 @@ class _HighsCall:
             mip_nodes=mip_nodes,
             columns=self.form.num_columns,
             rows=self.form.num_rows,
-            proven=proven,
+            **extra,
         )
 
 
@@ -237,6 +232,7 @@ def run_highs(
     verbose,
     seed,
     dive=False,
+    dive_gap=None,
     pack_choices=False,
     options=None,
 ) -> HighsRun:
@@ -251,11 +247,13 @@ def run_highs(
     by a MIP in which every choice the LP made whole (y or k at 1) is fixed;
     only the undecided jobs and the packing stay free.  That MIP is small and
     fast; its answer is feasible but not proven optimal, so the bound
-    returned is the LP optimum.  If it finds nothing, the full MIP runs.
+    returned is the LP optimum.  If it finds nothing (or, with ``dive_gap``,
+    nothing within that fraction of the LP bound), the full MIP runs.
 
     With ``pack_choices`` (typed problems, whose LP optimum often chooses
     integrally and packs fractionally), a fractional LP is first followed by
-    the packing of its choices (:func:`_pack_lp_choices`), a proven optimum
+    the packing of its choices (:func:`~solvers.milp.fixing.pack_lp_choices`;
+    a callable ``pack_choices`` is its greedy packer), a proven optimum
     when it succeeds.
 
     ``options`` (HiGHS option name -> value, e.g. :data:`SMALL_TYPED_OPTIONS`)
@@ -288,13 +286,13 @@ def run_highs(
     ints = call.ints
     call.h.changeColsIntegrality(ints.size, ints.astype(np.int32), np.ones(ints.size, dtype=np.uint8))
     if pack_choices and lp_optimal:
-        packed = _pack_lp_choices(call, x, lp_bound)
+        packed = _pack_lp_choices(call, x, lp_bound, pack_choices if callable(pack_choices) else None)
         if packed is not None:
             return packed
         if call.out_of_time():
             return call.timed_out("the packing of the LP's choices")
     if dive and lp_optimal:
-        dived = _dive(call, x, lp_bound)
+        dived = _dive(call, x, lp_bound, dive_gap)
         if dived is not None:
             return dived
         if call.out_of_time():
@@ -325,67 +323,6 @@ def _integral_lp_solution(call: _HighsCall, x: np.ndarray, lp_bound: float) -> H
     return None
 
 
-def _pack_lp_choices(call: _HighsCall, x: np.ndarray, lp_bound: float) -> HighsRun | None:
-    """The MIP's optimum when the LP optimum ``x`` chose integrally and only its packing is fractional.
-
-    When every choice column (``y``, ``k``, ``z``, ``g``) of ``x`` is integral,
-    any integral packing of those choices is worth the LP optimum, an upper
-    bound on the MIP: fixing the choices leaves a packing feasibility MIP,
-    far quicker than the full one.  Its answer, when it reaches the LP
-    bound, is a proven optimum.  None (bounds restored)
-    when the choices are fractional, cannot be packed, or fall short of
-    the bound.
-    """
-    import highspy
-
-    h, index, form = call.h, call.index, call.form
-    choice = np.concatenate([index[name] for name in _CHOICES])
-    choice = choice[choice >= 0].astype(np.int32)
-    values = np.rint(x[choice])
-    if choice.size == 0 or np.any(np.abs(x[choice] - values) > _INTEGRALITY_TOL):
-        return None
-    h.changeColsBounds(choice.size, choice, values, values)
-    call.run()
-    info = h.getInfo()
-    reached = float(info.objective_function_value) >= lp_bound - _OBJECTIVE_RTOL * max(1.0, abs(lp_bound))
-    if info.primal_solution_status == _PRIMAL_FEASIBLE and reached and _primal_matches_objective(h, form.c, form.offset, info):
-        return call.outcome(
-            call.values_of(call.rounded_solution()),
-            highspy.HighsModelStatus.kOptimal,
-            lp_bound,
-            "LP choices integral; their packing solved as a MIP",
-            int(info.mip_node_count),
-        )
-    h.changeColsBounds(choice.size, choice, form.col_lo[choice], form.col_up[choice])
-    h.clearSolver()
-    return None
-
-
-def _dive(call: _HighsCall, x: np.ndarray, lp_bound: float) -> HighsRun | None:
-    """MIP with every choice the LP optimum ``x`` made whole fixed to 1; None (bounds restored) if infeasible."""
-    import highspy
-
-    h, index, form = call.h, call.index, call.form
-    choice = np.concatenate([index["y"], index["k"]])
-    decided = choice[(choice >= 0)]
-    decided = decided[x[decided] >= 1 - _INTEGRALITY_TOL].astype(np.int32)
-    h.changeColsBounds(decided.size, decided, np.ones(decided.size), np.ones(decided.size))
-    call.run()
-    info = h.getInfo()
-    if info.primal_solution_status == _PRIMAL_FEASIBLE:
-        return call.outcome(
-            call.values_of(call.rounded_solution()),
-            highspy.HighsModelStatus.kOptimal,
-            lp_bound,
-            "LP dive: choices the LP made whole fixed, the rest solved as a MIP",
-            int(info.mip_node_count),
-            proven=False,
-        )
-    h.changeColsBounds(decided.size, decided, form.col_lo[decided], form.col_up[decided])
-    h.clearSolver()
-    return None
-
-
 def _set_warm_start(call: _HighsCall, start: dict) -> None:
     """Hand HiGHS the warm start ``start`` (values by variable name) as its starting solution."""
     import highspy
@@ -402,14 +339,6 @@ def _set_warm_start(call: _HighsCall, start: dict) -> None:
     sol.col_value = x0.tolist()
     sol.value_valid = True
     call.h.setSolution(sol)
-
-
-def _primal_matches_objective(h, c: np.ndarray, offset: float, info) -> bool:
-    """True when ``c @ x + offset`` of HiGHS's primal equals its reported objective."""
-    x = np.asarray(h.getSolution().col_value)
-    value = float(c @ x + offset)
-    reported = float(info.objective_function_value)
-    return abs(value - reported) <= _OBJECTIVE_RTOL * max(1.0, abs(reported))
 
 
 def _solve_mip(call: _HighsCall) -> HighsRun:

@@ -97,30 +97,33 @@ def _groups(problem: Problem) -> tuple[np.ndarray, int]:
 
 
 def _dense_rivals(problem: Problem, src: np.ndarray, group: np.ndarray, num_groups: int) -> np.ndarray:
-    """float64[C]: each configuration's best dominating speedup (-inf if none), by the dense table.
+    """float64[C]: a dominating speedup of each configuration at least its own (-inf if none), by the dense table.
 
     One pass per dominating node count N', over the configurations with at
-    least N' nodes only (sorted by node count, most first, so that they are
-    a prefix).
+    least N' nodes that no earlier pass has dominated (in their given order,
+    so that the table lookups of one job stay close together).
     """
     a, r = problem.table_shape
     table = np.full((num_groups, a + 1, r + 1), -np.inf)
     table[group[src], problem.cfg_nodes[src], problem.cfg_replicas[src]] = problem.cfg_speedup[src]
     best_upto = np.maximum.accumulate(table, axis=2).reshape(-1)  # [j, N', K']: max speedup with <= K' replicas
-    order = np.argsort(-problem.cfg_nodes, kind="stable")
-    nodes, reps = problem.cfg_nodes[order], problem.cfg_replicas[order]
-    row = group[order] * ((a + 1) * (r + 1))
-    with_at_least = np.searchsorted(-nodes, -np.arange(a + 1), side="right")  # configurations with >= N' nodes
-    rival = np.full(order.size, -np.inf)
+    rival = np.full(problem.num_configs, -np.inf)
+    live = np.arange(problem.num_configs)  # not dominated yet
+    nodes, reps, speed = problem.cfg_nodes, problem.cfg_replicas, problem.cfg_speedup
+    row = group * ((a + 1) * (r + 1))
     for other in range(1, a + 1):  # N'
-        m = int(with_at_least[other])
-        n, k = nodes[:m], reps[:m]
+        at = np.flatnonzero(nodes >= other)
+        n, k = nodes[at], reps[at]
         # Same N: strictly fewer replicas; fewer N: up to ceil(K N' / N).
         reach = np.where(n == other, k - 1, np.minimum(-(-k * other // n), r))
-        np.maximum(rival[:m], best_upto[row[:m] + other * (r + 1) + reach], out=rival[:m])
-    out = np.empty_like(rival)
-    out[order] = rival
-    return out
+        best = best_upto[row[at] + other * (r + 1) + reach]
+        beaten = best >= speed[at]
+        rival[live[at[beaten]]] = best[beaten]
+        alive = np.ones(live.size, dtype=bool)
+        alive[at[beaten]] = False
+        alive &= nodes > other  # fewer nodes than the next N' cannot be dominated by it
+        live, nodes, reps, speed, row = live[alive], nodes[alive], reps[alive], speed[alive], row[alive]
+    return rival
 
 
 def _running_max(values: np.ndarray, group: np.ndarray) -> np.ndarray:

@@ -49,7 +49,9 @@ from .highs import (
     stopped_early,
 )
 from .compiled import compiled_model
+from .fixing import TYPED_DIVE_GAP
 from .options import DEFAULT_MIP_GAP, UTILITY_RTOL, OptionTable, check_options, option_table
+from .greedy_pack import pack_choices
 from .packing import PackingGraph, packing_graph
 from .strategy import Formulation, choose_formulation
 from .warmstart import decode_placement, start_placement, warm_start_values
@@ -248,7 +250,8 @@ def _run_rounds(problem, formulation, table, rel, limits: tuple, out: _Rounds, s
             warm,
             time_limit=remaining,
             dive=formulation.dive,
-            pack_choices=problem.typed,
+            dive_gap=TYPED_DIVE_GAP if problem.typed else None,
+            pack_choices=functools.partial(pack_choices, problem, table, graph) if problem.typed else False,
             options=SMALL_TYPED_OPTIONS if small else None,
             **highs_options,
         )
@@ -322,7 +325,7 @@ def _feasible_placement(
     """The placement HiGHS's solution decodes to, None if it has none or it is infeasible (logged)."""
     if run.values is None:
         return None
-    placement = decode_placement(problem, table, graph, run.values)
+    placement = run.placement if run.placement is not None else decode_placement(problem, table, graph, run.values)
     broken = violations(problem, placement)
     if broken:
         log.error("HiGHS returned a solution that decodes to an infeasible placement: %s", broken)

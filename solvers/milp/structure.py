@@ -95,7 +95,10 @@ class JobSets:
         pair_key = graph.multi_jobs * types + graph.multi_type
         at = np.minimum(np.searchsorted(pair_key, o_job * types + o_type), max(num_multi - 1, 0))
         is_multi = o_hi > 1
-        multi_opts = groups(np.where(is_multi, at, num_multi), num_multi)
+        pair_of = np.where(is_multi, at, num_multi)
+        multi_opts = groups(pair_of, num_multi)
+        ranged = np.zeros(num_multi + 1, dtype=bool)  # a pair with an option of lo < hi
+        np.logical_or.at(ranged, pair_of, o_lo != o_hi)
         seg_max = graph.seg_max.tolist()
         shared_segments = graph.slots and num_multi > 0
         seg_index = [(i, s) for i in range(num_multi) for s in range(1, seg_max[i] + 1)]
@@ -124,7 +127,7 @@ class JobSets:
             num_z=choosing.size,
             opts_of_job=groups(o_job, problem.num_jobs),
             multi_opts=multi_opts,
-            fixed_nodes=[bool(np.all(o_lo[o] == o_hi[o])) for o in multi_opts],
+            fixed_nodes=(~ranged[:num_multi]).tolist(),
             lo=o_lo.tolist(),
             hi=o_hi.tolist(),
             reps=o_reps.tolist(),

@@ -16,20 +16,14 @@ from pollux_opt.backends.local.throttle import (
     PARENT,
     Throttle,
     ThrottleUnavailable,
+    availability,
     clean_stale,
     detect,
     quota_us,
 )
 
 
-def _real_cgroups():
-    try:
-        return detect(), ""
-    except ThrottleUnavailable as exc:
-        return None, str(exc)
-
-
-REAL, WHY = _real_cgroups()
+REAL, WHY = availability()
 needs_cgroups = pytest.mark.skipif(REAL is None, reason=f"cgroup CPU quotas unavailable here: {WHY}")
 
 

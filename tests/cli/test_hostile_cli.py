@@ -226,3 +226,13 @@ def test_a_new_run_checks_a_workload_given_as_an_object(tmp_path):
     with pytest.raises(InvalidProblem, match=r"workload job 'a': batch_size must be at most its max_batch_size"):
         run_workload(tmp_path / "run", workload, "fixed", cluster=Cluster.uniform(1, 2), progress=False)
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.parametrize("policies, match", [
+    (["pollux", "bogus"], "unknown policy 'bogus'"),
+    (["pollux", "pollux"], "a policy named twice"),
+])
+def test_demo_checks_its_policies_before_running_any(tmp_path, capsys, policies, match):
+    assert main(["demo", "--quick", "--quiet", "--out", str(tmp_path / "d"), "--policies", *policies]) == 2
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()

@@ -134,7 +134,8 @@ def test_unreadable_description_and_unknown_preset_are_clear(tmp_path):
     path.write_text("{not json")
     with pytest.raises(InvalidProblem, match="is not readable JSON"):
         load_cluster_types(path)
-    with pytest.raises(InvalidProblem, match=r"must be a preset \['aws-64', 'sia-64'\] or a JSON file, got 'sia-65'"):
+    with pytest.raises(InvalidProblem, match=r"must be a preset \['aws-64', 'local-hetero', 'sia-64'\] or a JSON "
+                                             r"file, got 'sia-65'"):
         load_cluster_types("sia-65")
     with pytest.raises(InvalidProblem, match=r"node type must be one of \['aws', 'rtx', 'dgx-ext'\], got 'tpu'"):
         PRESETS["sia-64"]["tpu"]

@@ -137,8 +137,10 @@ def _copy_required(dst: Path) -> Path:
 def test_optional_csvs_add_their_sections(tmp_path):
     results = _copy_required(tmp_path / "results")
     pd.DataFrame([
-        {"workload": "mixed", "policy": p, "avg_jct_s": j, "worst_rho": 1.5, "avg_goodput": 1.1,
-         "overhead_pct_of_interval": 0.2} for p, j in (("fixed", 17.25), ("dynamic", 15.5), ("pollux", 10.75))
+        {"workload": "mixed", "policy": p, "avg_jct_s": j + d, "worst_rho": 1.5, "avg_goodput": 1.1,
+         "overhead_pct_of_interval": 0.2, "load1": 1.25, "sweep": sweep}
+        for sweep, d in ((1, 0.0), (2, 1.0))
+        for p, j in (("fixed", 17.25), ("dynamic", 15.5), ("pollux", 10.75), ("fair-jct", 10.0))
     ]).to_csv(results / "real_cluster.csv", index=False)
     pd.DataFrame([{"run": "mixed", "policy": "pollux", "variant": "matched", "real_avg_jct_s": 11.4,
                    "sim_avg_jct_s": 12.0, "rel_error": 0.0526}]).to_csv(results / "fidelity.csv", index=False)
@@ -149,15 +151,17 @@ def test_optional_csvs_add_their_sections(tmp_path):
     out = tmp_path / "results.md"
     assert rd.main(["--results", str(results), "--out", str(out), "--no-readme", "--log-level", "WARNING"]) == 0
     doc = out.read_text()
-    for title in ("## Real CPU jobs: fixed, dynamic and pollux", "## Simulator fidelity",
+    for title in ("## Real CPU jobs", "## Simulator fidelity",
                   "## Elastic CPU training jobs", "## Solvers side by side"):
         assert title + "\n" in doc
-    assert "| mixed | pollux | 10.8 | 1.50 | 1.10 | 0.20 % |" in doc
+    assert "| mixed | 1 | pollux | 10.8 | 1.50 | 1.10 | 0.20 % | 1.2 |" in doc  # every run is listed
+    assert "| mixed | 2 | pollux | 11.8 | 1.50 | 1.10 | 0.20 % | 1.2 |" in doc
+    assert "`mixed` sweep 1: -7.0 %; `mixed` sweep 2: -6.4 %" in doc
     assert "| mixed | pollux | matched | 11.4 | 12.0 | +5.3 % |" in doc
     assert "| digits-cnn | 20.5 | 4.1 % |" in doc
     assert "| 16x4/40 | milp | optimal | 1.302 | 0.00 % | 0.01 | 0.01 |" in doc
-    assert _row(doc, "Real CPU jobs on this machine, set `mixed`, average JCT: fixed / dynamic / pollux")[1] == \
-        "17.2 / 15.5 / 10.8 s"
+    assert _row(doc, "Real CPU jobs on this machine, set `mixed`, average JCT (mean of 2 runs): "
+                     "fixed / dynamic / pollux / fair-jct")[1] == "17.8 / 16.0 / 11.2 / 10.5 s"
 
 
 def test_without_optional_csvs_their_sections_are_left_out(generated):

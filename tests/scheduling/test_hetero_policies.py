@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pollux_opt import InvalidProblem
-from pollux_opt.model import BatchLimits, Cluster, GoodputModel, GradientStats, Options, ThroughputParams
+from pollux_opt.model import BatchLimits, Cluster, GoodputModel, GradientStats, Job, Options, ThroughputParams
 from pollux_opt.model.cluster_types import ClusterTypes, NodeType
 from pollux_opt.model.hetero import project_params
 from pollux_opt.model.typed import TypedGoodput
@@ -44,14 +44,17 @@ def types_of(cluster, placement):
     return {kinds[nid] for nid in placement}
 
 
-def test_job_for_allocator_gives_per_type_models_over_the_lowest_fair_share_goodput():
-    cluster = two_types()
+def test_job_for_allocator_gives_per_type_models_over_the_slot_weighted_fair_share_goodput():
+    cluster = two_types(slow_nodes=2, fast_nodes=1)  # 8 slow slots, 4 fast ones
     v = view("a", {"slow": model(1.0), "fast": model(3.0)})
     share = fair_share(cluster, 2)
     job = job_for_allocator(v, cluster, Options(), fixed_batch=False, share=share)
     assert isinstance(job.speedup, TypedGoodput) and job.speedup.types == ("slow", "fast")
     assert job.speedup.base("slow") == job.speedup.base("fast") == (1, share[1])
-    assert job.speedup.base_goodput() == pytest.approx(float(model(1.0).optimize(1, share[1]).goodput))
+    slow, fast = (float(model(s).optimize(1, share[1]).goodput) for s in (1.0, 3.0))
+    assert fast > 2.0 * slow
+    # a fair share of the whole cluster: 2/3 of it slow slots, 1/3 fast ones
+    assert job.speedup.base_goodput() == pytest.approx((8 * slow + 4 * fast) / 12)
     # one type: the untyped model, unchanged
     flat = job_for_allocator(v, cluster.untyped(), Options(), fixed_batch=False, share=share)
     assert flat.speedup is v.goodput_model
@@ -205,3 +208,37 @@ def test_typed_goodput_factors_are_checked_and_leave_the_base_alone():
     assert scaled.base_goodput() == plain.base_goodput()
     with pytest.raises(InvalidProblem, match="factor of type 'fast'"):
         TypedGoodput.of(models, bases, {"fast": 0.0})
+
+
+def test_the_speedup_base_weights_each_types_fair_share_goodput_by_its_slots():
+    from pollux_opt.model.allocate import to_problem
+
+    models = {"slow": model(1.0), "fast": model(3.0)}
+    bases = {"slow": (1, 2), "fast": (1, 2)}
+    slow, fast = (float(models[t].optimize(1, 2).goodput) for t in ("slow", "fast"))
+    assert TypedGoodput.of(models, bases).base_goodput() == pytest.approx(slow)  # no weights: the lowest
+    weighted = TypedGoodput.of(models, bases, weights={"slow": 8.0, "fast": 4.0})
+    assert weighted.base_goodput() == pytest.approx((8 * slow + 4 * fast) / 12)
+    assert weighted.base_goodput(types=("fast",)) == pytest.approx(fast)
+    # the allocator's speedups divide by it: below 1 on the slow type at the base shape, above on the fast one
+    problem = to_problem(two_types(), [Job("a", weighted, max_replicas=8)], Options(spread_penalty=0.0))
+    assert problem.lookup_speedup(0, 1, 2, types=0) == pytest.approx(slow / weighted.base_goodput())
+    assert problem.lookup_speedup(0, 1, 2, types=1) == pytest.approx(fast / weighted.base_goodput())
+
+
+def test_typed_goodput_weights_are_checked():
+    models = {"slow": model(1.0), "fast": model(3.0)}
+    bases = {"slow": (1, 2), "fast": (1, 2)}
+    with pytest.raises(InvalidProblem, match="weight of type 'fast' must be a finite number > 0"):
+        TypedGoodput.of(models, bases, weights={"slow": 1.0, "fast": 0.0})
+    with pytest.raises(InvalidProblem, match="type 'fast' has a model but no weight"):
+        TypedGoodput.of(models, bases, weights={"slow": 1.0})
+
+
+def test_the_speedup_base_on_one_type_is_its_fair_share_goodput():
+    from pollux_opt.scheduling.policies.views import type_gpus
+
+    cluster = Cluster.from_types(ClusterTypes((NodeType("aws", 2, 4),)))
+    assert type_gpus(cluster, cluster.types) == {"aws": 8.0}
+    one = TypedGoodput.of({"aws": model(1.0)}, {"aws": (1, 4)}, weights={"aws": 8.0})
+    assert one.base_goodput() == pytest.approx(float(model(1.0).optimize(1, 4).goodput))

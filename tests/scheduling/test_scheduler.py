@@ -249,11 +249,13 @@ class FakeJob(JobHandle):
             self.state, self.final_metric = "completed", 0.99
             self._record(self.until, "verified", metric=0.99, reached=True)
 
-    def start(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None):
+    def start(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
+              cgroups=None):
         self._update()
         self._go(dict(replicas), "start", FAKE_START_S)
 
-    def rescale(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None):
+    def rescale(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
+                cgroups=None):
         self._update()
         if self.state in ("pending", "stopped"):
             self._go(dict(replicas), "start", FAKE_START_S)

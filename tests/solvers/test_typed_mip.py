@@ -1,7 +1,9 @@
-"""The typed MIP's shortcuts: packing the LP's integral choices, and runs without a warm start."""
+"""The typed MIP's shortcuts: packing the LP's integral choices (greedily, then as a MIP), the
+LP dive, runs without a warm start, and the relaxation's and pruning's vectorised steps."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from solvers import Status, solve, violations
@@ -19,7 +21,7 @@ def test_packing_the_lp_choices_reaches_the_full_mip_optimum(monkeypatch):
     problems = [_sia(seed, interference_avoidance=seed % 2 == 1) for seed in range(8)]
     packed = [solve(p, "milp", mip_gap=0.0) for p in problems]
     assert any(r.message.startswith(PACKED) for r in packed)  # the shortcut is exercised
-    monkeypatch.setattr(highs, "_pack_lp_choices", lambda call, x, lp_bound: None)
+    monkeypatch.setattr(highs, "_pack_lp_choices", lambda call, x, lp_bound, packer=None: None)
     full = [solve(p, "milp", mip_gap=0.0) for p in problems]
     for problem, a, b in zip(problems, packed, full):
         assert not violations(problem, a.placement)
@@ -33,7 +35,7 @@ def test_a_packing_that_falls_short_of_the_lp_bound_leaves_the_full_mip_to_run(m
     real = highs._pack_lp_choices
     declined = []
 
-    def raised(call, x, lp_bound):
+    def raised(call, x, lp_bound, packer=None):
         out = real(call, x, lp_bound + 1.0)
         declined.append(out is None)
         return out
@@ -53,3 +55,65 @@ def test_untyped_rounds_never_pack_the_lp_choices():
     for seed in range(6):
         result = solve(random_problem(seed, num_nodes=16, cpus_per_node=4, num_jobs=40), "milp")
         assert not result.message.startswith(PACKED)
+
+
+def test_greedily_packed_lp_choices_match_the_packing_mip(monkeypatch):
+    from solvers.milp import solve as milp_solve
+
+    problems = [_sia(seed, interference_avoidance=seed % 3 != 0) for seed in range(10)]
+    greedy = [solve(p, "milp", mip_gap=0.0) for p in problems]
+    assert any("packed greedily" in r.message for r in greedy)  # the greedy is exercised
+    monkeypatch.setattr(milp_solve, "pack_choices", lambda *args: None)
+    mip = [solve(p, "milp", mip_gap=0.0) for p in problems]
+    for problem, a, b in zip(problems, greedy, mip):
+        assert "packed greedily" not in b.message
+        assert not violations(problem, a.placement)
+        assert a.status is Status.OPTIMAL and b.status is Status.OPTIMAL
+        assert a.objective == pytest.approx(b.objective, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [28, 32, 37])
+def test_a_dive_that_leaves_a_job_nothing_gives_way_to_the_full_mip(seed):
+    # On these 128-GPU clusters the LP's whole choices leave an undecided job no room.
+    problem = random_typed_problem(seed, (8, 6, 6), (4, 8, 8), 60)
+    result = solve(problem, "milp", formulation="large")
+    assert not violations(problem, result.placement)
+    assert result.gap <= 1e-2
+    assert not result.message.startswith("LP dive")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_replica_front_gives_the_same_cpu_use_at_every_price(seed):
+    from solvers.milp.bound import _entries
+    from solvers.milp.options import option_table
+
+    problem = _sia(seed)
+    e = _entries(problem, option_table(problem))
+    front = e.front()
+    assert front.worth.size < e.worth.size
+    for lam in np.random.default_rng(seed).uniform(0.0, 0.5, 40).tolist() + [0.0]:
+        assert front.used(lam, 0.0, front.reps) == e.used(lam, 0.0, e.reps)
+
+
+def _naive_typed_prune(problem) -> np.ndarray:
+    keep = np.ones(problem.num_configs, dtype=bool)
+    group = problem.cfg_job * problem.num_types + problem.cfg_type
+    for c in range(problem.num_configs):
+        n, k, s = problem.cfg_nodes[c], problem.cfg_replicas[c], problem.cfg_speedup[c]
+        for o in np.flatnonzero(group == group[c]):
+            n2, k2 = problem.cfg_nodes[o], problem.cfg_replicas[o]
+            if problem.cfg_speedup[o] >= s and (n2, k2) != (n, k) and n2 <= n and k2 <= -(-k * n2 // n):
+                keep[c] = False
+                break
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_typed_pruning_matches_the_pairwise_rule_both_ways(seed, monkeypatch):
+    from solvers.milp import options
+
+    problem = random_typed_problem(seed, (3, 2), (4, 8), 6)
+    dense = options.prune_dominated(problem)
+    assert np.array_equal(dense, _naive_typed_prune(problem))
+    monkeypatch.setattr(options, "DENSE_PRUNE_CELLS", 0)  # the sparse search
+    assert np.array_equal(options.prune_dominated(problem), dense)

@@ -50,6 +50,7 @@ from pollux_opt.backends.local.cpus import CpuPinning
 from pollux_opt.backends.local.handle import JobFactory, JobOpener, elastic_factory, elastic_opener, make_options
 from pollux_opt.backends.local.handle import new_pool
 from pollux_opt.backends.local.lifecycle import STOP_GRACE_S, RunLifecycle
+from pollux_opt.backends.local.nodes import RunNodes
 from pollux_opt.model import Cluster
 from pollux_opt.records.events import EventLog
 from pollux_opt.records.files import safe_name
@@ -109,6 +110,17 @@ class RealBackend(RunLifecycle):
         poll_s, report_every_s: polling and report periods, seconds.
         should_stop: polled while advancing; once true, :meth:`advance` raises
             :class:`RunStopping` (see the module docstring).
+        cpu_quota: ``{node type: fraction}`` of the cluster's throttled types:
+            their nodes get a cgroup CPU quota (:class:`~pollux_opt.backends.local.nodes.RunNodes`,
+            removed by :meth:`close`); raises :class:`~pollux_opt.backends.local.nodes.ThrottleRefused`
+            where cgroups cannot be written.
+
+    **Node types.**  On a cluster of several node types each command tells the
+    job the type of every node it is placed on (its step times go to that
+    type's measurements), and each view carries the job's per-type goodput
+    models (``JobView.goodput_models``, see
+    :meth:`pollux_opt.runtime.report.JobReport.goodput_models`).  On an untyped
+    cluster commands and views carry neither.
     """
 
     def __init__(
@@ -130,6 +142,7 @@ class RealBackend(RunLifecycle):
         poll_s: float = POLL_S,
         report_every_s: float = REPORT_EVERY_S,
         should_stop: Callable[[], bool] = lambda: False,
+        cpu_quota: Mapping[str, float] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.workload = workload
@@ -156,7 +169,19 @@ class RealBackend(RunLifecycle):
         self._measured_delays: list[float] = []
         self._sent: dict[str, tuple] = {}  # job id -> (cpus, batch) of the last command applied
         self._queued: list[tuple] = []
-        self._restore()
+        self.nodes = RunNodes(cluster, cpu_quota)
+        try:
+            self._restore()
+        except BaseException:
+            self.nodes.close()
+            raise
+
+    def close(self, *, graceful: bool = True, timeout: float = STOP_GRACE_S) -> None:
+        """Stop the jobs and end the workers (see :class:`RunLifecycle`), then remove the node cgroups."""
+        try:
+            super().close(graceful=graceful, timeout=timeout)
+        finally:
+            self.nodes.close()
 
     # ------------------------------------------------------------------ clock
     def now(self) -> float:
@@ -295,7 +320,8 @@ class RealBackend(RunLifecycle):
         for job in self.jobs.values():
             if not job.submitted or job.finished or job.handle is None:
                 continue
-            view = polling.job_view(job, now, self._max_replicas(job), fallback)
+            view = polling.job_view(job, now, self._max_replicas(job), fallback,
+                                    types=self.nodes.types)
             if view is not None:
                 out.append(view)
         return out
@@ -311,7 +337,7 @@ class RealBackend(RunLifecycle):
             batch = self._decided_batch(job, target, decision)
             job.account(now)
             try:
-                polling.command(job.handle, job.started, target, cpus, batch)
+                polling.command(job.handle, job.started, target, cpus, batch, **self.nodes.command_kwargs(target))
             except InvalidProblem as exc:
                 # The job finished (or failed) since the views were read; the next poll records it.
                 log.warning("job %s: could not apply %s: %s", job.id, target, exc)
@@ -350,7 +376,8 @@ class RealBackend(RunLifecycle):
             if batch == sent:
                 continue
             try:
-                polling.command(job.handle, True, job.placement, cpus, batch)
+                polling.command(job.handle, True, job.placement, cpus, batch,
+                                **self.nodes.command_kwargs(job.placement))
             except InvalidProblem as exc:
                 log.warning("job %s: could not apply batch %s: %s", job.id, batch, exc)
                 continue

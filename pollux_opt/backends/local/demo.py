@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from solvers import InvalidProblem
+
 from pollux_opt.backends.local.rundir import CONFIG_FILE, EVENTS_FILE
 from pollux_opt.backends.local.run import DEFAULT_INTERVAL_S, run_workload
 from pollux_opt.model import Cluster
+from pollux_opt.model.cluster_types import ClusterTypes
 from pollux_opt.records.events import read_events
 from pollux_opt.records.files import atomic_write_json, safe_name
 
@@ -24,6 +27,21 @@ DEMO_POLICIES = ("fixed", "dynamic", "pollux")
 COMPARISON_FILE = "comparison.json"
 
 
+def _check_policies(policies: tuple[str, ...]) -> None:
+    """Every name registered and none twice, before the first run starts (one run
+    directory per policy)."""
+    from pollux_opt.scheduling.policies import policy_names
+
+    known = policy_names()
+    if not policies:
+        raise InvalidProblem("policies must name at least one policy")
+    for name in policies:
+        if name not in known:
+            raise InvalidProblem(f"policies: unknown policy {name!r} (known: {', '.join(known)})")
+    if len(set(policies)) < len(policies):
+        raise InvalidProblem(f"policies: a policy named twice in {list(policies)}")
+
+
 def run_demo(
     out_dir: str | os.PathLike,
     workload: str = "mixed",
@@ -31,7 +49,7 @@ def run_demo(
     quick: bool = False,
     interval: float | None = None,
     policies: tuple[str, ...] = DEMO_POLICIES,
-    cluster: Cluster | None = None,
+    cluster: Cluster | ClusterTypes | None = None,
     progress: bool = True,
     import_dir: str | os.PathLike | None = None,
 ) -> dict[str, dict]:
@@ -42,11 +60,14 @@ def run_demo(
     just has its summary recomputed).  ``interval`` defaults to
     :data:`QUICK_INTERVAL_S` with ``quick``, else :data:`DEFAULT_INTERVAL_S`.
     ``import_dir``: where a workload file's user jobs are imported from
-    (:func:`~pollux_opt.workloads.load.load_workload`).
+    (:func:`~pollux_opt.workloads.load.load_workload`).  ``cluster``: as in
+    :func:`~pollux_opt.backends.local.run.run_workload` (a node-type description
+    runs every policy on the same typed, throttled nodes).
     """
     from pollux_opt.records.plots import plot_all
     from pollux_opt.workloads.load import load_workload
 
+    _check_policies(policies)
     wl = load_workload(workload, quick=quick, import_dir=import_dir)
     interval = interval if interval is not None else (QUICK_INTERVAL_S if quick else DEFAULT_INTERVAL_S)
     out = Path(out_dir)

@@ -34,7 +34,11 @@ class JobHandle(Protocol):
     """One training job as the real backend drives it.
 
     Placements are ``{node id: replicas}``; ``cpus`` are CPU ids, one per
-    replica in rank order, to pin the workers to (None: not pinned).  The
+    replica in rank order, to pin the workers to (None: not pinned).  On a
+    cluster of several node types, or one with throttled nodes, ``start`` and
+    ``rescale`` also get ``node_types`` and ``cgroups`` (``{node id: type}``,
+    ``{node id: cgroup directory}`` of the placement's nodes; see
+    :class:`~pollux_opt.runtime.allocation.WorkerAllocation`); otherwise never.  The
     commands return at once; the job reports their outcome through
     :meth:`report` (``JobReport.events``).  A command on a completed or failed
     job raises :class:`solvers.InvalidProblem`.
@@ -42,13 +46,15 @@ class JobHandle(Protocol):
 
     def start(self, replicas: Mapping[str, int], num_nodes: int | None = None, *,
               cpus: Sequence[int] | None = None, local_bsz: int | None = None,
-              accum_steps: int | None = None) -> None:
+              accum_steps: int | None = None, node_types: Mapping[str, str] | None = None,
+              cgroups: Mapping[str, str] | None = None) -> None:
         """Start on a placement, resuming from the newest good checkpoint if there
         is one; with ``local_bsz``/``accum_steps``, run that batch configuration."""
 
     def rescale(self, replicas: Mapping[str, int], num_nodes: int | None = None, *,
                 cpus: Sequence[int] | None = None, local_bsz: int | None = None,
-                accum_steps: int | None = None) -> None:
+                accum_steps: int | None = None, node_types: Mapping[str, str] | None = None,
+              cgroups: Mapping[str, str] | None = None) -> None:
         """Move to a new placement (a stopped or pending job is started); the
         same placement and CPUs with another batch configuration switch the
         batch without a restart."""

@@ -32,7 +32,7 @@ from pollux_opt.scheduling.loop import Decision, JobView
 
 __all__ = [
     "VIEW_STATE", "Translation", "checkpoint_events", "command", "complete_fields", "final_model",
-    "job_view", "max_feasible_replicas", "model_of", "plan_moves", "report_fields", "state_name",
+    "job_view", "max_feasible_replicas", "model_of", "models_of", "plan_moves", "report_fields", "state_name",
     "translate_runtime_events",
 ]
 
@@ -79,12 +79,19 @@ def final_model(report):
         return model
     from pollux_opt.model import GoodputModel, GradientStats
 
-    try:
-        params = report.measurements.fit()
-    except (InvalidProblem, ValueError, FloatingPointError):
+    params = _fit_here(report.measurements)
+    if params is None:
         return None
     stats = report.grad_stats or GradientStats(1.0, 0.0, report.limits.init_batch_size)
     return GoodputModel(params, stats, report.limits)
+
+
+def _fit_here(measurements):
+    """Throughput parameters fitted to ``measurements`` (None: no rows, or the fit failed)."""
+    try:
+        return measurements.fit()
+    except (InvalidProblem, ValueError, FloatingPointError):
+        return None
 
 
 def _max_profiled(report) -> int:
@@ -218,10 +225,25 @@ def report_fields(job: JobBookkeeping, report, now: float) -> dict | None:
     }
 
 
+def type_models_json(report) -> dict[str, dict]:
+    """``{node type: goodput model JSON}`` of the types the job has measured (its own
+    fit there, no projections), for the ``complete`` event; a type measured after
+    the runtime's last periodic fit (a short job) is fitted here, as in :func:`final_model`."""
+    from pollux_opt.model import GoodputModel
+    from pollux_opt.runtime.agent import neutral_stats
+
+    stats = report.grad_stats or neutral_stats(report.limits)
+    params = {t: report.type_params.get(t) or _fit_here(m) for t, m in report.type_measurements.items()}
+    return {t: goodput_model_to_json(GoodputModel(p, stats, report.limits)) for t, p in params.items()
+            if p is not None}
+
+
 def complete_fields(job: JobBookkeeping, report, now: float) -> dict:
-    """Fields of the job's ``complete`` event (its CPU-seconds brought up to ``now`` first)."""
+    """Fields of the job's ``complete`` event (its CPU-seconds brought up to ``now`` first;
+    ``type_models`` on a cluster of several node types, :func:`type_models_json`)."""
     job.account(now)
-    return {
+    typed = {"type_models": type_models_json(report)} if getattr(report, "type_measurements", None) else {}
+    return {**typed,
         "verified": True, "value": report.final_metric, "metric": report.metric_name, "target": report.target,
         "progress": report.progress, "step": report.step, "model": goodput_model_to_json(final_model(report)),
         "startup_s": job.startup_s, "verify_s": now - job.target_t if math.isfinite(job.target_t) else None,
@@ -229,11 +251,23 @@ def complete_fields(job: JobBookkeeping, report, now: float) -> dict:
     }
 
 
-def job_view(job: JobBookkeeping, now: float, max_replicas: int, fallback_delay: float) -> JobView | None:
+def models_of(report, types: Sequence[str]):
+    """The job's per-type goodput models on ``types``, or None while it has none."""
+    models = getattr(report, "goodput_models", None)  # a stand-in handle's report may have none
+    try:
+        return None if models is None else models(tuple(types)) or None
+    except (InvalidProblem, ValueError):
+        return None
+
+
+def job_view(job: JobBookkeeping, now: float, max_replicas: int, fallback_delay: float,
+             types: Sequence[str] | None = None) -> JobView | None:
     """What a policy sees of ``job`` at ``now`` (None: nothing to decide for it).
 
     Its restart delay is the median of its own measured rescales (else starts),
-    else ``fallback_delay``; its CPU-seconds are brought up to ``now``.
+    else ``fallback_delay``; its CPU-seconds are brought up to ``now``.  On a
+    cluster of several node ``types`` the view carries the job's per-type
+    goodput models (:func:`models_of`).
     """
     state = VIEW_STATE.get(job.state, "pending")
     if state is None or state in ("completed", "failed") or job.report is None:
@@ -252,6 +286,7 @@ def job_view(job: JobBookkeeping, now: float, max_replicas: int, fallback_delay:
         submitted_replicas=job.wl.replicas, submitted_batch_size=job.wl.batch_size,
         goodput_model=model_of(report), restart_delay=delay, progress=float(report.progress),
         attained_service=job.cpu_seconds, max_profiled_replicas=_max_profiled(report), weight=job.wl.weight,
+        goodput_models=None if types is None else models_of(report, types),
     )
 
 
@@ -278,13 +313,17 @@ def plan_moves(jobs: Iterable[JobBookkeeping], decision: Decision,
 
 
 def command(handle: JobHandle, started: bool, target: Mapping[str, int], cpus: Sequence[int] | None,
-            batch=None) -> None:
+            batch=None, **nodes: Mapping[str, str]) -> None:
     """Move a job to ``target``: stop it (``{}``), start it (first placement) or rescale it.
 
     ``batch`` (a :class:`~pollux_opt.model.BatchConfig`): the configuration to
     run, pinned until the next command; None: the job chooses its own.
+    ``nodes``: ``node_types`` and ``cgroups`` of the target's nodes, on a typed
+    or throttled cluster (see :class:`~pollux_opt.runtime.allocation.WorkerAllocation`).
     """
     pin = {} if batch is None else {"local_bsz": batch.local_bsz, "accum_steps": batch.accum_steps}
+    if target:
+        pin.update(nodes)
     if not target:
         handle.stop()
     elif not started:

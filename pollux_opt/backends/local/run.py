@@ -21,7 +21,9 @@ from pollux_opt.backends.local.console import ConsoleProgress
 from pollux_opt.backends.local.rundir import EVENTS_FILE, SUMMARY_FILE, cluster_from_json, open_run_config
 from pollux_opt.backends.local.runlock import hold_run_lock
 from pollux_opt.backends.local.signals import RunInterrupted, StopSignals
+from pollux_opt.backends.local.nodes import check_throttle, typed_cluster
 from pollux_opt.model import Cluster
+from pollux_opt.model.cluster_types import ClusterTypes
 from pollux_opt.records.events import EventLog, read_events, repair_log
 from pollux_opt.records.files import atomic_write_json
 from pollux_opt.workloads.job import Workload
@@ -40,7 +42,7 @@ def run_workload(
     workload: Workload | None = None,
     policy: str | None = None,
     *,
-    cluster: Cluster | None = None,
+    cluster: Cluster | ClusterTypes | None = None,
     interval: float = DEFAULT_INTERVAL_S,
     pin_cpus: bool = True,
     runtime_options: Mapping[str, Any] | None = None,
@@ -64,7 +66,10 @@ def run_workload(
         workload: the jobs and arrivals (new runs).
         policy: a registered policy that runs on real jobs (new runs; see
             :func:`pollux_opt.scheduling.policies.policy_names`).
-        cluster: nodes and CPUs (default: this machine, one node).
+        cluster: nodes and CPUs (default: this machine, one node), or a
+            node-type description (:func:`~pollux_opt.backends.local.nodes.typed_cluster`:
+            typed nodes, and a cgroup CPU quota on the nodes of a type with
+            ``cpu_quota`` < 1).
         interval: seconds between scheduling rounds (default :data:`DEFAULT_INTERVAL_S`).
         pin_cpus: pin replicas to CPUs (see :class:`RealBackend`).
         runtime_options: extra RuntimeOptions fields for every job.
@@ -77,17 +82,23 @@ def run_workload(
     Raises:
         InvalidProblem: bad arguments, a mismatch with the stored run, an
             unreadable event log, or another scheduler using ``run_dir``.
+        ThrottleRefused: a throttled node type where cgroups cannot be written
+            (an InvalidProblem; raised before the run directory is written).
         RunInterrupted: a stop signal stopped the run (resumable).
     """
     from pollux_opt.records.metrics import summarize
 
+    quotas: dict[str, float] = {}
+    if isinstance(cluster, ClusterTypes):
+        cluster, quotas = typed_cluster(cluster)
+        check_throttle(quotas)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with hold_run_lock(run_dir), StopSignals() as signals:
         if repair:
             repair_log(run_dir / EVENTS_FILE)
         cfg, resumed = open_run_config(run_dir, workload, policy, cluster=cluster, interval=interval,
-                                       pin_cpus=pin_cpus, runtime_options=runtime_options)
+                                       pin_cpus=pin_cpus, runtime_options=runtime_options, cpu_quota=quotas)
         _run(run_dir, cfg, resumed, signals, progress, backend_kwargs, backend_class)
         summary = summarize(read_events(run_dir / EVENTS_FILE))
         summary["workload"] = cfg["workload"]["name"]
@@ -113,11 +124,13 @@ def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress
                     workload=workload.name, cluster_cpus=cluster.total_cpus,
                     node_cpus=max(n.cpus for n in cluster.nodes), cluster=cfg["cluster"],
                     interval_s=cfg["interval_s"])
+        extra = dict(backend_kwargs or {})
+        if cfg.get("cpu_quota"):
+            extra["cpu_quota"] = cfg["cpu_quota"]
         backend = backend_class(
             run_dir, workload, cluster, events, adapts_batch=pol.adapts_batch,
             started_unix=cfg["started_unix"], pin_cpus=cfg["pin_cpus"],
-            runtime_options=cfg["runtime_options"], should_stop=signals.requested,
-            **dict(backend_kwargs or {}),
+            runtime_options=cfg["runtime_options"], should_stop=signals.requested, **extra,
         )
         try:
             _loop(backend, pol, events, cfg["interval_s"], progress)

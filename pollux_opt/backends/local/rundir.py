@@ -1,6 +1,6 @@
 """The run directory of a real run, and its configuration::
 
-    run_dir/config.json     policy, workload, cluster, interval, start time (written once)
+    run_dir/config.json     policy, workload, cluster (node types, CPU quotas), interval, start time (written once)
     run_dir/events.jsonl    the event log (see pollux_opt.records.events)
     run_dir/summary.json    metrics (pollux_opt.records.metrics), written at the end
     run_dir/jobs/<id>/      each job's work directory (checkpoints, logs)
@@ -22,6 +22,7 @@ from solvers import InvalidProblem
 
 from pollux_opt.backends.local.cpus import default_cluster
 from pollux_opt.model import Cluster, Node
+from pollux_opt.model.cluster import DEFAULT_NODE_TYPE
 from pollux_opt.model.domains import check
 from pollux_opt.records.files import atomic_write_json
 from pollux_opt.scheduling.loop import ROUND_INTERVAL
@@ -57,15 +58,18 @@ def load_run_config(run_dir: str | os.PathLike) -> dict:
 
 
 def cluster_to_json(cluster: Cluster) -> list[dict]:
-    """The cluster as ``[{"id": node id, "cpus": CPUs}, ...]``."""
-    return [{"id": n.id, "cpus": n.cpus} for n in cluster.nodes]
+    """The cluster as ``[{"id": node id, "cpus": CPUs}, ...]``, with ``"type"`` on
+    every node of a cluster described by node types."""
+    if all(n.type == DEFAULT_NODE_TYPE for n in cluster.nodes):
+        return [{"id": n.id, "cpus": n.cpus} for n in cluster.nodes]
+    return [{"id": n.id, "cpus": n.cpus, "type": n.type} for n in cluster.nodes]
 
 
 def cluster_from_json(data: list[dict]) -> Cluster:
     """Inverse of :func:`cluster_to_json`."""
     try:
-        return Cluster(tuple(Node(str(n["id"]), n["cpus"]) for n in data))
-    except (KeyError, TypeError) as exc:
+        return Cluster(tuple(Node(str(n["id"]), n["cpus"], n.get("type", DEFAULT_NODE_TYPE)) for n in data))
+    except (KeyError, TypeError, AttributeError) as exc:
         raise InvalidProblem(f"bad cluster in run config: {data!r}") from exc
 
 
@@ -86,6 +90,7 @@ def open_run_config(
     interval: float,
     pin_cpus: bool,
     runtime_options: Mapping[str, Any] | None,
+    cpu_quota: Mapping[str, float] | None = None,
 ) -> tuple[dict, bool]:
     """The run's configuration and whether it resumes an earlier run.
 
@@ -93,6 +98,9 @@ def open_run_config(
     given, must match it.  Otherwise both are required and a new
     ``config.json`` is written from the arguments (``cluster`` None: this
     machine, one node), stamped with the current Unix time as the run's start.
+    ``cpu_quota``: ``{node type: fraction}`` of the cluster's throttled types
+    (stored as ``"cpu_quota"``, only where there is one; see
+    :mod:`~pollux_opt.backends.local.nodes`).
 
     Raises:
         InvalidProblem: a mismatch with the stored run, a new run without a
@@ -116,5 +124,11 @@ def open_run_config(
         "cluster": cluster_to_json(cluster), "interval_s": float(interval), "pin_cpus": bool(pin_cpus),
         "runtime_options": dict(runtime_options or {}), "started_unix": time.time(),
     }
+    if cpu_quota:
+        unknown = sorted(set(cpu_quota) - set(cluster.types))
+        if unknown:
+            raise InvalidProblem(f"cpu_quota names node type {unknown[0]!r}, which the cluster lacks "
+                                 f"(types: {list(cluster.types)})")
+        cfg["cpu_quota"] = {t: float(q) for t, q in cpu_quota.items()}
     atomic_write_json(run_dir / CONFIG_FILE, cfg)
     return cfg, False

@@ -33,7 +33,7 @@ from solvers import InvalidProblem
 
 from pollux_opt.backends.sim.typed_profiles import TypedProfile
 from pollux_opt.model import BatchLimits, GoodputModel
-from pollux_opt.model.hetero import bootstrap_ratio, project_params, projection_source
+from pollux_opt.model.hetero import project_params, projection_plan
 from pollux_opt.runtime.agent import REFIT_GROWTH, JobAgent
 from pollux_opt.runtime.measurements import ConfigKey
 
@@ -107,28 +107,15 @@ class TypedJobState:
         for agent in self.agents.values():
             agent.update_stats(stats)
 
-    def _measured(self) -> dict[str, dict[int, float]]:
-        """``{type: {replicas: 1.0}}`` of the replica counts each type has measured
-        (what :func:`projection_source` ranks types by)."""
-        return {t: dict.fromkeys(a.measurements.num_replicas.tolist(), 1.0) for t, a in self.agents.items()}
-
     def models(self) -> dict[str, GoodputModel]:
-        """The job's goodput model per type (own fit, or projected; see the module docstring)."""
-        measured = self._measured()
-        out = {}
-        for t, agent in self.agents.items():
-            own = agent.model()
-            if own is None or len(agent.measurements.num_replicas) > 1:
-                if own is not None:  # the job has run on this type: its own measurements win
-                    out[t] = own
-                continue
-            source = projection_source(measured, t)
-            src = None if source is None else self.agents[source].model()
-            if src is None:
-                out[t] = own
-                continue
-            out[t] = self._project(t, src, bootstrap_ratio(self.one_replica, t, source))
-        return out
+        """The job's goodput model per type (own fit, or projected; see the module
+        docstring): :func:`pollux_opt.model.hetero.projection_plan`, the rule the
+        real runtime's reports use too."""
+        own = {t: agent.model() for t, agent in self.agents.items()}
+        replicas = {t: a.measurements.num_replicas.tolist() for t, a in self.agents.items()}
+        plan = projection_plan(tuple(self.agents), replicas, {t for t, m in own.items() if m is not None},
+                               self.one_replica)
+        return {t: own[t] if src == t else self._project(t, own[src], ratio) for t, (src, ratio) in plan.items()}
 
     def _project(self, t: str, source: GoodputModel, ratio: float) -> GoodputModel:
         """``source`` carried over to type ``t`` at ``ratio`` (cached while the source model stands)."""

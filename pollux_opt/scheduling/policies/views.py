@@ -31,6 +31,7 @@ __all__ = [
     "replica_cap",
     "requested_replicas",
     "submitted_batch",
+    "type_gpus",
     "type_move_factors",
     "typed_goodput",
 ]
@@ -164,8 +165,10 @@ def _base_of(lim, view: JobView, share: tuple[int, int], fixed_batch: bool) -> t
 def typed_goodput(view: JobView, cluster: Cluster, share: tuple[int, int], fixed_batch: bool) -> TypedGoodput | None:
     """The job's per-type goodput models on a cluster of several node types, each
     with its fair-share base (:func:`_feasible_base` under that type's limits),
-    over the common speedup base (:func:`pollux_opt.model.hetero.speedup_base`);
-    None on a one-type cluster or without per-type models.  The exploration cap
+    over one common speedup base: the mean of the fair-share goodputs over the
+    types weighted by each type's slots (:func:`type_gpus`), the goodput of a
+    fair share of the whole cluster; None on a one-type cluster or without
+    per-type models.  The exploration cap
     (:func:`replica_cap`) counts the replicas measured on any type, as Sia
     shares a job's replica limit over the types it projects to.
 
@@ -177,7 +180,15 @@ def typed_goodput(view: JobView, cluster: Cluster, share: tuple[int, int], fixed
     if not models:
         return None
     return TypedGoodput.of(models, {t: _base_of(m.limits, view, share, fixed_batch) for t, m in models.items()},
-                           type_move_factors(view, cluster, tuple(models)))
+                           type_move_factors(view, cluster, tuple(models)), type_gpus(cluster, tuple(models)))
+
+
+def type_gpus(cluster: Cluster, types: Sequence[str]) -> dict[str, float]:
+    """``{type: replica slots of the cluster's nodes of that type}``: each type's
+    weight in a job's speedup base (:meth:`TypedGoodput.base_goodput`), so that
+    the base is the goodput of a fair share of the whole cluster, which holds
+    that share of every type's slots."""
+    return {t: float(sum(n.cpus for n in cluster.of_type(t))) for t in types}
 
 
 def type_move_factors(view: JobView, cluster: Cluster, types: Sequence[str]) -> dict[str, float]:

@@ -1,0 +1,113 @@
+"""The fair-jct section of ``docs/results.md`` (:mod:`results_doc` renders it):
+fair-jct against Pollux on the AdaptDL and Philly workloads, the diagnosis of
+where the mean JCT goes, the screened variants and the remaining-work
+estimator's error."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from results_format import md_table, missing, ordered, pct, reduction, seconds, short, workload_key
+
+if TYPE_CHECKING:
+    from results_doc import Results
+
+#: Display names of the section's policies, in table order.
+FAIR_JCT_POLICIES = {"pollux": "Pollux", "fair-jct": "fair-jct", "fair-jct-oracle": "fair-jct+oracle (bound)"}
+
+
+def fair_jct_section(results: Results) -> list[str]:
+    """fair-jct against Pollux (experiments/fair_jct.py); Pollux rows missing from
+    fair_jct.csv are taken from sim_compare.csv (same simulator and settings)."""
+    if results.fair_jct is None:
+        return []
+    df = results.fair_jct
+    base = results.compare[results.compare.policy == "pollux"].assign(set="adaptdl", jain_index=math.nan)
+    have = set(zip(df.workload, df.policy))
+    extra = base[[(w, "pollux") not in have for w in base.workload]]
+    extra = extra[extra.workload.isin(df.workload)]
+    df = pd.concat([df, extra[["set", "workload", "policy", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index",
+                               "wall_s"]]], ignore_index=True)
+    # per set: the means over its workloads (NaN where a workload lacks the figure), for the
+    # policies run on all of the set's workloads
+    means = df.groupby(["set", "policy"], as_index=False)[["avg_jct_s", "p99_jct_s", "worst_rho", "jain_index",
+                                                           "wall_s"]].agg(lambda x: x.mean(skipna=False))
+    runs = df.groupby(["set", "policy"]).workload.nunique()
+    full = runs.groupby(level="set").transform("max")
+    means = means[[bool(runs[(s, p)] == full[(s, p)]) for s, p in zip(means.set, means.policy)]]
+    df = pd.concat([df, means.assign(workload=[f"mean {s}" for s in means.set])], ignore_index=True)
+    rows = []
+    order = lambda n: (n.startswith("mean "), not n.startswith("workload"), workload_key(n))  # noqa: E731
+    for w in sorted(dict.fromkeys(df.workload), key=order):
+        sub = df[df.workload == w].set_index("policy")
+        ref = float(sub.avg_jct_s["pollux"]) if "pollux" in sub.index else math.nan
+        for p in ordered(sub.index, FAIR_JCT_POLICIES):
+            r = sub.loc[p]
+            rows.append([str(w), FAIR_JCT_POLICIES[p], seconds(r.avg_jct_s),
+                         "-" if p == "pollux" or missing(ref) else pct(reduction(float(r.avg_jct_s), ref), 1),
+                         seconds(r.p99_jct_s), short(r.worst_rho),
+                         "-" if missing(r.jain_index) else f"{r.jain_index:.3f}", short(r.wall_s)])
+    lines = [
+        "## fair-jct: mean JCT with a finish-time fairness bound",
+        "",
+        "`experiments/fair_jct.py` (formulation in [`docs/fair-jct.md`](fair-jct.md)): Pollux's power mean "
+        "with online Gittins-index weights, a predicted-rho bound, a weight-scaled restart factor and an "
+        "exploration cap of 4, 16 x 4, interval 60 s, against Pollux "
+        "(from `sim_compare.csv` where the row is not in `fair_jct.csv`; those lack Jain's index). "
+        "`philly-Lx-sN` rows are workloads sampled from `philly.csv` at job load L, seed N; a "
+        "`-noiseS`, `-intervalI` or `-restartD` suffix marks a sensitivity setting (report noise S, "
+        "interval I s, restart delay D s instead of 30 s); a `mean` row averages its set's workloads "
+        "(for a Philly load, its seeds). \"below Pollux\" is the reduction of average JCT.",
+        "",
+        *md_table(["workload", "policy", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
+                   "Jain (1/rho)", "wall (s)"], rows, [False, False] + [True] * 6),
+        "",
+    ]
+    diag = results.fair_jct_diagnosis
+    if diag is not None:
+        drows = [[str(r.run), str(r.application), f"{r.jobs:.0f}", seconds(r.mean_jct_s), pct(r.share_of_mean),
+                  seconds(r.wait_s), f"{r.restarts:.1f}", seconds(r.restart_s), f"{r.mean_replicas:.1f}",
+                  f"{r.max_replicas:.1f}"] for r in diag.itertuples()]
+        lines += [
+            "Where the mean JCT goes, per application (`experiments/fair_jct_diagnose.py` on the runs' "
+            "events; wait: submission to first allocation; restarts and their seconds; replicas over the "
+            "rounds a job held any; means over the application's jobs):",
+            "",
+            *md_table(["run", "application", "jobs", "mean JCT (s)", "share of summed JCT", "wait (s)",
+                       "restarts", "restart time (s)", "mean replicas", "max replicas"], drows,
+                      [False, False] + [True] * 8),
+            "",
+        ]
+    screen = results.fair_jct_screen
+    if screen is not None:
+        ref = results.compare[results.compare.policy == "pollux"].set_index("workload").avg_jct_s
+        srows = [[str(r.workload), str(r.options), seconds(r.avg_jct_s),
+                  pct(reduction(float(r.avg_jct_s), float(ref[r.workload])), 1) if r.workload in ref.index else "-",
+                  seconds(r.p99_jct_s), short(r.worst_rho), f"{r.jain_index:.3f}"]
+                 for r in screen.sort_values(["workload", "avg_jct_s"]).itertuples()]
+        lines += [
+            "Screening of fair-jct's variants (`fair_jct_screen.csv`; options as in "
+            "[`docs/fair-jct.md`](fair-jct.md), \"Variants screened\"):",
+            "",
+            *md_table(["workload", "options", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
+                       "Jain (1/rho)"], srows, [False, False] + [True] * 5),
+            "",
+        ]
+    est = results.fair_jct_estimator
+    if est is not None:
+        erows = [[str(r.workload), str(r.variant), str(r.application), f"{r.samples:.0f}",
+                  pct(r.median_rel_error), pct(r.p90_rel_error), f"{r.median_ratio:.2f}"]
+                 for r in est.itertuples()]
+        lines += [
+            "Remaining-work estimate against the simulator's truth (`experiments/fair_jct_estimator.py`, "
+            "logged every few rounds for each job with a fitted model, the run's length and period in "
+            "[`docs/fair-jct.md`](fair-jct.md); relative error |estimate - truth| / truth):",
+            "",
+            *md_table(["workload", "estimator", "application", "samples", "median error", "p90 error",
+                       "median estimate / truth"], erows, [False, False, False, True, True, True, True]),
+            "",
+        ]
+    return lines
