@@ -151,10 +151,16 @@ def worker(sim: bool) -> None:
 
 
 def _run(code: str, path: str | None, sim: bool) -> list[dict]:
+    return run_worker(code, path, Path(__file__), ["--sim"] if sim else [])
+
+
+def run_worker(code: str, path: str | None, script: Path, flags: list[str]) -> list[dict]:
+    """The rows ``script --worker FLAGS`` prints (its last line, JSON), each tagged ``code``;
+    with ``path``, that folder's solvers come first (pollux_opt from the working tree)."""
     env = dict(os.environ)
     if path:
-        env["PYTHONPATH"] = path  # its solvers first; pollux_opt from the working tree
-    cmd = [sys.executable, *(["-P"] if path else []), str(Path(__file__)), "--worker", *(["--sim"] if sim else [])]
+        env["PYTHONPATH"] = path
+    cmd = [sys.executable, *(["-P"] if path else []), str(script), "--worker", *flags]
     log.info("measuring %s", code)
     out = subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
     return [{"code": code, **row} for row in json.loads(out.strip().splitlines()[-1])]

@@ -28,12 +28,11 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from solver_speed import _row as speed_row
-from solver_speed import _time, write_rows
+from solver_speed import _time, run_worker, write_rows
 
 log = logging.getLogger("solver_types")
 
@@ -112,13 +111,7 @@ def worker(typed: bool) -> None:
 
 
 def _run(code: str, path: str | None, typed: bool) -> list[dict]:
-    env = dict(os.environ)
-    if path:
-        env["PYTHONPATH"] = path  # its solvers first
-    cmd = [sys.executable, *(["-P"] if path else []), str(Path(__file__)), "--worker", *(["--typed"] if typed else [])]
-    log.info("measuring %s", code)
-    out = subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    return [{"code": code, **row} for row in json.loads(out.strip().splitlines()[-1])]
+    return run_worker(code, path, Path(__file__), ["--typed"] if typed else [])
 
 
 def main(argv: list[str] | None = None) -> int:

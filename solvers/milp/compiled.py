@@ -86,6 +86,16 @@ class CompiledModel:
     def num_rows(self) -> int:
         return int(self.A.shape[0])
 
+    def column_vector(self, values: dict) -> np.ndarray:
+        """float64[num_columns] of variable values by name (``g`` a dict keyed like
+        ``model.g``, missing keys 0); entries compiled away are dropped."""
+        x = np.zeros(self.num_columns)
+        for name in VARIABLES:
+            vals = np.array([values["g"].get(key, 0.0) for key in self.g_keys]) if name == "g" else values[name]
+            cols = self.index[name]
+            x[cols[cols >= 0]] = np.asarray(vals, dtype=np.float64)[cols >= 0]
+        return x
+
     def fits(self, coefs) -> bool:
         """True when the compiler, given objective ``coefs``, keeps exactly this model's columns."""
         for name, values in zip(("y", "k", "z"), (coefs.y_coef, coefs.k_coef, coefs.z_coef)):

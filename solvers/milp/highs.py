@@ -327,16 +327,8 @@ def _set_warm_start(call: _HighsCall, start: dict) -> None:
     """Hand HiGHS the warm start ``start`` (values by variable name) as its starting solution."""
     import highspy
 
-    x0 = np.zeros(call.form.num_columns)
-    for name in VARIABLES:
-        if name == "g":
-            vals = np.array([start["g"].get(key, 0.0) for key in call.form.g_keys])
-        else:
-            vals = start[name]
-        mask = call.index[name] >= 0
-        x0[call.index[name][mask]] = np.asarray(vals, dtype=np.float64)[mask]
     sol = highspy.HighsSolution()
-    sol.col_value = x0.tolist()
+    sol.col_value = call.form.column_vector(start).tolist()
     sol.value_valid = True
     call.h.setSolution(sol)
 

@@ -326,13 +326,7 @@ def test_every_feasible_placement_encodes_at_its_utility(problem, seed):
     # A placement that uses a dominated configuration needs the dominating one instead.
     assume(values is not None)
     form = compile_model(model)
-    x = np.zeros(form.num_columns)
-    for name in ("y", "k", "z", "h", "f"):
-        cols = form.index[name]
-        x[cols[cols >= 0]] = np.asarray(values[name], dtype=np.float64)[cols >= 0]
-    for key, col in zip(form.g_keys, form.index["g"].tolist()):
-        if col >= 0:
-            x[col] = values["g"].get(key, 0.0)
+    x = form.column_vector(values)
     activity = form.A @ x
     assert np.all(activity >= form.row_lo - 1e-9) and np.all(activity <= form.row_up + 1e-9)
     assert np.all(x >= form.col_lo) and np.all(x <= form.col_up)

@@ -260,13 +260,7 @@ def test_typed_placements_encode_at_their_utility_and_decode_back(seed):
             assert i > 0, "the MILP's own answer must encode"
             continue  # a random placement may use a dominated configuration
         encoded += 1
-        x = np.zeros(form.num_columns)
-        for name in ("y", "k", "z", "h", "f"):
-            cols = form.index[name]
-            x[cols[cols >= 0]] = np.asarray(values[name], dtype=np.float64)[cols >= 0]
-        for key, col in zip(form.g_keys, form.index["g"].tolist()):
-            if col >= 0:
-                x[col] = values["g"].get(key, 0.0)
+        x = form.column_vector(values)
         activity = form.A @ x
         assert np.all(activity >= form.row_lo - 1e-9) and np.all(activity <= form.row_up + 1e-9)
         assert float(form.c @ x + form.offset) == pytest.approx(utility_sum(problem, placement), rel=1e-9, abs=1e-9)
