@@ -24,7 +24,8 @@ each adding a section when present: ``solver_comparison.csv``
 ``fair_jct_estimator.csv`` (``fair_jct.py``, ``fair_jct_estimator.py``).
 The ``*_quick.csv`` files are smoke runs and are not reported.  The sections on
 real jobs are in ``results_real.py``, fair-jct's in ``results_fair_jct.py``, the heterogeneous
-cluster's in ``results_hetero.py``, the shared formatting in ``results_format.py``.
+cluster's in ``results_hetero.py``, the simulation's speed (``encode_speed.csv``, ``fit_speed.csv``:
+``encode_speed.py``, ``fit_speed.py``) in ``results_sim_speed.py``, the shared formatting in ``results_format.py``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from results_format import (  # noqa: E402
 )
 from results_fair_jct import fair_jct_section  # noqa: E402
 from results_hetero import hetero_section, solver_types_section  # noqa: E402
+from results_sim_speed import sim_speed_section  # noqa: E402
 from results_real import (  # noqa: E402
     fidelity_section,
     fuzz_section,
@@ -134,6 +136,9 @@ OPTIONAL_COLUMNS = {
                         "wall_s", "step_ratio", "sweep_step_ratio"],
     "fair_jct_diagnosis.csv": ["run", "application", "jobs", "mean_jct_s", "share_of_mean", "wait_s", "restarts",
                                "restart_s", "mean_replicas", "max_replicas"],
+    "encode_speed.csv": ["code", "wall_s", "cpu_s", "encode_cpu_s", "encode_cpu_share", "identical_jobs_csv",
+                         "load_average_1min_before"],
+    "fit_speed.csv": ["case", "code", "fits", "ms_per_fit", "cpu_ms_per_fit", "differing_fits", "load_average_1min"],
 }
 class ResultsError(Exception):
     """A results CSV is missing, or lacks a column, or the README lacks the markers."""
@@ -164,6 +169,8 @@ class Results:
     hetero: pd.DataFrame | None = None
     solver_types: pd.DataFrame | None = None
     real_hetero: pd.DataFrame | None = None
+    encode_speed: pd.DataFrame | None = None
+    fit_speed: pd.DataFrame | None = None
 
 
 def _read(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -230,6 +237,8 @@ def load_results(results_dir: Path) -> Results:
         hetero=tables["sim_hetero.csv"],
         solver_types=tables["solver_types.csv"],
         real_hetero=tables["real_hetero.csv"],
+        encode_speed=tables["encode_speed.csv"],
+        fit_speed=tables["fit_speed.csv"],
     )
 
 
@@ -478,6 +487,7 @@ def render_doc(results: Results) -> str:
         *scale_section(results),
         *solvers_section(results),
         *speed_section(results),
+        *sim_speed_section(results),
         *solver_types_section(results),
         *runtime_section(results),
         *fidelity_section(results),

@@ -156,10 +156,11 @@ def _run(code: str, path: str | None, sim: bool) -> list[dict]:
 
 def run_worker(code: str, path: str | None, script: Path, flags: list[str]) -> list[dict]:
     """The rows ``script --worker FLAGS`` prints (its last line, JSON), each tagged ``code``;
-    with ``path``, that folder's solvers come first (pollux_opt from the working tree)."""
+    with ``path``, that folder's solvers come first (pollux_opt from the working tree), then
+    the script's own folder (``-P`` leaves it off ``sys.path``; the scripts import each other)."""
     env = dict(os.environ)
     if path:
-        env["PYTHONPATH"] = path
+        env["PYTHONPATH"] = os.pathsep.join([path, str(script.parent)])
     cmd = [sys.executable, *(["-P"] if path else []), str(script), "--worker", *flags]
     log.info("measuring %s", code)
     out = subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout

@@ -132,40 +132,20 @@ def random_problem(
     gen = _as_rng(rng)
     if max_replicas_limit is None:
         max_replicas_limit = cpus_per_node * min(num_nodes, MAX_REPLICAS_NODES)
-    capacity = np.full(num_nodes, cpus_per_node, dtype=np.int64)
-    max_rep = gen.integers(1, max_replicas_limit + 1, size=num_jobs)
-    min_rep = np.where(
-        (gen.random(num_jobs) < MIN_TWO_PROBABILITY) & (max_rep >= 2),
-        2,
-        gen.integers(0, 2, size=num_jobs),
-    )
-    alpha = gen.uniform(*ALPHA_RANGE, size=num_jobs)
-    beta = gen.uniform(*BETA_RANGE, size=num_jobs)
+    jobs = _draw_jobs(gen, num_jobs, max_replicas_limit)
     span = min(num_nodes, max_nodes_per_job)
     cfg_job, cfg_nodes, cfg_reps, cfg_speed = _random_tables(
-        gen, span, cpus_per_node, min_rep, max_rep, alpha, beta, drop_fraction
+        gen, span, cpus_per_node, jobs.min_rep, jobs.max_rep, jobs.alpha, jobs.beta, drop_fraction
     )
-    age = gen.uniform(*AGE_RANGE, size=num_jobs)
-    restarts = gen.integers(0, MAX_RESTARTS + 1, size=num_jobs)
-    restart_factor = np.maximum(age - restarts * restart_delay, 0.0) / (age + restart_delay)
-    weight = gen.uniform(*WEIGHT_RANGE, size=num_jobs) if weighted else np.ones(num_jobs)
-    problem = Problem(
-        capacity=capacity,
+    tables = dict(
+        capacity=np.full(num_nodes, cpus_per_node, dtype=np.int64),
         cfg_job=np.array(cfg_job, dtype=np.int64),
         cfg_nodes=np.array(cfg_nodes, dtype=np.int64),
         cfg_replicas=np.array(cfg_reps, dtype=np.int64),
         cfg_speedup=np.array(cfg_speed, dtype=np.float64),
-        current=np.zeros((num_jobs, num_nodes), dtype=np.int64),
-        restart_factor=restart_factor,
-        weight=weight,
-        min_replicas=min_rep,
-        max_replicas=max_rep,
-        p=p,
-        max_nodes_per_job=max_nodes_per_job,
-        interference_avoidance=interference_avoidance,
     )
-    running = gen.random(num_jobs) < running_fraction
-    return dataclasses.replace(problem, current=_place_jobs(gen, problem, np.flatnonzero(running)))
+    return _finish(gen, jobs, tables, restart_delay, weighted, running_fraction, p=p,
+                   max_nodes_per_job=max_nodes_per_job, interference_avoidance=interference_avoidance)
 
 
 def random_typed_problem(
@@ -205,38 +185,65 @@ def random_typed_problem(
     if max_replicas_limit is None:
         max_replicas_limit = int(np.max(caps * np.minimum(counts, MAX_REPLICAS_NODES)))
     node_type = np.repeat(np.arange(counts.size), counts)
-    max_rep = gen.integers(1, max_replicas_limit + 1, size=num_jobs)
-    min_rep = np.where((gen.random(num_jobs) < MIN_TWO_PROBABILITY) & (max_rep >= 2), 2, gen.integers(0, 2, size=num_jobs))
-    alpha = gen.uniform(*ALPHA_RANGE, size=num_jobs)
-    beta = gen.uniform(*BETA_RANGE, size=num_jobs)
+    jobs = _draw_jobs(gen, num_jobs, max_replicas_limit)
     speed = np.array([TYPE_SPEED[t % len(TYPE_SPEED)] for t in range(counts.size)])
     factor = speed * gen.uniform(1 - TYPE_JITTER, 1 + TYPE_JITTER, size=(num_jobs, counts.size))
     rows = []  # (job, type, nodes, replicas, speedup)
     for j in range(num_jobs):
         for t, (n_t, cap) in enumerate(zip(counts.tolist(), caps.tolist())):
             for a in range(1, min(n_t, max_nodes_per_job) + 1):
-                r = np.arange(max(a, min_rep[j], 1), min(max_rep[j], a * cap) + 1)
-                s = factor[j, t] * speedup_model(a, r, alpha[j], beta[j])
+                r = np.arange(max(a, jobs.min_rep[j], 1), min(jobs.max_rep[j], a * cap) + 1)
+                s = factor[j, t] * speedup_model(a, r, jobs.alpha[j], jobs.beta[j])
                 rows += [(j, t, a, int(k), float(v)) for k, v in zip(r, s)]
     cfg = np.array(rows, dtype=np.float64).reshape(-1, 5)
-    age = gen.uniform(*AGE_RANGE, size=num_jobs)
-    restarts = gen.integers(0, MAX_RESTARTS + 1, size=num_jobs)
-    problem = Problem(
+    tables = dict(
         capacity=np.repeat(caps, counts),
         cfg_job=cfg[:, 0].astype(np.int64),
         cfg_nodes=cfg[:, 2].astype(np.int64),
         cfg_replicas=cfg[:, 3].astype(np.int64),
         cfg_speedup=cfg[:, 4],
-        current=np.zeros((num_jobs, node_type.size), dtype=np.int64),
-        restart_factor=np.maximum(age - restarts * RESTART_DELAY, 0.0) / (age + RESTART_DELAY),
-        weight=gen.uniform(*WEIGHT_RANGE, size=num_jobs) if weighted else np.ones(num_jobs),
-        min_replicas=min_rep,
-        max_replicas=max_rep,
-        p=p,
-        max_nodes_per_job=max_nodes_per_job,
-        interference_avoidance=interference_avoidance,
         node_type=node_type,
         cfg_type=cfg[:, 1].astype(np.int64),
+    )
+    return _finish(gen, jobs, tables, RESTART_DELAY, weighted, running_fraction, p=p,
+                   max_nodes_per_job=max_nodes_per_job, interference_avoidance=interference_avoidance)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Jobs:
+    """Per-job draws of the random problems: int64[J] replica range, float64[J] speedup shape."""
+
+    max_rep: np.ndarray
+    min_rep: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+
+
+def _draw_jobs(gen: np.random.Generator, num_jobs: int, max_replicas_limit: int) -> _Jobs:
+    """Replica ranges and speedup shapes of ``num_jobs`` jobs (the first draws of every random problem)."""
+    max_rep = gen.integers(1, max_replicas_limit + 1, size=num_jobs)
+    min_rep = np.where((gen.random(num_jobs) < MIN_TWO_PROBABILITY) & (max_rep >= 2), 2, gen.integers(0, 2, size=num_jobs))
+    alpha = gen.uniform(*ALPHA_RANGE, size=num_jobs)
+    beta = gen.uniform(*BETA_RANGE, size=num_jobs)
+    return _Jobs(max_rep, min_rep, alpha, beta)
+
+
+def _finish(
+    gen: np.random.Generator, jobs: _Jobs, tables: dict, restart_delay: float, weighted: bool, running_fraction: float, **rest
+) -> Problem:
+    """The :class:`Problem` of ``tables`` (cluster and configurations) with drawn ages, restarts,
+    weights and a feasible current placement of the jobs drawn to run (the last draws, in this order)."""
+    num_jobs = jobs.max_rep.size
+    age = gen.uniform(*AGE_RANGE, size=num_jobs)
+    restarts = gen.integers(0, MAX_RESTARTS + 1, size=num_jobs)
+    problem = Problem(
+        **tables,
+        current=np.zeros((num_jobs, tables["capacity"].size), dtype=np.int64),
+        restart_factor=np.maximum(age - restarts * restart_delay, 0.0) / (age + restart_delay),
+        weight=gen.uniform(*WEIGHT_RANGE, size=num_jobs) if weighted else np.ones(num_jobs),
+        min_replicas=jobs.min_rep,
+        max_replicas=jobs.max_rep,
+        **rest,
     )
     running = gen.random(num_jobs) < running_fraction
     return dataclasses.replace(problem, current=_place_jobs(gen, problem, np.flatnonzero(running)))

@@ -17,7 +17,7 @@ from pollux_opt.model.allocation import Allocation
 from pollux_opt.model.batch import BatchConfig
 from pollux_opt.model.cluster import Cluster
 from pollux_opt.model.domains import shown
-from pollux_opt.model.goodput import GoodputModel
+from pollux_opt.model.goodput import GoodputModel, SearchCache
 from pollux_opt.model.job import Job, restart_factor
 from pollux_opt.model.configs import (  # noqa: F401  (importable from here too)
     _batch_config,
@@ -57,13 +57,17 @@ def _restart_delay(job: Job, options: Options) -> float:
     return options.restart_delay if job.restart_delay is None else job.restart_delay
 
 
-def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadline: float | None = None) -> Problem:
+def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadline: float | None = None,
+               cache: SearchCache | None = None) -> Problem:
     """The array problem (see :class:`solvers.Problem`) of the cluster, jobs and options.
 
     ``deadline`` (``time.monotonic()`` seconds, optional) bounds the encoding.
     On a cluster of several node types each job's configurations are listed
     type by type (``cfg_type``; ``node_type`` gives each node's type, in the
     order of ``cluster.types``); a one-type cluster gives the untyped problem.
+    ``cache`` (optional) keeps the goodput models' batch searches across
+    calls (:class:`~pollux_opt.model.goodput.SearchCache`; the same problem
+    with or without it).
 
     Raises:
         InvalidProblem: duplicate job ids, a placement on an unknown node or over capacity.
@@ -90,11 +94,11 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
                 raise InvalidProblem(f"job {job.id!r}: placement on unknown node {nid!r}")
             current[j, node_index[nid]] = k
         if tops is not None or isinstance(job.speedup, (TypedGoodput, TypedTable)):
-            by_type = _job_configs(job, tops or ((cluster.types[0], top),), options)
+            by_type = _job_configs(job, tops or ((cluster.types[0], top),), options, cache)
         elif isinstance(job.speedup, GoodputModel):
             pairs = _candidate_pairs(job, top, options.max_nodes_per_job)
             by_type = [(0, _model_configs(job.speedup, pairs, job.base, job.fixed_batch_size,
-                                          options.spread_penalty))]
+                                          options.spread_penalty, cache))]
         else:
             by_type = [(0, _table_configs(_placeable_table(job, top, options.max_nodes_per_job)))]
         for t, configs in by_type:
@@ -132,7 +136,8 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
 
 
 def _batch_configs(
-    jobs: Sequence[Job], placement: np.ndarray, cluster: Cluster, options: Options
+    jobs: Sequence[Job], placement: np.ndarray, cluster: Cluster, options: Options,
+    cache: SearchCache | None = None,
 ) -> dict[str, BatchConfig]:
     top = _top_sums(cluster)
     tops = dict(_type_tops(cluster)) if cluster.typed else {cluster.types[0]: top}
@@ -147,7 +152,7 @@ def _batch_configs(
             continue
         pair = (int((row > 0).sum()), k)
         pairs = _candidate_pairs(job, tops[type_name], options.max_nodes_per_job, model)
-        cached = _batch_config(model, pairs, base, job.fixed_batch_size, pair)
+        cached = _batch_config(model, pairs, base, job.fixed_batch_size, pair, cache)
         if cached is not None:  # computed by to_problem (same model, pairs and base)
             out[job.id] = cached
             continue
@@ -191,6 +196,8 @@ def allocate(
     cluster: Cluster,
     jobs: Sequence[Job],
     options: Options | None = None,
+    *,
+    cache: SearchCache | None = None,
     **overrides: Any,
 ) -> Allocation:
     """Allocate replicas to jobs, maximising the pinned power-mean objective.
@@ -200,6 +207,10 @@ def allocate(
         jobs: the jobs (ids unique).
         options: allocation options (defaults: p=-1, restart delay 30 s,
             interference avoidance, 16 nodes per job, exact "milp" solver).
+        cache: optional :class:`~pollux_opt.model.goodput.SearchCache` that a
+            caller allocating every round keeps, so that goodput models with
+            unchanged throughput parameters repeat less of their batch
+            search (the same answer with or without it).
         **overrides: any :class:`Options` field by name, e.g. ``solver="greedy"``.
 
     Returns:
@@ -222,10 +233,12 @@ def allocate(
     """
     start = time.monotonic()
     opts, jobs = _checked_arguments(cluster, jobs, options, overrides)
+    if cache is not None and not isinstance(cache, SearchCache):
+        raise InvalidProblem(f"cache must be a SearchCache or None, got {shown(cache)}")
     deadline = None if opts.time_limit is None or math.isinf(opts.time_limit) else start + opts.time_limit
     log.info("allocate: encoding %d jobs on %d nodes", len(jobs), len(cluster.nodes))
     try:
-        problem = to_problem(cluster, jobs, opts, deadline=deadline)
+        problem = to_problem(cluster, jobs, opts, deadline=deadline, cache=cache)
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             raise OutOfTime(f"encoding took the whole time limit of {opts.time_limit:g} s")
@@ -257,7 +270,7 @@ def allocate(
     }
     return Allocation(
         placement=placement,
-        batch=_batch_configs(jobs, result.placement, cluster, opts),
+        batch=_batch_configs(jobs, result.placement, cluster, opts, cache),
         objective=result.objective,
         bound=result.bound,
         gap=result.gap,

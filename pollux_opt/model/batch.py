@@ -32,8 +32,11 @@ __all__ = [
     "BatchChoice",
     "BatchConfig",
     "BatchLimits",
+    "SearchStart",
     "best_batch",
     "fixed_batch",
+    "search_finish",
+    "search_start",
 ]
 
 logger = logging.getLogger(__name__)
@@ -163,18 +166,92 @@ class BatchChoice:
         )
 
 
+def _unit_grid(points: int) -> np.ndarray:
+    """float64[points]: ``points`` evenly spaced values from 0 to 1 (read-only)."""
+    t = np.linspace(0.0, 1.0, points)
+    t.flags.writeable = False
+    return t
+
+
+#: The search grids' positions in [0, 1], by number of points.
+_UNIT_GRIDS = {points: _unit_grid(points) for points in (GRID_POINTS, REFINE_POINTS)}
+
+
 def _grid(lo: np.ndarray, hi: np.ndarray, points: int, geometric: bool) -> np.ndarray:
     """int64[..., points] non-decreasing candidates in [lo, hi] including both ends.
 
     The linear grid hits every integer of [lo, hi] when ``hi - lo <= points - 1``.
     """
-    t = np.linspace(0.0, 1.0, points)
+    t = _UNIT_GRIDS[points] if points in _UNIT_GRIDS else _unit_grid(points)
     lo_f, hi_f = lo[..., None].astype(np.float64), hi[..., None].astype(np.float64)
     if geometric:
         values = lo_f * (hi_f / lo_f) ** t
     else:
         values = lo_f + (hi_f - lo_f) * t
     return np.clip(np.rint(values).astype(np.int64), lo[..., None], hi[..., None])
+
+
+def _first_grid(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """int64[R, GRID_POINTS]: the first search grid of each row's interval [lo, hi]:
+    linear where it covers every integer of the interval, geometric elsewhere."""
+    exact = hi - lo <= GRID_POINTS - 1
+    cand = _grid(lo, hi, GRID_POINTS, False)
+    if not exact.all():
+        wide = np.flatnonzero(~exact)
+        cand[wide] = _grid(lo[wide], hi[wide], GRID_POINTS, True)
+    return cand
+
+
+@dataclass(frozen=True)
+class SearchStart:
+    """The first pass of :func:`best_batch`'s search, before any goodput is known.
+
+    It depends only on the limits and the allocations, so that a caller may
+    evaluate (and keep) the throughput at its candidates apart from the
+    efficiency.  Rows are the (allocation, s) pairs with a feasible interval
+    of m, in flat (P, S) order.
+
+    Attributes:
+        ok: bool[P, S], the (allocation, s) pairs with a feasible m.
+        rows: int64[R], flat indices of the feasible pairs.
+        lo, hi: int64[R], each row's interval of m, samples.
+        nodes, replicas, steps: float64[R, 1], each row's N, K and s.
+        cand: int64[R, GRID_POINTS], the first grid of candidate m.
+    """
+
+    ok: np.ndarray
+    rows: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    nodes: np.ndarray
+    replicas: np.ndarray
+    steps: np.ndarray
+    cand: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the arrays."""
+        return sum(getattr(self, f).nbytes for f in ("ok", "rows", "lo", "hi", "nodes", "replicas", "steps", "cand"))
+
+
+def search_start(limits: BatchLimits, nodes: np.ndarray, replicas: np.ndarray) -> SearchStart:
+    """The :class:`SearchStart` of float64[P] allocations under ``limits``."""
+    lim = limits
+    steps = np.arange(lim.max_accum_steps + 1, dtype=np.int64)
+    per_sample = replicas.astype(np.int64)[:, None] * (steps + 1)[None, :]  # (P, S)
+    lo = np.maximum(lim.min_local_bsz, -(-lim.init_batch_size // per_sample))
+    hi = np.minimum(lim.max_local_bsz, lim.max_batch_size // per_sample)
+    ok = lo <= hi
+    rows = np.flatnonzero(ok)
+    lo, hi = lo.reshape(-1)[rows], hi.reshape(-1)[rows]
+
+    def per_row(a: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(a, ok.shape).reshape(-1)[rows, None]
+
+    return SearchStart(
+        ok=ok, rows=rows, lo=lo, hi=hi, nodes=per_row(nodes[:, None]), replicas=per_row(replicas[:, None]),
+        steps=per_row(steps.astype(np.float64)[None, :]), cand=_first_grid(lo, hi),
+    )
 
 
 def best_batch(
@@ -192,45 +269,55 @@ def best_batch(
     product is convex and the superlevel sets are intervals.  So the best of a
     grid is bracketed by its neighbours, and shrinking the bracket with
     finer grids until a grid covers it exactly finds the integer optimum.
+
+    Each (allocation, s) row is searched on its own: goodput is evaluated
+    only on the rows with a feasible interval, and a row leaves the search
+    once a grid has covered its bracket exactly.  The same as
+    :func:`search_finish` of :func:`search_start` with the goodput at its
+    first grid.
     """
-    lim = limits
-    steps = np.arange(lim.max_accum_steps + 1, dtype=np.int64)
-    per_sample = replicas.astype(np.int64)[:, None] * (steps + 1)[None, :]  # (P, S)
-    lo = np.maximum(lim.min_local_bsz, -(-lim.init_batch_size // per_sample))
-    hi = np.minimum(lim.max_local_bsz, lim.max_batch_size // per_sample)
-    ok = lo <= hi
-    lo = np.where(ok, lo, lim.min_local_bsz)
-    hi = np.where(ok, hi, lim.min_local_bsz)
-    n3, k3 = nodes[:, None, None], replicas[:, None, None]
-    s3 = steps[None, :, None].astype(np.float64)
+    start = search_start(limits, nodes, replicas)
+    first = goodput(start.nodes, start.replicas, start.cand.astype(np.float64), start.steps)
+    return search_finish(goodput, limits, start, first)
+
+
+def search_finish(
+    goodput: GoodputFunction, limits: BatchLimits, start: SearchStart, first: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`best_batch`'s answer from its first pass: ``first`` is float64[R, GRID_POINTS],
+    the goodput at ``start.cand``; later passes evaluate ``goodput``."""
+    ok = start.ok
+    # Rows without a feasible m keep min_local_bsz at goodput -inf.
+    best_m = np.full(ok.shape, limits.min_local_bsz, dtype=np.int64)
+    best_g = np.full(ok.shape, -np.inf)
+    rows, lo, hi, cand, g = start.rows, start.lo, start.hi, start.cand, first
+    n_row, k_row, s_row = start.nodes, start.replicas, start.steps
     for npass in range(MAX_REFINE_PASSES):
-        first = npass == 0
-        points = GRID_POINTS if first else REFINE_POINTS
+        if rows.size == 0:
+            break
+        points = GRID_POINTS if npass == 0 else REFINE_POINTS
         exact = hi - lo <= points - 1
-        if first and not exact.all():
-            cand = np.where(
-                exact[..., None], _grid(lo, hi, points, False), _grid(lo, hi, points, True)
-            )
-        else:
+        if npass > 0:
             cand = _grid(lo, hi, points, False)
-        g = goodput(n3, k3, cand.astype(np.float64), s3)
-        g = np.where(ok[..., None], g, -np.inf)
+            g = goodput(n_row, k_row, cand.astype(np.float64), s_row)
+        at = np.arange(rows.size)
         j = np.argmax(g, axis=-1)
-        best_m = np.take_along_axis(cand, j[..., None], axis=-1)[..., 0]
-        best_g = np.take_along_axis(g, j[..., None], axis=-1)[..., 0]
+        m_j = cand[at, j]
+        best_m.reshape(-1)[rows] = m_j
+        best_g.reshape(-1)[rows] = g[at, j]
         if exact.all():
             break
         # argmax takes the first maximum, so cand[j - 1] < cand[j]; the upper
         # end is the first candidate strictly above cand[j] (grids may repeat).
-        below = np.take_along_axis(cand, np.maximum(j - 1, 0)[..., None], axis=-1)[..., 0]
-        above_idx = np.minimum((cand <= best_m[..., None]).sum(axis=-1), points - 1)
-        above = np.take_along_axis(cand, above_idx[..., None], axis=-1)[..., 0]
-        lo = np.where(exact, best_m, below)
-        hi = np.where(exact, best_m, above)
+        wide = np.flatnonzero(~exact)
+        cand, j, m_j, at = cand[wide], j[wide], m_j[wide], at[:wide.size]
+        lo = cand[at, np.maximum(j - 1, 0)]
+        hi = cand[at, np.minimum((cand <= m_j[:, None]).sum(axis=-1), points - 1)]
+        rows, n_row, k_row, s_row = rows[wide], n_row[wide], k_row[wide], s_row[wide]
     else:  # pragma: no cover - the bracket provably shrinks well within the cap
         logger.warning("batch search stopped after %d refinement passes", MAX_REFINE_PASSES)
     s_idx = np.argmax(best_g, axis=-1)
-    m = np.take_along_axis(best_m, s_idx[:, None], axis=-1)[:, 0]
+    m = best_m[np.arange(s_idx.size), s_idx]
     feasible = ok.any(axis=-1)
     return np.where(feasible, m, 0), np.where(feasible, s_idx, 0)
 

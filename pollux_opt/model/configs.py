@@ -16,7 +16,7 @@ import numpy as np
 
 from pollux_opt.model.batch import BatchChoice, BatchConfig
 from pollux_opt.model.cluster import Cluster
-from pollux_opt.model.goodput import GoodputModel
+from pollux_opt.model.goodput import GoodputModel, SearchCache
 from pollux_opt.model.job import Job
 from pollux_opt.model.options import Options
 from pollux_opt.model.typed import TypedGoodput, TypedTable
@@ -35,6 +35,7 @@ def _model_table(
     pairs: tuple[tuple[int, int], ...],
     base: tuple[int, int],
     fixed_batch_size: int | None,
+    cache: SearchCache | None = None,
 ) -> tuple[dict[tuple[int, int], float], BatchChoice | None]:
     """Speedups and best batch configurations of a goodput model at the given pairs.
 
@@ -43,14 +44,15 @@ def _model_table(
     (arrays in the order of ``pairs``; None when there are none).  The choice
     is kept so that decoding a placement (:func:`_batch_config`) reuses it
     instead of optimizing again; ``GoodputModel.optimize`` treats every pair
-    independently, so it equals a one-pair call.
+    independently, so it equals a one-pair call.  ``cache``: the batch
+    search's (:meth:`GoodputModel.optimize`), kept by the caller across rounds.
     """
     if not pairs:
         return {}, None
     # The base goes last in the same call (one vectorised search instead of two).
     nn = np.array([p[0] for p in pairs] + [base[0]])
     kk = np.array([p[1] for p in pairs] + [base[1]])
-    choice = model.optimize(nn, kk, fixed_batch_size=fixed_batch_size)
+    choice = model.optimize(nn, kk, fixed_batch_size=fixed_batch_size, cache=cache)
     if not choice.feasible[-1]:
         model.speedup(nn, kk, base=base, fixed_batch_size=fixed_batch_size)  # raises its clear error
     spd = choice.goodput[:-1] / choice.goodput[-1]
@@ -66,11 +68,12 @@ def _pair_index(pairs: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], int
 
 
 def _batch_config(model: GoodputModel, pairs: tuple[tuple[int, int], ...], base: tuple[int, int],
-                  fixed_batch_size: int | None, pair: tuple[int, int]) -> BatchConfig | None:
+                  fixed_batch_size: int | None, pair: tuple[int, int],
+                  cache: SearchCache | None = None) -> BatchConfig | None:
     """The cached best configuration of ``model`` at ``pair`` (None if not a feasible cached pair)."""
     if not pairs:
         return None
-    table, choice = _model_table(model, pairs, base, fixed_batch_size)
+    table, choice = _model_table(model, pairs, base, fixed_batch_size, cache)
     if pair not in table:
         return None
     return choice.config(_pair_index(pairs)[pair])
@@ -157,10 +160,11 @@ def _model_configs(
     base: tuple[int, int],
     fixed_batch_size: int | None,
     spread_penalty: float,
+    cache: SearchCache | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_table_configs` of a goodput model's discounted speedup table (read-only arrays), cached:
     a scheduler's rounds encode mostly unchanged models."""
-    table = _discounted(_model_table(model, pairs, base, fixed_batch_size)[0], spread_penalty)
+    table = _discounted(_model_table(model, pairs, base, fixed_batch_size, cache)[0], spread_penalty)
     configs = _table_configs(table)
     for a in configs:
         a.flags.writeable = False
@@ -180,13 +184,14 @@ def _type_model(job: Job, type_name: str) -> tuple[GoodputModel | None, tuple[in
     return (job.speedup if isinstance(job.speedup, GoodputModel) else None), job.base
 
 
-def _type_ratio(job: Job, model: GoodputModel, pairs, base, types: tuple[str, ...]) -> float | None:
+def _type_ratio(job: Job, model: GoodputModel, pairs, base, types: tuple[str, ...],
+                cache: SearchCache | None = None) -> float | None:
     """A typed job's goodput at its base on one type over its speedup base
     (:meth:`TypedGoodput.base_goodput`): the factor that puts the type's
     speedups on the common base; None where the type's base is infeasible."""
     if not isinstance(job.speedup, TypedGoodput):
         return 1.0
-    choice = _model_table(model, pairs, base, job.fixed_batch_size)[1] if pairs else None
+    choice = _model_table(model, pairs, base, job.fixed_batch_size, cache)[1] if pairs else None
     if choice is None or not choice.feasible[-1]:
         return None
     ref = float(choice.goodput[-1])
@@ -194,8 +199,10 @@ def _type_ratio(job: Job, model: GoodputModel, pairs, base, types: tuple[str, ..
     return ref / common
 
 
-def _job_configs(job: Job, tops, options: Options) -> list[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
-    """``[(type index, (nodes, replicas, speedups)), ...]``: the job's configurations on each node type."""
+def _job_configs(job: Job, tops, options: Options, cache: SearchCache | None = None
+                 ) -> list[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """``[(type index, (nodes, replicas, speedups)), ...]``: the job's configurations on each node type
+    (``cache``: as in :func:`_model_table`)."""
     out = []
     types = tuple(t for t, _ in tops)
     for i, (t, top) in enumerate(tops):
@@ -211,11 +218,11 @@ def _job_configs(job: Job, tops, options: Options) -> list[tuple[int, tuple[np.n
             out.append((i, _table_configs(_placeable_table(job, top, options.max_nodes_per_job))))
             continue
         pairs = _candidate_pairs(job, top, options.max_nodes_per_job, model)
-        ratio = _type_ratio(job, model, pairs, base, types) if pairs else 1.0
+        ratio = _type_ratio(job, model, pairs, base, types, cache) if pairs else 1.0
         if ratio is None:
             log.debug("job %s: no feasible base on type %s; the type is left out", job.id, t)
             continue
-        nodes, reps, spd = _model_configs(model, pairs, base, job.fixed_batch_size, options.spread_penalty)
+        nodes, reps, spd = _model_configs(model, pairs, base, job.fixed_batch_size, options.spread_penalty, cache)
         if isinstance(job.speedup, TypedGoodput):
             ratio *= job.speedup.factor(t)
         out.append((i, (nodes, reps, spd if ratio == 1.0 else spd * ratio)))

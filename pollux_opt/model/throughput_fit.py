@@ -13,12 +13,10 @@ References:
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from solvers import InvalidProblem
 
@@ -37,6 +35,7 @@ from pollux_opt.model.throughput_priors import (
     FitLayout,
     fit_layout,
 )
+from pollux_opt.model.throughput_lsq import BatchProblem, least_squares_trf
 from pollux_opt.model.validate import as_allocation, as_counts, as_numeric, first_bad
 
 __all__ = [
@@ -158,10 +157,9 @@ class _Residuals:
     points and gives float[B, M], row ``b`` bit-identical to ``residuals(X[b])``:
     the same elementwise operations in the same order (``ratio ** gamma`` is
     taken per distinct gamma with a scalar exponent, as numpy evaluates the
-    one-point case), on precomputed row masks.  :meth:`map` is the ``workers``
-    map of :func:`scipy.optimize.least_squares`: it evaluates the points of a
-    finite-difference Jacobian in one batch (the least-squares run is the
-    same, to the bit, with fewer Python calls).
+    one-point case), on precomputed row masks, so that the least-squares run
+    (:mod:`~pollux_opt.model.throughput_lsq`) evaluates the points of a
+    finite-difference Jacobian in one batch.
     """
 
     def __init__(self, rows: _FitRows, layout: FitLayout) -> None:
@@ -177,75 +175,85 @@ class _Residuals:
         self._m, self._s = rows.m, rows.s
         self._accumulated = bool(np.any(rows.s != 0))
         self._colocated_rows = replicas > nodes
-        self._multi = nodes > 1
+        multi = nodes > 1
+        # Columns of theta holding each row's sync latency and retrogression (alpha_r or alpha_n, ...).
+        self._alpha_col = np.where(multi, _AR, _AN)
+        self._beta_col = np.where(multi, _BR, _BN)
         self._extra = np.maximum(replicas - 2.0, 0.0)
         self._synced = replicas > 1
-        self._sync_multi = self._multi[ok]
-        self._sync_extra = self._extra[ok]
-        self._sync_synced = self._synced[ok]
-        self._log_step = np.log(rows.step)
-        self._log_sync = np.log(rows.sync[ok])
+        self._all_synced = bool(self._synced.all())
+        self._sync_ok = ok
+        self._rows, self._sync_rows = rows.nodes.shape[0], int(ok.sum())
+        self._log_times = np.concatenate([np.log(rows.step), np.log(rows.sync[ok])])
         self._retro = [(ia, ib) for ia, ib in ((_AN, _BN), (_AR, _BR)) if ib in free]
         self._colocated = layout.colocated
+        self._size = self._rows + self._sync_rows + len(self._retro) + int(self._colocated)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.batch(x[None, :])[0]
 
-    def map(self, fun, points) -> list:
-        """``[fun(x) for x in points]``, evaluated as one batch (``fun`` is these residuals, wrapped)."""
-        return list(self.batch(np.array(list(points), dtype=np.float64)))
-
     def theta(self, x: np.ndarray) -> np.ndarray:
         """float[B, 9]: the full parameters of free parameters float[B, F] (:meth:`FitLayout.expander`)."""
-        fixed = np.broadcast_to(self._fixed, (x.shape[0], self._fixed.size))
-        return np.concatenate([x, fixed], axis=1)[:, self._src] * self._scale
+        ext = np.empty((x.shape[0], x.shape[1] + self._fixed.size))
+        ext[:, :x.shape[1]] = x
+        ext[:, x.shape[1]:] = self._fixed
+        return ext[:, self._src] * self._scale
+
+    def _sync(self, theta: np.ndarray) -> np.ndarray:
+        """:func:`~pollux_opt.model.throughput.unchecked_sync_time` per point (rows along axis 1)."""
+        t = theta[:, self._alpha_col] + theta[:, self._beta_col] * self._extra
+        return t if self._all_synced else np.where(self._synced, t, 0.0)
 
     @staticmethod
-    def _sync(theta: np.ndarray, multi: np.ndarray, extra: np.ndarray, synced: np.ndarray) -> np.ndarray:
-        """:func:`~pollux_opt.model.throughput.unchecked_sync_time` per point (rows along axis 1)."""
-        alpha = np.where(multi, theta[:, _AR, None], theta[:, _AN, None])
-        beta = np.where(multi, theta[:, _BR, None], theta[:, _BN, None])
-        t = alpha + beta * extra
-        return np.where(synced, t, 0.0)
+    def _combined(big: np.ndarray, ratio: np.ndarray, gamma: np.ndarray) -> np.ndarray:
+        """``big * (1 + ratio**gamma) ** (1 / gamma)`` per point, with a scalar exponent per distinct gamma."""
+        first = gamma[0]
+        same = gamma == first
+        if same.all():
+            return big * (1.0 + ratio**first) ** (1.0 / first)
+        combined = np.empty_like(big)
+        combined[same] = big[same] * (1.0 + ratio[same] ** first) ** (1.0 / first)
+        rest = gamma[~same]
+        for g in (rest[:1] if (rest == rest[0]).all() else np.unique(rest)):
+            at = gamma == g
+            combined[at] = big[at] * (1.0 + ratio[at] ** g) ** (1.0 / g)
+        return combined
 
-    def _step(self, theta: np.ndarray) -> np.ndarray:
-        """:func:`~pollux_opt.model.throughput.unchecked_step_time` per point (rows along axis 1)."""
-        slowdown = 1.0 + theta[:, _KAPPA, None] * self._colocated_rows
+    def _times(self, theta: np.ndarray) -> np.ndarray:
+        """float[B, R + S]: :func:`~pollux_opt.model.throughput.unchecked_step_time` of every row,
+        then the sync time of the rows with a measured one."""
         bm = theta[:, _BC, None] * self._m
-        t_c = (theta[:, _AC, None] + bm) * slowdown
-        t_s = self._sync(theta, self._multi, self._extra, self._synced)
+        t_c = theta[:, _AC, None] + bm
+        if self._colocated:  # else kappa is 0 and the slowdown exactly 1
+            slowdown = 1.0 + theta[:, _KAPPA, None] * self._colocated_rows
+            t_c = t_c * slowdown
+        t_s = self._sync(theta)
         big = np.maximum(t_c, t_s)
         ratio = np.minimum(t_c, t_s) / big
-        gamma = theta[:, _GAMMA]
-        first = gamma[0]
-        if np.all(gamma == first):
-            combined = big * (1.0 + ratio**first) ** (1.0 / first)
-        else:
-            combined = np.empty_like(big)
-            for g in np.unique(gamma):
-                at = gamma == g
-                combined[at] = big[at] * (1.0 + ratio[at] ** g) ** (1.0 / g)
+        out = np.empty((theta.shape[0], self._rows + self._sync_rows))
+        step = out[:, :self._rows]
         if not self._accumulated:  # 0 * t_a + c is c, to the bit (t_a is finite)
-            return combined
-        t_a = (theta[:, _AA, None] + bm) * slowdown
-        return self._s * t_a + combined
+            step[...] = self._combined(big, ratio, theta[:, _GAMMA])
+        else:
+            t_a = theta[:, _AA, None] + bm
+            if self._colocated:
+                t_a = t_a * slowdown
+            np.add(self._s * t_a, self._combined(big, ratio, theta[:, _GAMMA]), out=step)
+        out[:, self._rows:] = t_s[:, self._sync_ok]
+        return out
 
     def batch(self, x: np.ndarray) -> np.ndarray:
         """float[B, M] residuals of the points float[B, F]."""
         theta = self.theta(x)
-        r_step = np.log(self._step(theta)) - self._log_step
-        sync = self._sync(theta, self._sync_multi, self._sync_extra, self._sync_synced)
-        r_sync = np.log(sync) - self._log_sync
+        out = np.empty((x.shape[0], self._size))
+        times = self._rows + self._sync_rows
+        np.subtract(np.log(self._times(theta)), self._log_times, out=out[:, :times])
         # Optimistic retrogression prior: beta / (alpha + beta) -> 0 where the data allow.
-        r_prior = [RETROGRESSION_PRIOR_WEIGHT * theta[:, ib] / (theta[:, ia] + theta[:, ib]) for ia, ib in self._retro]
+        for col, (ia, ib) in enumerate(self._retro, start=times):
+            out[:, col] = RETROGRESSION_PRIOR_WEIGHT * theta[:, ib] / (theta[:, ia] + theta[:, ib])
         if self._colocated:  # Optimistic co-location prior: kappa -> 0 where the data allow.
-            r_prior.append(COLOCATION_PRIOR_WEIGHT * theta[:, _KAPPA])
-        priors = np.stack(r_prior, axis=1) if r_prior else np.empty((x.shape[0], 0))
-        return np.concatenate([r_step, r_sync, priors], axis=1)
-
-
-#: ``least_squares`` takes a ``workers`` map for its finite differences (scipy >= 1.16).
-_LSQ_WORKERS = "workers" in inspect.signature(least_squares).parameters
+            out[:, -1] = COLOCATION_PRIOR_WEIGHT * theta[:, _KAPPA]
+        return out
 
 
 def _multistart_least_squares(rows: _FitRows, free: list[int], residuals: _Residuals):
@@ -257,12 +265,12 @@ def _multistart_least_squares(rows: _FitRows, free: list[int], residuals: _Resid
     upper = np.array([GAMMA_MAX if i == _GAMMA else np.inf for i in free])
     init = _initial_guess(rows.nodes, rows.replicas, rows.m, rows.s, rows.step, rows.sync, rows.sync_ok)
     starts = GAMMA_STARTS if _GAMMA in free else (GAMMA_PRIOR,)
-    extra = {"workers": residuals.map} if _LSQ_WORKERS else {}
+    problem = BatchProblem(residuals.batch, lower, upper)
     best = None
     for gamma0 in starts:
         init[_GAMMA] = gamma0
         x0 = np.clip(init[free], lower, upper)
-        result = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", method="trf", **extra)
+        result = least_squares_trf(problem, x0, lower, upper)
         if not result.success:
             logger.debug("throughput fit from gamma=%g did not converge: %s", gamma0, result.message)
         if best is None or result.cost < best.cost:

@@ -20,6 +20,7 @@ Pure numpy: no torch, no processes.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Mapping
 
 from solvers import InvalidProblem
@@ -47,6 +48,11 @@ _REFIT_GROWTHS = Real(ge=1, finite=False, none=True)
 #: estimate still has a valid (very noisy) :class:`GradientStats`.  The runtime's
 #: smoothed estimate is clipped far above it (``stats.MIN_GRAD_SQR_FRACTION``).
 MIN_GRAD_SQR = 1e-300
+
+
+def _same_bits(a: tuple, b: tuple) -> bool:
+    """Whether two tuples of floats are equal to the bit (0.0 is not -0.0; nan is never equal)."""
+    return all(x == y and math.copysign(1.0, x) == math.copysign(1.0, y) for x, y in zip(a, b))
 
 
 def neutral_stats(limits: BatchLimits) -> GradientStats:
@@ -137,10 +143,14 @@ class JobAgent:
         return key in self._keys
 
     def update_stats(self, stats: tuple[float, float] | None, steps: int = 0) -> None:
-        """Take smoothed ``(grad_sqr, grad_var)`` (or None: none yet) over ``steps`` steps."""
-        self._stats = None if stats is None else (stats[0], stats[1])
-        self._grad_stats = None
+        """Take smoothed ``(grad_sqr, grad_var)`` (or None: none yet) over ``steps`` steps.
+        Statistics equal to the last ones, to the bit, keep the goodput model built from them."""
         self.stats_steps = int(steps)
+        new = None if stats is None else (stats[0], stats[1])
+        if new is not None and self._stats is not None and _same_bits(new, self._stats):
+            return
+        self._stats = new
+        self._grad_stats = None
         self._model = None
 
     @property

@@ -4,7 +4,7 @@ Pollux (Qiao et al., OSDI 2021, section 4.2) allocates with a genetic algorithm
 over allocation matrices (population 100, 100 generations per round, NSGA-II in
 numpy).  This package keeps that search space and kind of operators but runs
 the whole search as compiled XLA programs: the population is scored with
-``vmap`` and the generations are a ``lax.scan``.
+``vmap`` and the generations are a ``lax.while_loop``.
 
 * :mod:`~solvers.evolutionary.search`: a problem-agnostic genetic search,
   pure init / ask / tell over an immutable state with explicit PRNG keys (in

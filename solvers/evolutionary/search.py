@@ -3,7 +3,7 @@
 Written in the style of evosax and optax: the search state is an immutable
 :class:`SearchState`, every random number comes from an explicit PRNG key,
 and each function is pure, so the whole search compiles to XLA (the
-population is handled with ``vmap``, the generations with ``lax.scan``).
+population is handled with ``vmap``, the generations with ``lax.while_loop``).
 What the search knows of the problem is a :class:`Genome`: how to score a
 population and how to turn crossed-over children into valid ones.
 
@@ -17,7 +17,9 @@ problem: jobs).  One generation:
 * :func:`tell` (state, children, fitness) -> state: (mu + lambda) elitism,
   keep the best ``P`` of parents and children;
 * :func:`step` = ask + tell with the key ``fold_in(key, generation)``, taking
-  the children's fitness from ``Genome.vary``; :func:`evolve` scans it.
+  the children's fitness from ``Genome.vary``; :func:`evolve` loops over it
+  (with the same keys, drawing the threefry words of all its generations
+  before the loop).
 
 All random numbers of a generation come from one small threefry draw
 expanded by a counter-based hash (:func:`draws`).
@@ -41,7 +43,10 @@ __all__ = [
     "SearchState",
     "ask",
     "draws",
+    "draws_from_bits",
     "evolve",
+    "gene_rank",
+    "generation_bits",
     "import_jax",
     "init",
     "step",
@@ -131,37 +136,66 @@ def _mix32(x: Any) -> Any:
     return x ^ (x >> 16)
 
 
+def _words(genome: Genome) -> tuple[int, int]:
+    """(32-bit words per child and gene, per child) of one generation's draws."""
+    per_gene = -(-(genome.gene_draws + 1) // 2)
+    per_individual = -(-(SEARCH_INDIVIDUAL_DRAWS + genome.individual_draws) // 2)
+    return per_gene, per_individual
+
+
+def generation_bits(key: Any, size: int, genome: Genome) -> Any:
+    """uint32[size + 1, 1 + words per child]: the one threefry draw of a generation (see :func:`draws`)."""
+    jax = import_jax()
+    import jax.numpy as jnp
+
+    return jax.random.bits(key, (size + 1, 1 + _words(genome)[1]), jnp.uint32)
+
+
+def _gene_words(base: Any, n_words: int) -> Any:
+    """uint32[..., n_words]: the counter-based stream of each base word (see :func:`draws`)."""
+    counter = np.arange(1, n_words + 1, dtype=np.uint32) * np.uint32(MIX_INCREMENT)
+    return _mix32(base[..., None] + counter)
+
+
+def gene_rank(bits: Any, n_genes: int) -> Any:
+    """int32[G]: the generation's gene ranking, from its :func:`generation_bits` (``Draws.rank``)."""
+    import jax.numpy as jnp
+
+    order = jnp.argsort(_gene_words(bits[-1, 0], n_genes))
+    return jnp.argsort(order).astype(jnp.int32)
+
+
+def draws_from_bits(bits: Any, rank: Any, n_genes: int, genome: Genome) -> Draws:
+    """The :class:`Draws` of a generation from its :func:`generation_bits` and :func:`gene_rank`."""
+    import jax.numpy as jnp
+
+    size = bits.shape[0] - 1
+    per_gene, _ = _words(genome)
+    words = _gene_words(bits[:size, 0], per_gene * n_genes)  # [P, per_gene * G]
+    gene_words = words.reshape(size, per_gene, n_genes)
+    gene_halves = jnp.concatenate([gene_words & UINT16_MASK, gene_words >> 16], axis=1)
+    tail = bits[:size, 1:]
+    halves = jnp.concatenate([tail & UINT16_MASK, tail >> 16], axis=1)
+    scale = np.float32(1.0 / (UINT16_MASK + 1))
+    return Draws(
+        gene=gene_halves[:, : genome.gene_draws + 1].astype(jnp.float32) * scale,
+        individual=halves[:, : SEARCH_INDIVIDUAL_DRAWS + genome.individual_draws].astype(jnp.float32) * scale,
+        rank=rank,
+    )
+
+
 def draws(key: Any, size: int, n_genes: int, genome: Genome) -> Draws:
     """All random numbers of one generation, from one threefry draw of ``size + 1`` short rows.
 
     Threefry costs about 10 ns per 32-bit word on CPU, a large share of a
     generation if every random number came from it.  So it gives each child
-    (and row ``size``: the ranking) one base word and a few more words, and a
-    counter-based stream derives the rest: word ``c`` of a row is
-    :func:`_mix32` of ``base + c * MIX_INCREMENT`` (as in splitmix).  Each
-    word gives two 16-bit uniforms.
+    (and row ``size``: the ranking) one base word and a few more words
+    (:func:`generation_bits`), and a counter-based stream derives the rest:
+    word ``c`` of a row is :func:`_mix32` of ``base + c * MIX_INCREMENT`` (as
+    in splitmix).  Each word gives two 16-bit uniforms.
     """
-    jax = import_jax()
-    import jax.numpy as jnp
-
-    per_gene_draws = genome.gene_draws + 1
-    per_individual_draws = SEARCH_INDIVIDUAL_DRAWS + genome.individual_draws
-    words_per_individual = -(-per_individual_draws // 2)
-    per_gene = -(-per_gene_draws // 2)
-    bits = jax.random.bits(key, (size + 1, 1 + words_per_individual), jnp.uint32)
-    counter = np.arange(1, per_gene * n_genes + 1, dtype=np.uint32) * np.uint32(MIX_INCREMENT)
-    words = _mix32(bits[:, :1] + counter[None, :])  # [P + 1, per_gene * G]
-    gene_words = words[:size].reshape(size, per_gene, n_genes)
-    gene_halves = jnp.concatenate([gene_words & UINT16_MASK, gene_words >> 16], axis=1)
-    tail = bits[:size, 1:]
-    halves = jnp.concatenate([tail & UINT16_MASK, tail >> 16], axis=1)
-    scale = np.float32(1.0 / (UINT16_MASK + 1))
-    order = jnp.argsort(words[size, :n_genes])
-    return Draws(
-        gene=gene_halves[:, :per_gene_draws].astype(jnp.float32) * scale,
-        individual=halves[:, :per_individual_draws].astype(jnp.float32) * scale,
-        rank=jnp.argsort(order).astype(jnp.int32),
-    )
+    bits = generation_bits(key, size, genome)
+    return draws_from_bits(bits, gene_rank(bits, n_genes), n_genes, genome)
 
 
 def init(seeds: Any, params: Any, config: SearchConfig, genome: Genome) -> SearchState:
@@ -180,11 +214,16 @@ def init(seeds: Any, params: Any, config: SearchConfig, genome: Genome) -> Searc
 
 def _breed(key: Any, state: SearchState, params: Any, config: SearchConfig, genome: Genome) -> tuple[Any, Any]:
     """Children [P, ..., G] and their fitness float32[P] (see :func:`ask`)."""
+    n_genes = state.population.shape[-1]
+    return _breed_with(draws(key, state.population.shape[0], n_genes, genome), state, params, config, genome)
+
+
+def _breed_with(d: Draws, state: SearchState, params: Any, config: SearchConfig, genome: Genome) -> tuple[Any, Any]:
+    """:func:`_breed` with the generation's draws given."""
     import jax.numpy as jnp
 
     pop, fit = state.population, state.fitness
     size, n_genes = pop.shape[0], pop.shape[-1]
-    d = draws(key, size, n_genes, genome)
     contenders = (d.individual[:, :CONTENDERS].T.reshape(2, 2, size) * size).astype(jnp.int32)
     first, second = contenders[:, 0], contenders[:, 1]
     parents = jnp.where(fit[first] >= fit[second], first, second)  # [2, P] binary tournaments
@@ -227,18 +266,29 @@ def step(key: Any, state: SearchState, params: Any, config: SearchConfig, genome
 def evolve(
     key: Any, state: SearchState, params: Any, until: Any, config: SearchConfig, genome: Genome, length: int
 ) -> SearchState:
-    """Run ``length`` scanned generations, skipping those at or past generation ``until``.
+    """Run up to ``length`` generations in one loop, stopping at generation ``until``.
 
     Keys depend only on ``key`` and the generation number, so running G
     generations in one call or in chunks gives the same population.
     """
     jax = import_jax()
+    import jax.numpy as jnp
 
-    def body(st: SearchState, _: Any) -> tuple[SearchState, None]:
-        nxt = jax.lax.cond(
-            st.generation < until, lambda s: step(key, s, params, config, genome), lambda s: s, st
-        )
-        return nxt, None
+    if length == 0:
+        return state
+    # The chunk's threefry draws and rankings, batched ahead of the loop (the
+    # same numbers as step's, which draws them one generation at a time).
+    size, n_genes = state.population.shape[0], state.population.shape[-1]
+    generations = state.generation + jnp.arange(length, dtype=jnp.int32)
+    bits = jax.vmap(lambda g: generation_bits(jax.random.fold_in(key, g), size, genome))(generations)
+    ranks = jax.vmap(gene_rank, in_axes=(0, None))(bits, n_genes)
 
-    final, _ = jax.lax.scan(body, state, None, length=length)
-    return final
+    start = state.generation
+    stop = jnp.minimum(until, start + length)
+
+    def generation(st: SearchState) -> SearchState:
+        i = st.generation - start
+        d = draws_from_bits(bits[i], ranks[i], n_genes, genome)
+        return tell(st, *_breed_with(d, st, params, config, genome))
+
+    return jax.lax.while_loop(lambda st: st.generation < stop, generation, state)

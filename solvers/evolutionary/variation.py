@@ -176,6 +176,7 @@ def grow(u: Any, x: Any, params: PaddedProblem, genome: AllocationGenome) -> Any
     float32[GENE_DRAWS + 1, J] are its rows of ``Draws.gene`` (it reads
     ``OWN``, ``GROW_NODE``, ``AMOUNT``, ``GROW``).
     """
+    jax = import_jax()
     import jax.numpy as jnp
 
     n_nodes = x.shape[0]
@@ -194,7 +195,22 @@ def grow(u: Any, x: Any, params: PaddedProblem, genome: AllocationGenome) -> Any
     wants = can & (~busy | (u[GROW] < jnp.minimum(genome.increase_jobs / jobs, 1.0)))
     at = jnp.where(wants & has, node, -1)
     one_node = x + jnp.where(rows == at[None, :], amount[None, :], 0)
-    # Multi-node starts: rank of each free node in cyclic order from the offset.
+    # Most problems have no job that only runs across nodes: skip their starts.
+    return jax.lax.cond(
+        jnp.any(params.start_nodes > 1), _multi_node_starts, lambda *args: args[-1], x, free, offset, params, one_node
+    )
+
+
+def _multi_node_starts(x: Any, free: Any, offset: Any, params: PaddedProblem, one_node: Any) -> Any:
+    """:func:`grow`'s result where idle jobs that only run across nodes start on
+    ``start_nodes`` free nodes from ``offset`` (cyclic), else ``one_node``."""
+    import jax.numpy as jnp
+
+    n_nodes = x.shape[0]
+    rows = jnp.arange(n_nodes, dtype=jnp.int32)[:, None]
+    busy = jnp.any(x > 0, axis=0)
+    can = params.start_nodes > 0
+    # Rank of each free node in cyclic order from the offset.
     is_free = (free > 0).astype(jnp.int32)
     seen = cumsum_nodes(is_free)  # free nodes among 0..n
     before = jnp.where(offset > 0, seen[jnp.maximum(offset - 1, 0)], 0)[None, :]

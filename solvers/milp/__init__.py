@@ -16,7 +16,8 @@ The stages, one module each, in the order :func:`solve_milp` runs them:
   relaxation and each option's reduced cost;
 * :mod:`~solvers.milp.strategy`: the exact and the restricted ("large")
   formulation, which decide what each round's model offers;
-* :mod:`~solvers.milp.packing`: node states and the arc-flow packing graph;
+* :mod:`~solvers.milp.packing`: the arc-flow packing graph, over the node
+  states of :mod:`~solvers.milp.states` (what the holding nodes may keep);
 * :mod:`~solvers.milp.structure`: the index lists the rules read;
 * :mod:`~solvers.milp.model`: the Pyomo model (one named rule per
   constraint family);

@@ -10,6 +10,7 @@ and to certify its answer.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -77,7 +78,10 @@ class _Entries:
         """(entry values, each job's best, each entry's job best) at prices ``lam``, ``mu`` (per type with types)."""
         if self.kind is not None and np.ndim(lam):  # per-type prices (scalars: one price for all types)
             lam, mu = lam[self.kind], mu[self.kind]
-        value = self.worth - lam * self.reps - mu * self.span
+        # A price of +0.0 subtracts +0.0 from every entry, which leaves it as it is (to the bit): skipped.
+        value = self.worth.copy() if _plus_zero(lam) else self.worth - lam * self.reps
+        if not _plus_zero(mu):
+            value -= mu * self.span
         best = np.maximum.reduceat(value, self.starts)
         return value, best, np.repeat(best, self.counts)
 
@@ -117,6 +121,11 @@ class _Entries:
             return 0.0, self.worth.copy(), self.worth.copy()
         value, best, best_each = self._values(lam, mu)
         return float(best.sum()), value, best_each
+
+
+def _plus_zero(price) -> bool:
+    """True when ``price`` is the scalar +0.0 (not -0.0, not an array)."""
+    return isinstance(price, float) and price == 0.0 and math.copysign(1.0, price) > 0
 
 
 def _entries(problem: Problem, table: OptionTable) -> _Entries:

@@ -161,27 +161,69 @@ def assemble(s: ModelStructure, coefs) -> CompiledModel:
     Pyomo objects; tests/solvers/test_compiled.py pins the two equal.
     """
     terms, base = _tokens(s)
-    indptr, cols, vals, row_lo, row_up = [0], [], [], [], []
-    tokens, starts = [], []  # every row's tokens end to end, and where each row's begin
+    tokens, coefs_of_rows, lengths, row_lo, row_up = [], [], [], [], []  # every row's terms end to end
     for _, index, rule in rule_families(s, terms):
         for i in index:
             row = rule(i)
             if row is _SKIP:
                 continue
             expr, lo, up = row
-            starts.append(len(tokens))
             tokens += expr.tokens
-            row_cols, row_vals = _merged(expr.coefs, expr.tokens)
-            if not row_cols:
-                _check_constant_row(lo, up)
-                continue
-            cols += row_cols
-            vals += row_vals
-            indptr.append(len(cols))
-            row_lo.append(-np.inf if lo is None else lo)
-            row_up.append(np.inf if up is None else up)
-    order = _component_order(base, tokens, starts)
-    return _arrays(s, coefs, base, order, (indptr, cols, vals, row_lo, row_up))
+            coefs_of_rows += expr.coefs
+            lengths.append(len(expr.tokens))
+            row_lo.append(lo)
+            row_up.append(up)
+    tok = np.asarray(tokens, dtype=np.int64)
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    order = _component_order(base, tok, starts)
+    rows = _merged_rows(tokens, coefs_of_rows, tok, starts, (row_lo, row_up), int(base[-1]))
+    return _arrays(s, coefs, base, order, rows)
+
+
+def _merged_rows(
+    tokens: list, coefs: list, tok: np.ndarray, starts: np.ndarray, bounds: tuple, num_tokens: int
+) -> tuple:
+    """(indptr, columns, coefficients, row_lo, row_up) of the rows whose terms lie end to end in ``tokens``, ``coefs``.
+
+    ``tok`` is ``tokens`` as int64, ``starts`` where each row's terms begin,
+    ``bounds`` the rows' (lower, upper) bounds (None: none), tokens < ``num_tokens``.
+    Each row as :func:`_merged` makes it; rows left without terms are dropped
+    (:func:`_check_constant_row`).  Rows of distinct tokens and non-zero
+    coefficients (most) are taken as they are, the others merged one by one.
+    """
+    row_lo = np.array([-np.inf if b is None else b for b in bounds[0]], dtype=np.float64)
+    row_up = np.array([np.inf if b is None else b for b in bounds[1]], dtype=np.float64)
+    num_rows = starts.size
+    lengths = np.diff(np.append(starts, tok.size))
+    row = np.repeat(np.arange(num_rows), lengths)
+    val = np.asarray(coefs, dtype=np.float64)
+    key = np.sort(row * max(num_tokens, 1) + tok)
+    special = np.zeros(num_rows, dtype=bool)
+    special[key[1:][key[1:] == key[:-1]] // max(num_tokens, 1)] = True  # a token twice in the row
+    special[row[val == 0]] = True
+    special[lengths == 0] = True
+    if not special.any():
+        return np.append(0, np.cumsum(lengths)), tok, val, row_lo, row_up
+    plain = ~special[row]
+    merged_row, merged_tok, merged_val = [], [], []  # the special rows' terms, merged
+    ends = np.append(starts, tok.size).tolist()
+    for r in np.flatnonzero(special).tolist():
+        lo, hi = ends[r], ends[r + 1]
+        row_cols, row_vals = _merged(coefs[lo:hi], tokens[lo:hi])
+        if not row_cols:
+            _check_constant_row(bounds[0][r], bounds[1][r])
+        merged_row += [r] * len(row_cols)
+        merged_tok += row_cols
+        merged_val += row_vals
+    row = np.concatenate([row[plain], np.asarray(merged_row, dtype=np.int64)])
+    tok = np.concatenate([tok[plain], np.asarray(merged_tok, dtype=np.int64)])
+    val = np.concatenate([val[plain], np.asarray(merged_val, dtype=np.float64)])
+    by = np.argsort(row, kind="stable")  # a row's terms come from one part, in their order
+    count = np.bincount(row, minlength=num_rows)
+    kept = count > 0
+    indptr = np.append(0, np.cumsum(count[kept]))
+    return indptr, tok[by], val[by], row_lo[kept], row_up[kept]
 
 
 def _merged(coefs, tokens) -> tuple:
@@ -200,15 +242,16 @@ def _merged(coefs, tokens) -> tuple:
     return list(merged.keys()), list(merged.values())
 
 
-def _component_order(base: np.ndarray, tokens: list, starts: list) -> list:
+def _component_order(base: np.ndarray, tokens: np.ndarray, starts: np.ndarray) -> list:
     """Variable components in the order the compiler meets them: y, k and z (the objective
     lists them first, when there are options), then the others by the first row using them,
-    several first met in one row in component order."""
+    several first met in one row in component order.  ``tokens`` int64[T] are every row's
+    tokens end to end, ``starts`` int64[rows] where each row's begin."""
     order = [0, 1, 2] if base[3] else []
-    if not tokens:
+    if not tokens.size:
         return order
-    comp = np.searchsorted(base, np.asarray(tokens, dtype=np.int64), side="right") - 1
-    row = np.searchsorted(np.asarray(starts, dtype=np.int64), np.arange(comp.size), side="right") - 1
+    comp = np.searchsorted(base, tokens, side="right") - 1
+    row = np.searchsorted(starts, np.arange(comp.size), side="right") - 1
     never = np.iinfo(np.int64).max
     first_row = np.full(len(VARIABLES), never, dtype=np.int64)
     np.minimum.at(first_row, comp, row)
@@ -243,7 +286,9 @@ def _arrays(s: ModelStructure, coefs, base: np.ndarray, order: list, rows: tuple
     token_order = token_order[active[token_order]]
     column = np.full(num_tokens, -1, dtype=np.int64)
     column[token_order] = np.arange(token_order.size)
-    A = A[:, token_order].tocsr()
+    # Every token with an entry is active: renumbering the indices is A[:, token_order], sorted per row.
+    indices = column[A.indices].astype(A.indices.dtype)
+    A = sp.csr_matrix((A.data, indices, A.indptr), shape=(A.shape[0], token_order.size))
     A.sort_indices()
     upper = np.full(num_tokens, float(s.num_nodes))
     upper[: base[3]] = 1.0  # y, k, z binary

@@ -38,6 +38,7 @@ __all__ = [
     "new_highs",
     "result_status",
     "run_highs",
+    "silence_banner",
     "stopped_early",
 ]
 
@@ -112,6 +113,11 @@ def _silence_banner() -> bool:
     with capture_output(capture_fd=True):
         highspy.Highs()
     return True
+
+
+def silence_banner() -> None:
+    """Print HiGHS's start-up banner off stdout now, once per process (see :func:`new_highs`)."""
+    _silence_banner()
 
 
 def new_highs():

@@ -175,18 +175,29 @@ def _job_rules(jobs: JobSets, nodes: NodeSets, v: "Terms") -> list:
     y, k, z, f, g, skip = v.y, v.k, v.z, v.f, v.g, v.skip
     _linear = v.linear
     lo, hi, reps, multi_opts, fixed_nodes = jobs.lo, jobs.hi, jobs.reps, jobs.multi_opts, jobs.fixed_nodes
+    z_pos, keep_pos, opts_of_job, seg_max = jobs.z_pos, jobs.keep_pos, jobs.opts_of_job, jobs.seg_max
+    known = {}  # multi pair -> its segments (three rules read them)
 
     def segments_of(i):  # (size, variable) of multi-node job i's segments
-        if jobs.shared_segments:
-            return [(s, g[i, s]) for s in range(1, jobs.seg_max[i] + 1)]
-        kind = jobs.multi_type[i]
-        return [(s, f[a]) for s in range(1, jobs.seg_max[i] + 1) for a in nodes.arcs_by.get((MULTI, s, i, kind), ())]
+        segs = known.get(i)
+        if segs is None:
+            if jobs.shared_segments:
+                segs = [(s, g[i, s]) for s in range(1, seg_max[i] + 1)]
+            else:
+                kind = jobs.multi_type[i]
+                arcs_by = nodes.arcs_by
+                segs = [(s, f[a]) for s in range(1, seg_max[i] + 1) for a in arcs_by.get((MULTI, s, i, kind), ())]
+            known[i] = segs
+        return segs
 
     def one_choice(j):  # sum_o y[o] + k[j] + z[j] = 1
-        if jobs.z_pos[j] < 0:
+        at = z_pos[j]
+        if at < 0:
             return skip
-        terms = [y[o] for o in jobs.opts_of_job[j]] + [z[jobs.z_pos[j]]]
-        terms += [k[jobs.keep_pos[j]]] if jobs.keep_pos[j] >= 0 else []
+        terms = [y[o] for o in opts_of_job[j]]
+        terms.append(z[at])
+        if keep_pos[j] >= 0:
+            terms.append(k[keep_pos[j]])
         return _linear([1] * len(terms), terms) == 1
 
     def nodes_at_least(i):  # sum_s g[j,s] >= sum_o lo_o y[o]  (= when lo = hi)
@@ -218,6 +229,7 @@ def _packing_rules(jobs: JobSets, nodes: NodeSets, slots: bool, v: "Terms") -> l
     y, k, h, f, g, skip = v.y, v.k, v.h, v.f, v.g, v.skip
     _linear = v.linear
     states_of_node, kept_here, arcs_by = nodes.states_of_node, nodes.kept_here, nodes.arcs_by
+    state_res, state_slot, holding_capacity = nodes.state_res, nodes.state_slot, nodes.holding_capacity
 
     def segments(key):  # sum_j g[j,s] = sum_{multi arcs a of size s} f[a]  (of type t: key (t, s))
         t, s = key if jobs.typed else (0, key)
@@ -231,18 +243,20 @@ def _packing_rules(jobs: JobSets, nodes: NodeSets, slots: bool, v: "Terms") -> l
         return _linear([1] * len(opts) + [-1] * len(arcs), [y[o] for o in opts] + [f[a] for a in arcs]) == 0
 
     def one_state(i):  # sum_t h[n,t] = 1
-        return _linear([1] * len(states_of_node[i]), [h[t] for t in states_of_node[i]]) == 1
+        states = states_of_node[i]
+        return _linear([1] * len(states), [h[t] for t in states]) == 1
 
     def residual(i):  # sum_t r_t h[n,t] + sum_j cur[j,n] k[j] = cap_n
-        coefs = [nodes.state_res[t] for t in states_of_node[i]] + [c for _, c, _ in kept_here[i]]
-        terms = [h[t] for t in states_of_node[i]] + [k[q] for q, _, _ in kept_here[i]]
-        return _linear(coefs, terms) == nodes.holding_capacity[i]
+        states, kept = states_of_node[i], kept_here[i]
+        coefs = [state_res[t] for t in states] + [c for _, c, _ in kept]
+        terms = [h[t] for t in states] + [k[q] for q, _, _ in kept]
+        return _linear(coefs, terms) == holding_capacity[i]
 
     def slot(i):  # sum_{t: slot taken} h[n,t] = sum_{j multi-node, kept on n} k[j]
         kept = [k[q] for q, _, multi in kept_here[i] if multi]
         if not kept:
             return skip
-        taken = [h[t] for t in states_of_node[i] if nodes.state_slot[t]]
+        taken = [h[t] for t in states_of_node[i] if state_slot[t]]
         return _linear([1] * len(taken) + [-1] * len(kept), taken + kept) == 0
 
     def flow(i):  # sum_{out of v} f[a] - sum_{into v} f[a] - sum_{t entering v} h[t] = free nodes at v

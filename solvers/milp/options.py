@@ -46,6 +46,9 @@ DENSE_PRUNE_CELLS = 2**24
 #: Queries (configuration, node count) per chunk of the sparse pruning (memory bound).
 SPARSE_PRUNE_QUERIES = 2**21
 
+#: Largest replica count for which the dense pruning's running maximum is one pass per count.
+_SHORT_ACCUMULATE = 64
+
 
 def check_options(problem, time_limit, mip_gap, formulation) -> None:
     """Raise :class:`InvalidProblem`, naming the option and its value, for bad input."""
@@ -106,22 +109,30 @@ def _dense_rivals(problem: Problem, src: np.ndarray, group: np.ndarray, num_grou
     a, r = problem.table_shape
     table = np.full((num_groups, a + 1, r + 1), -np.inf)
     table[group[src], problem.cfg_nodes[src], problem.cfg_replicas[src]] = problem.cfg_speedup[src]
-    best_upto = np.maximum.accumulate(table, axis=2).reshape(-1)  # [j, N', K']: max speedup with <= K' replicas
+    # Running maximum along the replicas: [j, N', K'] = max speedup with <= K' replicas.
+    if r <= _SHORT_ACCUMULATE:  # a pass per replica count beats the strided accumulate on short rows
+        for k in range(1, r + 1):
+            np.maximum(table[:, :, k], table[:, :, k - 1], out=table[:, :, k])
+    else:
+        table = np.maximum.accumulate(table, axis=2)
+    best_upto = table.reshape(-1)
     rival = np.full(problem.num_configs, -np.inf)
-    live = np.arange(problem.num_configs)  # not dominated yet
+    live = np.arange(problem.num_configs)  # not dominated yet (all have >= N' nodes at pass N')
     nodes, reps, speed = problem.cfg_nodes, problem.cfg_replicas, problem.cfg_speedup
     row = group * ((a + 1) * (r + 1))
     for other in range(1, a + 1):  # N'
-        at = np.flatnonzero(nodes >= other)
-        n, k = nodes[at], reps[at]
-        # Same N: strictly fewer replicas; fewer N: up to ceil(K N' / N).
-        reach = np.where(n == other, k - 1, np.minimum(-(-k * other // n), r))
-        best = best_upto[row[at] + other * (r + 1) + reach]
-        beaten = best >= speed[at]
-        rival[live[at[beaten]]] = best[beaten]
-        alive = np.ones(live.size, dtype=bool)
-        alive[at[beaten]] = False
-        alive &= nodes > other  # fewer nodes than the next N' cannot be dominated by it
+        if live.size == 0:
+            break
+        # Same N: strictly fewer replicas (K - 1 = min(K, R) - 1); fewer N: up to ceil(K N' / N).
+        at = np.minimum((reps * other + nodes - 1) // nodes, r)
+        at -= nodes == other
+        at += row
+        at += other * (r + 1)
+        best = best_upto[at]
+        beaten = best >= speed
+        rival[live[beaten]] = best[beaten]
+        alive = nodes > other  # fewer nodes than the next N' cannot be dominated by it
+        alive &= ~beaten
         live, nodes, reps, speed, row = live[alive], nodes[alive], reps[alive], speed[alive], row[alive]
     return rival
 

@@ -44,8 +44,20 @@ import numpy as np
 from ..problem import Problem
 from .budget import Budget, TooLarge
 from .options import OptionTable
+from .states import holding_states
 
-__all__ = ["CLOSE", "ITEM", "MULTI", "SINK", "SKIP", "PackingGraph", "choosing_jobs", "groups", "packing_graph"]
+__all__ = [
+    "CLOSE",
+    "ITEM",
+    "MULTI",
+    "SINK",
+    "SKIP",
+    "PackingGraph",
+    "choosing_jobs",
+    "entry_vertices",
+    "groups",
+    "packing_graph",
+]
 
 #: Arc kinds of the packing graph: a single-node job, a multi-node segment, the
 #: end of a node's path, and (without interference avoidance) passing a job's layer.
@@ -103,56 +115,17 @@ class PackingGraph:
         return self.type_offset[kind] + _vertex(layer, levels - min(residual, levels), levels)
 
 
+def entry_vertices(graph: PackingGraph, residual: np.ndarray, taken: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """int64[...] :meth:`PackingGraph.entry` of each (residual > 0, slot taken, node type), vectorised."""
+    levels = np.asarray(graph.type_levels, dtype=np.int64)[kind]
+    layer = np.where(taken, np.asarray(graph.type_layers, dtype=np.int64)[kind] - 1, 0)
+    offset = np.asarray(graph.type_offset, dtype=np.int64)[kind]
+    return offset + layer * (levels + 1) + levels - np.minimum(residual, levels)
+
+
 def _vertex(layer: int, level: int, levels: int) -> int:
     """Vertex id of (layer, level) in a graph whose largest capacity is ``levels``."""
     return layer * (levels + 1) + level
-
-
-def _subset_sums(values: list[int], limit: int, most: int) -> list[int]:
-    """Sorted distinct sums of subsets of ``values`` that are <= ``limit``.
-
-    Raises:
-        TooLarge: beyond ``most`` sums (a node with many kept jobs of distinct sizes).
-    """
-    sums = {0}
-    for v in values:
-        sums |= {s + v for s in sums if s + v <= limit}
-        if len(sums) > most:
-            raise TooLarge(f"a holding node has over MAX_COLUMNS = {most} states")
-    return sorted(sums)
-
-
-def _holding_states(
-    problem: Problem, table: OptionTable, slots: bool, most: int
-) -> tuple[np.ndarray, list, list, list]:
-    """(holding nodes int64[H], and per state t: node position, residual r_t, slot taken l_t).
-
-    A holding node's states are the subsets of the jobs that may stay on it
-    (each keeps or leaves); with ``slots`` at most one of them spans several
-    nodes.  Raises :class:`~solvers.milp.budget.TooLarge` beyond ``most`` states.
-    """
-    cur = problem.current
-    on_node = cur[table.keep] > 0  # [Kp, N]
-    holding = np.flatnonzero(on_node.any(axis=0))
-    keep_multi = table.keep_nodes > 1
-    state_node, state_res, state_slot = [], [], []
-    for i, n in enumerate(holding.tolist()):
-        here = np.flatnonzero(on_node[:, n])
-        cap_n = int(problem.capacity[n])
-        if slots:
-            single = _subset_sums(cur[table.keep[here[~keep_multi[here]]], n].tolist(), cap_n, most)
-            states = {(u, False) for u in single}
-            multi_here = cur[table.keep[here[keep_multi[here]]], n].tolist()
-            states |= {(u + v, True) for v in multi_here for u in single if u + v <= cap_n}
-        else:
-            states = {(u, False) for u in _subset_sums(cur[table.keep[here], n].tolist(), cap_n, most)}
-        if len(state_node) + len(states) > most:
-            raise TooLarge(f"holding nodes have over MAX_COLUMNS = {most} states")
-        for u, taken in sorted(states):
-            state_node.append(i)
-            state_res.append(cap_n - u)
-            state_slot.append(taken)
-    return holding, state_node, state_res, state_slot
 
 
 def _out_arcs(v: int, levels: int, last: int, slots: bool, seg_max: np.ndarray, item_sizes: list) -> list:
@@ -255,8 +228,10 @@ def packing_graph(
     pair_of = np.searchsorted(pair_key, (o_job * types + o_type)[is_multi])
     np.maximum.at(seg, pair_of, (o_reps - o_lo + 1)[is_multi])  # K - (N - 1)
     budget = budget or Budget()
-    holding, state_node, state_res, state_slot = _holding_states(problem, table, slots, budget.max_columns)
-    state_type = problem.node_type[holding[np.array(state_node, dtype=np.int64)]]
+    holding, state_node, state_res, state_slot = holding_states(problem, table, slots, budget.max_columns)
+    state_node = np.array(state_node, dtype=np.int64)
+    state_res, state_slot = np.array(state_res, dtype=np.int64), np.array(state_slot, dtype=bool)
+    state_type = problem.node_type[holding[state_node]]
     single = ~is_multi
     graphs = [
         _type_graph(problem, t, slots, seg, (multi_jobs, multi_type), (o_job[single & (o_type == t)], o_reps[single & (o_type == t)]))
@@ -272,11 +247,11 @@ def packing_graph(
     arcs = []
     for t, g in enumerate(graphs):
         levels, last = g.levels, g.layers - 1
-        starts = {v - offsets[t] for v in free_supply if offsets[t] <= v < offsets[t + 1]} | {
-            _vertex(last if taken else 0, levels - min(res, levels), levels)
-            for res, taken, kind in zip(state_res, state_slot, state_type.tolist())
-            if res > 0 and kind == t
-        }
+        entering = (state_res > 0) & (state_type == t)
+        layer = np.where(state_slot[entering], last, 0)
+        starts = {v - offsets[t] for v in free_supply if offsets[t] <= v < offsets[t + 1]} | set(
+            (layer * (levels + 1) + levels - np.minimum(state_res[entering], levels)).tolist()
+        )
         used = sum(a.shape[0] for a in arcs)
         arc = _reachable_arcs(starts, levels, last, slots, seg_max[g.pairs], g.item_sizes, budget, used)
         arcs.append(_globalise(arc, offsets[t], g.pairs, t))
@@ -288,9 +263,9 @@ def packing_graph(
         multi_type=multi_type,
         seg_max=seg_max,
         holding=holding,
-        state_node=np.array(state_node, dtype=np.int64),
-        state_res=np.array(state_res, dtype=np.int64),
-        state_slot=np.array(state_slot, dtype=bool),
+        state_node=state_node,
+        state_res=state_res,
+        state_slot=state_slot,
         slots=slots,
         levels=graphs[0].levels,
         layers=graphs[0].layers,

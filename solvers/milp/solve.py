@@ -34,7 +34,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..problem import Problem, evaluate, job_values, violations
+from ..objective import power_mean
+from ..placement import violations_and_values
+from ..problem import Problem, job_values
 from ..result import Result, Status
 from .bound import Relaxation, relax
 from .budget import MODEL_SECONDS_PER_COLUMN, Budget, OutOfTime, TooLarge
@@ -43,9 +45,9 @@ from .highs import (
     SMALL_TYPED_OPTIONS,
     HighsRun,
     load_status_table,
-    new_highs,
     result_status,
     run_highs,
+    silence_banner,
     stopped_early,
 )
 from .compiled import compiled_model
@@ -135,7 +137,7 @@ def solve_milp(
     # one to ten seconds on a loaded machine, which would eat the first time limit.
     pyomo_scipy.sparse.csc_array  # noqa: B018  (resolves the deferred import)
 
-    new_highs()  # the one-off HiGHS banner, too
+    silence_banner()  # the one-off HiGHS banner, too
     t0 = time.perf_counter()
     budget = Budget.starting_now(time_limit, problem.num_configs)
     table = option_table(problem)
@@ -153,9 +155,14 @@ def utility_sum(problem: Problem, placement: np.ndarray, table: OptionTable | No
     ``table`` defaults to :func:`~solvers.milp.options.option_table` of ``problem``.
     """
     table = option_table(problem) if table is None else table
+    return _utility_of(problem, job_values(problem, placement), table)
+
+
+def _utility_of(problem: Problem, values: np.ndarray, table: OptionTable) -> float:
+    """:func:`utility_sum` of a placement whose job values (:func:`solvers.job_values`) are ``values``."""
     scale = table.scale
     w = problem.weight if scale.weight_scale == 1 else problem.weight * scale.weight_scale
-    return float(np.sum(w * scale(job_values(problem, placement))))
+    return float(np.sum(w * scale(values)))
 
 
 def _finite(rel: Relaxation) -> Relaxation:
@@ -189,6 +196,7 @@ class _Rounds:
     message: str = ""  # why they were cut short, and the answer's source
     timed_out: bool = False  # the time limit cut the solve short
     highs_overrun: float = 0.0  # seconds HiGHS ran past the deadline
+    best_values: np.ndarray | None = None  # float64[J] job values of ``best`` (solvers.job_values)
 
 
 def _solve_rounds(
@@ -257,11 +265,11 @@ def _run_rounds(problem, formulation, table, rel, limits: tuple, out: _Rounds, s
         )
         if budget.deadline is not None:  # HiGHS's presolve and root node do not always read the clock
             out.highs_overrun += max(0.0, time.perf_counter() - max(budget.deadline, t2))
-        placement = _feasible_placement(problem, table, graph, run)
+        placement, job_x = _feasible_placement(problem, table, graph, run)
         if placement is not None:
-            value = utility_sum(problem, placement, table)
+            value = _utility_of(problem, job_x, table)
             if value > out.best_value:
-                out.best, out.best_value = placement, value
+                out.best, out.best_value, out.best_values = placement, value, job_x
         t3 = time.perf_counter()
         out.build_seconds += t2 - t1
         out.solve_seconds += t3 - t2  # HiGHS and decoding its answer
@@ -308,11 +316,12 @@ def _fall_back(problem: Problem, table: OptionTable, out: _Rounds, start: np.nda
         candidates.append(("greedy", greedy.placement))
         out.timed_out |= greedy.status is Status.TIME_LIMIT
     for name, placement in candidates:
-        if violations(problem, placement):
+        broken, job_x = violations_and_values(problem, placement)
+        if broken:
             continue
-        value = utility_sum(problem, placement, table)
+        value = _utility_of(problem, job_x, table)
         if value > out.best_value:
-            out.best, out.best_value, out.fallback = placement, value, name
+            out.best, out.best_value, out.fallback, out.best_values = placement, value, name, job_x
     out.bound = max(out.bound, out.best_value)
     if out.fallback:
         out.message += f"; answer: {out.fallback}"
@@ -321,16 +330,17 @@ def _fall_back(problem: Problem, table: OptionTable, out: _Rounds, start: np.nda
 
 def _feasible_placement(
     problem: Problem, table: OptionTable, graph: PackingGraph, run: HighsRun
-) -> np.ndarray | None:
-    """The placement HiGHS's solution decodes to, None if it has none or it is infeasible (logged)."""
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(placement, its job values) that HiGHS's solution decodes to; (None, None) if it has none
+    or it is infeasible (logged)."""
     if run.values is None:
-        return None
+        return None, None
     placement = run.placement if run.placement is not None else decode_placement(problem, table, graph, run.values)
-    broken = violations(problem, placement)
+    broken, job_x = violations_and_values(problem, placement)
     if broken:
         log.error("HiGHS returned a solution that decodes to an infeasible placement: %s", broken)
-        return None
-    return placement
+        return None, None
+    return placement, job_x
 
 
 def _status(rounds: _Rounds, rel: Relaxation, mip_gap: float) -> Status:
@@ -357,8 +367,12 @@ def _result(
     problem: Problem, formulation: Formulation, table: OptionTable, rel: Relaxation, rounds: _Rounds, status: Status
 ) -> Result:
     """The :class:`Result`, with objective and bound on the power-mean scale."""
-    placement = rounds.best if rounds.best is not None else problem.current.copy()
-    objective = evaluate(problem, placement) if not violations(problem, placement) else float("nan")
+    if rounds.best is not None:  # checked feasible when it was found
+        placement, job_x = rounds.best, rounds.best_values
+    else:
+        placement = problem.current.copy()
+        job_x = violations_and_values(problem, placement)[1]
+    objective = power_mean(job_x, problem.weight, problem.p) if job_x is not None else float("nan")
     w_sum = table.weight_sum
     if w_sum == 0:
         bound_mean = objective  # no jobs: the empty placement is all there is

@@ -19,7 +19,8 @@ import numpy as np
 
 from ..problem import Problem
 from .options import OptionTable
-from .packing import PackingGraph, choosing_jobs, groups
+from .packing import PackingGraph, choosing_jobs, entry_vertices, groups
+from .states import kept_pieces
 
 __all__ = ["JobSets", "ModelStructure", "NodeSets"]
 
@@ -170,14 +171,11 @@ class NodeSets:
         inside[inside] = vertices[head_pos[inside]] == graph.arc_head[inside]
         state_res, state_slot = graph.state_res.tolist(), graph.state_slot.tolist()
         states_at = defaultdict(list)
-        for t, (res, taken, kind) in enumerate(zip(state_res, state_slot, graph.state_type.tolist())):
-            if res > 0:
-                states_at[graph.entry(res, taken, kind)].append(t)
-        keep_multi = (table.keep_nodes > 1).tolist()
-        kept_here = [
-            [(q, int(problem.current[table.keep[q], n]), keep_multi[q]) for q in np.flatnonzero(column > 0).tolist()]
-            for n, column in zip(graph.holding.tolist(), problem.current[table.keep][:, graph.holding].T)
-        ]
+        entering = np.flatnonzero(graph.state_res > 0)
+        at = entry_vertices(graph, graph.state_res[entering], graph.state_slot[entering], graph.state_type[entering])
+        for v, t in zip(at.tolist(), entering.tolist()):
+            states_at[v].append(t)
+        kept_here = kept_pieces(problem, table)[1]  # of the nodes graph.holding
         return NodeSets(
             arcs_by=dict(arcs_by),
             vertices=vertices.tolist(),
@@ -189,5 +187,5 @@ class NodeSets:
             state_slot=state_slot,
             states_at=dict(states_at),
             kept_here=kept_here,
-            holding_capacity=[int(problem.capacity[n]) for n in graph.holding],
+            holding_capacity=problem.capacity[graph.holding].tolist(),
         )

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..problem import Problem
 from .options import OptionTable
-from .packing import CLOSE, ITEM, MULTI, SINK, SKIP, PackingGraph, choosing_jobs
+from .packing import CLOSE, ITEM, MULTI, SINK, SKIP, PackingGraph, choosing_jobs, entry_vertices
 
 __all__ = ["decode_placement", "start_placement", "warm_start_values"]
 
@@ -30,14 +30,21 @@ def start_placement(problem: Problem, table: OptionTable, slots: bool) -> np.nda
     node the later ones hold nothing.
     """
     start = np.zeros_like(problem.current)
-    taken = np.zeros(problem.num_nodes, dtype=bool)
-    for j, nodes in zip(table.keep.tolist(), table.keep_nodes.tolist()):
-        on = problem.current[j] > 0
-        if nodes > 1 and slots:
-            if np.any(taken[on]):
-                continue
-            taken |= on
-        start[j] = problem.current[j]
+    multi = table.keep_nodes > 1
+    if not slots:
+        multi[:] = False
+    single = table.keep[~multi]
+    start[single] = problem.current[single]
+    multi_jobs = table.keep[multi]
+    row, node = np.nonzero(problem.current[multi_jobs])
+    ends = np.searchsorted(row, np.arange(multi_jobs.size + 1)).tolist()
+    node = node.tolist()
+    taken: set = set()  # nodes holding an earlier multi-node job
+    for i, j in enumerate(multi_jobs.tolist()):
+        on = node[ends[i] : ends[i + 1]]
+        if taken.isdisjoint(on):
+            taken.update(on)
+            start[j] = problem.current[j]
     return start
 
 
@@ -155,8 +162,8 @@ def decode_placement(problem: Problem, table: OptionTable, graph: PackingGraph, 
     segments to multi arcs (to the layer's own job without interference avoidance).
     """
     placement = np.zeros_like(problem.current)
-    for j in table.keep[values["k"] > 0].tolist():
-        placement[j] = problem.current[j]
+    kept = table.keep[values["k"] > 0]
+    placement[kept] = problem.current[kept]
     chosen = graph.opt[values["y"] > 0]
     single = chosen[table.hi[chosen] == 1]
     singles = defaultdict(list)  # (type, size) -> single-node jobs waiting for an item arc
@@ -175,31 +182,39 @@ def decode_placement(problem: Problem, table: OptionTable, graph: PackingGraph, 
         x.tolist() for x in (graph.arc_kind, graph.arc_size, graph.arc_job, graph.arc_head, graph.arc_type)
     )
     multi_jobs = graph.multi_jobs.tolist()
+    rows, cols, adds = [], [], []  # the pieces handed out: placement[rows, cols] += adds
     for n, v in _entries(problem, graph, values["h"] > 0):
         while v != SINK:
-            a = next((a for a in out[v] if flow[a] > 0), None)
-            if a is None:  # inconsistent flow: stop here; the feasibility check reports it
+            arcs = out[v]
+            while arcs and flow[arcs[0]] <= 0:  # the first arc with flow left (flows only decrease)
+                del arcs[0]
+            if not arcs:  # inconsistent flow: stop here; the feasibility check reports it
                 break
+            a = arcs[0]
             flow[a] -= 1
             kind, size, jpos, key = kinds[a], sizes[a], jobs[a], (types[a], sizes[a])
             if kind == ITEM and singles[key]:
-                placement[singles[key].pop(), n] += size
+                j = singles[key].pop()
             elif kind == MULTI and jpos >= 0:
-                placement[multi_jobs[jpos], n] += size
+                j = multi_jobs[jpos]
             elif kind == MULTI and segments[key]:
-                placement[segments[key].pop(), n] += size
+                j = segments[key].pop()
+            else:
+                j = -1
+            if j >= 0:
+                rows.append(j), cols.append(n), adds.append(size)
             v = heads[a]
+    at = (np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))
+    np.add.at(placement, at, np.asarray(adds, dtype=np.int64))
     return placement
 
 
 def _entries(problem: Problem, graph: PackingGraph, h: np.ndarray) -> list[tuple[int, int]]:
     """(node, entry vertex) of every node with free capacity: free nodes, then holding ones in their state ``h``."""
     free = np.delete(np.arange(problem.num_nodes), graph.holding)
-    kind = problem.node_type.tolist()
-    entries = [(n, graph.entry(c, False, kind[n])) for n, c in zip(free.tolist(), problem.capacity[free].tolist())]
-    entries += [
-        (int(graph.holding[i]), graph.entry(int(r), bool(s), kind[int(graph.holding[i])]))
-        for i, r, s in zip(graph.state_node[h], graph.state_res[h], graph.state_slot[h])
-        if r > 0
-    ]
-    return entries
+    node = np.concatenate([free, graph.holding[graph.state_node[h]]])
+    residual = np.concatenate([problem.capacity[free], graph.state_res[h]])
+    taken = np.concatenate([np.zeros(free.size, dtype=bool), graph.state_slot[h]])
+    entry = entry_vertices(graph, residual, taken, problem.node_type[node])
+    keep = residual > 0
+    return list(zip(node[keep].tolist(), entry[keep].tolist()))

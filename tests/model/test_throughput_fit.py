@@ -1,17 +1,23 @@
-"""The throughput fit's residuals: batched evaluation gives the formulas' values and the same fit, to the bit."""
+"""The throughput fit's residuals and least-squares run: batched evaluation gives the formulas' values,
+and the batched Jacobian and iteration scipy's least_squares answer, to the bit."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.optimize import least_squares
+from scipy.optimize._numdiff import approx_derivative
 
-from pollux_opt.model import fit_throughput, throughput_fit
+from pollux_opt.model import fit_throughput, throughput_fit, throughput_lsq
 from pollux_opt.model.throughput import (
-    _AA, _AN, _AR, _BN, _BR, _KAPPA,
+    _AA, _AN, _AR, _BN, _BR, _GAMMA, _KAPPA,
+    GAMMA_MAX,
+    GAMMA_MIN,
     unchecked_step_time,
     unchecked_sync_time,
 )
-from pollux_opt.model.throughput_fit import _FitRows, _Residuals
+from pollux_opt.model.throughput_fit import PARAM_FLOOR_S, _FitRows, _Residuals
+from pollux_opt.model.throughput_lsq import BatchProblem, least_squares_trf
 from pollux_opt.model.throughput_priors import (
     COLOCATION_PRIOR_WEIGHT,
     RETROGRESSION_PRIOR_WEIGHT,
@@ -81,15 +87,64 @@ def test_batched_residuals_equal_one_point_calls(kind):
     batch = residuals.batch(x)
     for b in range(x.shape[0]):
         assert batch[b].tobytes() == residuals(x[b]).tobytes()
-    mapped = residuals.map(None, iter(x))
-    assert all(a.tobytes() == batch[b].tobytes() for b, a in enumerate(mapped))
+
+
+def _problem(kind: str, seed: int = 0):
+    """(residuals, layout, lower, upper) of the fit of one kind of rows."""
+    nodes, replicas, m, step, sync, s = _measured(kind, seed)
+    rows = _FitRows.checked(nodes, replicas, m, step, sync, s)
+    layout = fit_layout(rows)
+    free = layout.free
+    lower = np.array([GAMMA_MIN if i == _GAMMA else PARAM_FLOOR_S for i in free])
+    upper = np.array([GAMMA_MAX if i == _GAMMA else np.inf for i in free])
+    return _Residuals(rows, layout), layout, lower, upper
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_batched_jacobian_equals_scipy_forward_differences(kind):
+    residuals, layout, lower, upper = _problem(kind)
+    problem = BatchProblem(residuals.batch, lower, upper)
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        x = rng.uniform(0.0, 3.0, len(layout.free))
+        x = np.clip(x, lower, upper)
+        if trial % 2 and _GAMMA in layout.free:  # on and next to gamma's upper bound: the step flipped
+            x[layout.free.index(_GAMMA)] = GAMMA_MAX if trial % 4 == 1 else GAMMA_MAX - 1e-12
+        expected = approx_derivative(residuals, x, method="2-point", bounds=(lower, upper))
+        got = problem.jac(x)
+        assert got.shape == expected.shape and got.tobytes() == expected.tobytes()
+        assert got.flags.f_contiguous == expected.flags.f_contiguous
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batched_least_squares_equals_scipy_least_squares(kind, seed):
+    residuals, layout, lower, upper = _problem(kind, seed)
+    x0 = np.clip(np.random.default_rng(seed).uniform(0.001, 2.0, len(layout.free)), lower, upper)
+    expected = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", method="trf")
+    got = least_squares_trf(BatchProblem(residuals.batch, lower, upper), x0, lower, upper)
+    assert got.x.tobytes() == expected.x.tobytes()
+    assert (got.cost, got.status, got.success, got.message) == (
+        expected.cost, expected.status, expected.success, expected.message)
+
+
+def test_least_squares_rejects_a_start_outside_the_bounds():
+    residuals, layout, lower, upper = _problem("spread")
+    with pytest.raises(ValueError, match="outside"):
+        least_squares_trf(BatchProblem(residuals.batch, lower, upper), lower - 1.0, lower, upper)
+
+
+def _plain_least_squares(problem, x0, lower, upper):
+    return least_squares(lambda x: problem.fun(x), x0, bounds=(lower, upper), x_scale="jac", method="trf")
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_fit_with_batched_jacobian_equals_the_plain_fit(kind, seed, monkeypatch):
+@pytest.mark.parametrize("direct", [True, False])
+def test_fit_equals_the_fit_with_scipy_least_squares(kind, seed, direct, monkeypatch):
     data = _measured(kind, seed)
+    monkeypatch.setattr(throughput_lsq, "_DIRECT", direct and throughput_lsq._DIRECT)
     batched = fit_throughput(*data[:5], accum_steps=data[5])
-    monkeypatch.setattr(throughput_fit, "_LSQ_WORKERS", False)
+    monkeypatch.setattr(throughput_fit, "least_squares_trf", _plain_least_squares)
     plain = fit_throughput(*data[:5], accum_steps=data[5])
     assert batched == plain

@@ -102,6 +102,19 @@ def test_simulator_agent_refits_on_a_new_pair_or_growth_and_shares_fits():
     assert agent.stale() and agent.model().throughput_params is not first
 
 
+def test_agent_keeps_its_model_while_the_statistics_repeat_to_the_bit():
+    agent = JobAgent(LIMITS, refit_growth=REFIT_GROWTH)
+    agent.add_measurement(ConfigKey(1, 1, 32, 0), *_times(ConfigKey(1, 1, 32, 0)))
+    agent.update_stats((1.0, 0.0), steps=3)
+    model = agent.model()
+    agent.update_stats((1.0, 0.0), steps=5)
+    assert agent.model() is model and agent.stats_steps == 5
+    agent.update_stats((1.0, -0.0))  # equal, not the same bits: rebuilt
+    assert agent.model() is not model and math.copysign(1.0, agent.reported_stats[1]) == -1.0
+    agent.update_stats((1.0, 2.0))
+    assert agent.model().grad_stats.grad_var == 2.0
+
+
 def test_fixed_batch_agent_stands_in_neutral_statistics():
     agent = JobAgent(LIMITS, fixed_batch=True)
     agent.add_measurement(ConfigKey(1, 1, 32, 0), *_times(ConfigKey(1, 1, 32, 0)))

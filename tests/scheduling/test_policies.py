@@ -244,9 +244,9 @@ def test_speedups_are_measured_against_the_fair_share():
     seen = {}
     original = PolluxPolicy.decide.__globals__["allocate"]
 
-    def spy(cluster, jobs, options):
+    def spy(cluster, jobs, options, **kwargs):
         seen.update({j.id: j.base for j in jobs})
-        return original(cluster, jobs, options)
+        return original(cluster, jobs, options, **kwargs)
 
     PolluxPolicy.decide.__globals__["allocate"] = spy
     try:

@@ -314,6 +314,25 @@ def test_init_ask_tell_are_pure() -> None:
     assert np.all(np.asarray(state.population) == seeds[0])
 
 
+def test_evolve_matches_one_step_at_a_time() -> None:
+    # evolve draws the random words of all its generations before its loop:
+    # they must be the numbers step draws, and the loop must stop at ``until``.
+    problem = _problem(10)
+    params, seeds = encoding.pad_problem(problem)
+    config = search.SearchConfig(population_size=8)
+    key = jax.random.key(4)
+    state = jax.jit(search.init, static_argnums=(2, 3))(seeds, params, config, GENOME)
+    step = jax.jit(search.step, static_argnums=(3, 4))
+    stepped = state
+    for _ in range(5):
+        stepped = step(key, stepped, params, config, GENOME)
+    evolve = jax.jit(search.evolve, static_argnums=(4, 5, 6))
+    looped = evolve(key, state, params, np.int32(5), config, GENOME, 7)
+    assert int(looped.generation) == 5
+    assert np.array_equal(np.asarray(looped.population), np.asarray(stepped.population))
+    assert np.array_equal(np.asarray(looped.fitness), np.asarray(stepped.fitness))
+
+
 # --------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     ("options", "message"),

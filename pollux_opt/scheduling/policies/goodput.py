@@ -33,6 +33,7 @@ from typing import Sequence
 from pollux_opt.model import BatchConfig, Cluster, Job, Options
 from pollux_opt.model.allocate import allocate
 from pollux_opt.model.domains import check_fields, domain_field
+from pollux_opt.model.goodput import SearchCache
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView
 from pollux_opt.scheduling.policies.views import (
     EXPLORATION_FACTOR,
@@ -77,6 +78,8 @@ class _AllocatorPolicy:
     fixed_batch: bool = False
     fair_share_base: bool = True
     exploration_factor: int = domain_field(EXPLORATION_FACTOR, EXPLORATION_FACTORS)
+    #: The rounds' batch searches, kept from round to round (speed only: see :class:`SearchCache`).
+    _search_cache: SearchCache = field(default_factory=SearchCache, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -109,7 +112,7 @@ class _AllocatorPolicy:
         active = active_views(jobs, cluster)
         if not active:
             return Decision({}, {}, math.nan, math.nan, DecisionStatus.IDLE)
-        result = allocate(cluster, self.allocator_jobs(cluster, active), self.options)
+        result = allocate(cluster, self.allocator_jobs(cluster, active), self.options, cache=self._search_cache)
         batch: dict[str, BatchConfig] = dict(result.batch)
         if self.fixed_batch:
             # No model yet: the allocator chose no batch; run the submitted one.

@@ -1,0 +1,121 @@
+"""Time the encoding of each round's allocation problem (``to_problem``) in one
+workload-6 Pollux simulation, for the working tree and optionally other copies
+of the repository.
+
+Each code runs the simulation (16 x 4 CPUs, interval 60 s) in its own
+process, with ``PYTHONPATH`` at the copy's root (the working tree: this
+repository); codes alternate for ``--repeats`` rounds, so that a loaded
+machine affects all alike.  A row: wall and CPU seconds of the simulation,
+wall and CPU (thread) seconds of ``to_problem`` and its share of the
+simulation's, the hits and misses of the policy's batch-search cache (empty
+where the code has none), the mean JCT, whether jobs.csv is identical to the
+working tree's first run, and the 1-minute load average before and after::
+
+    mkdir /tmp/head && git archive HEAD | tar -x -C /tmp/head
+    python experiments/encode_speed.py --code reference=/tmp/head --out experiments/results/encode_speed.csv
+
+On a shared machine the CPU figures are the steadier ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Workload 6 of the AdaptDL traces (read in place).
+WORKLOAD = ROOT.parent / "shared" / "traces" / "adaptdl-osdi21" / "workloads" / "workload-6.csv"
+#: The working tree's code, in the CSV.
+TREE = "working tree"
+
+
+def _worker(out_dir: Path) -> dict:
+    """One simulation in this process, ``to_problem`` timed: its figures (run with the code's PYTHONPATH)."""
+    allocate = importlib.import_module("pollux_opt.model.allocate")
+    from pollux_opt.cli.main import main
+
+    seconds = [0.0, 0.0]
+    encode = allocate.to_problem
+
+    def timed(*args, **kwargs):
+        start, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return encode(*args, **kwargs)
+        finally:
+            seconds[0] += time.perf_counter() - start
+            seconds[1] += time.thread_time() - cpu
+
+    allocate.to_problem = timed
+    start, cpu = time.perf_counter(), time.process_time()
+    main(["simulate", "--workload", str(WORKLOAD), "--policy", "pollux", "--nodes", "16",
+          "--cpus-per-node", "4", "--interval", "60", "--out", str(out_dir)])
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    caches = [o for o in gc.get_objects() if type(o).__name__ == "SearchCache"]
+    jcts = [float(row["jct"]) for row in csv.DictReader((out_dir / "jobs.csv").open())]
+    return {"wall_s": wall, "cpu_s": cpu, "encode_s": seconds[0], "encode_cpu_s": seconds[1],
+            "encode_share": seconds[0] / wall, "encode_cpu_share": seconds[1] / cpu,
+            "cache_hits": sum(c.hits for c in caches) if caches else "",
+            "cache_misses": sum(c.misses for c in caches) if caches else "",
+            "avg_jct_s": sum(jcts) / len(jcts), "module": allocate.__file__}
+
+
+def _run(root: Path, out_dir: Path) -> dict:
+    """:func:`_worker` in a child process with ``root`` first on PYTHONPATH."""
+    env = dict(os.environ, PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, __file__, "--worker", str(out_dir)], env=env, check=True,
+                          capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--code", action="append", default=[], metavar="LABEL=DIR",
+                        help="another copy of the repository to time (repeatable)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds over the codes (default 1)")
+    parser.add_argument("--out", type=Path, help="CSV to write (default: print)")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker is not None:
+        print(json.dumps(_worker(args.worker)))
+        return 0
+    codes = {TREE: ROOT}
+    for spec in args.code:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not (Path(path) / "pollux_opt").is_dir():
+            raise SystemExit(f"--code must be LABEL=DIR with a copy of the repository, got {spec!r}")
+        codes[label] = Path(path).resolve()
+    rows, reference = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            for label, root in codes.items():
+                out_dir = Path(tmp) / f"{r}-{len(rows)}"
+                load_before = os.getloadavg()[0]
+                figures = _run(root, out_dir)
+                jobs = (out_dir / "jobs.csv").read_text()
+                reference = jobs if reference is None else reference
+                rows.append({"code": label, "round": r, **figures, "identical_jobs_csv": jobs == reference,
+                             "load_average_1min_before": load_before, "load_average_1min_after": os.getloadavg()[0]})
+                print(rows[-1], file=sys.stderr)
+    fields = list(dict.fromkeys(key for row in rows for key in row))
+    out = sys.stdout if args.out is None else open(args.out, "w", newline="")
+    try:
+        writer = csv.DictWriter(out, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
