@@ -24,6 +24,7 @@ import csv
 import gc
 import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -31,9 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from fit_speed import emit_rows
+from solver_speed import WORKLOAD
+
+log = logging.getLogger("encode_speed")
+
 ROOT = Path(__file__).resolve().parents[1]
-#: Workload 6 of the AdaptDL traces (read in place).
-WORKLOAD = ROOT.parent / "shared" / "traces" / "adaptdl-osdi21" / "workloads" / "workload-6.csv"
 #: The working tree's code, in the CSV.
 TREE = "working tree"
 
@@ -87,6 +91,7 @@ def main(argv=None) -> int:
     if args.worker is not None:
         print(json.dumps(_worker(args.worker)))
         return 0
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     codes = {TREE: ROOT}
     for spec in args.code:
         label, sep, path = spec.partition("=")
@@ -104,16 +109,8 @@ def main(argv=None) -> int:
                 reference = jobs if reference is None else reference
                 rows.append({"code": label, "round": r, **figures, "identical_jobs_csv": jobs == reference,
                              "load_average_1min_before": load_before, "load_average_1min_after": os.getloadavg()[0]})
-                print(rows[-1], file=sys.stderr)
-    fields = list(dict.fromkeys(key for row in rows for key in row))
-    out = sys.stdout if args.out is None else open(args.out, "w", newline="")
-    try:
-        writer = csv.DictWriter(out, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    finally:
-        if out is not sys.stdout:
-            out.close()
+                log.info("%s", rows[-1])
+    emit_rows(rows, args.out)
     return 0
 
 

@@ -35,11 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from solver_speed import WORKLOAD, write_rows
+
 log = logging.getLogger("fit_speed")
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Workload 6 of the AdaptDL traces (read in place).
-WORKLOAD = ROOT.parent / "shared" / "traces" / "adaptdl-osdi21" / "workloads" / "workload-6.csv"
 #: The working tree's code, in the CSV.
 TREE = "working tree"
 
@@ -137,17 +137,16 @@ def main(argv=None) -> int:
         rows.append({"case": "replay", "code": label, "fits": len(calls), "ms_per_fit": 1e3 * per_fit,
                      "cpu_ms_per_fit": 1e3 * cpu_per_fit, "differing_fits": differing, "load_average_1min": os.getloadavg()[0]})
         log.info("%s", rows[-1])
-    fields = list(dict.fromkeys(key for row in rows for key in row))
-    if args.out is None:
-        _write(sys.stdout, fields, rows)
-    else:
-        with open(args.out, "w", newline="") as out:
-            _write(out, fields, rows)
+    emit_rows(rows, args.out)
     return 0
 
 
-def _write(out, fields: list, rows: list) -> None:
-    writer = csv.DictWriter(out, fieldnames=fields)
+def emit_rows(rows: list[dict], out: Path | None) -> None:
+    """The rows as CSV: on stdout, or written atomically at ``out`` (:func:`solver_speed.write_rows`)."""
+    if out is not None:
+        write_rows(rows, Path(out))
+        return
+    writer = csv.DictWriter(sys.stdout, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
     writer.writeheader()
     writer.writerows(rows)
 

@@ -100,8 +100,8 @@ def stopped_early(model_status) -> bool:
 
 
 @functools.cache
-def _silence_banner() -> bool:
-    """Create the process's first ``highspy.Highs`` with stdout captured (once).
+def silence_banner() -> None:
+    """Create the process's first ``highspy.Highs`` with stdout captured (once; see :func:`new_highs`).
 
     HiGHS prints its banner from C++ when the first instance of a process is
     created; it would corrupt the JSON that ``pollux-opt allocate`` writes to
@@ -112,19 +112,13 @@ def _silence_banner() -> bool:
 
     with capture_output(capture_fd=True):
         highspy.Highs()
-    return True
-
-
-def silence_banner() -> None:
-    """Print HiGHS's start-up banner off stdout now, once per process (see :func:`new_highs`)."""
-    _silence_banner()
 
 
 def new_highs():
     """A fresh ``highspy.Highs`` (the start-up banner kept off stdout)."""
     import highspy
 
-    _silence_banner()
+    silence_banner()
     return highspy.Highs()
 
 
