@@ -139,7 +139,8 @@ class UtilityScale:
     ``kind`` is one of
 
     * ``"plain"``: :func:`utility` itself (every ordinary instance);
-    * ``"log"``: ``log y``, for p = 0 and |p| < ``GEOMETRIC_P``;
+    * ``"log"``: ``log y``, for p = 0 and |p| < ``GEOMETRIC_P``, with the
+      weights scaled by the power of two nearest ``1 / max w``;
     * ``"scaled"`` (|p| >= 1): ``sign(p) (y / ref)^p``;
     * ``"box_cox"`` (0 < |p| < 1): ``expm1(p log(y / ref)) / p``, whose p -> 0
       limit is ``log(y / ref)``: no constant 1/p swamps the differences.
@@ -161,9 +162,12 @@ class UtilityScale:
     @staticmethod
     def of(p: float, best_y: np.ndarray, weight: np.ndarray) -> "UtilityScale":
         """The scale for exponent ``p``, each job's best ``y`` float64[J] (-inf: none) and weights float64[J]."""
-        if p == 0 or abs(p) < GEOMETRIC_P:
-            return UtilityScale(p=0.0, kind="log")
         best_y, weight = np.asarray(best_y, dtype=np.float64), np.asarray(weight, dtype=np.float64)
+        if p == 0 or abs(p) < GEOMETRIC_P:
+            # The choices' log differences are order one only at weights near 1:
+            # rescale (exactly, by a power of two) by the largest weight.
+            top_weight = float(weight.max()) if weight.size else 1.0
+            return UtilityScale(p=0.0, kind="log", weight_scale=_power_of_two(1.0 / top_weight))
         has = np.isfinite(best_y) & (best_y > 0)
         if not has.any():
             return UtilityScale(p=p, kind="plain")
