@@ -1,11 +1,19 @@
 """Markdown formatting shared by the sections of ``docs/results.md``
-(:mod:`results_doc`, :mod:`results_real`): tables, numbers, policy names."""
+(:mod:`results_doc` and its section modules): tables, numbers, policy names,
+the results folder's link and the error a bad CSV raises."""
 
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
+
+class ResultsError(Exception):
+    """A results CSV is missing, or lacks a column, or the README lacks the markers."""
+
+
+#: Where the CSVs and plots are, as a link from docs/results.md.
+RESULTS_LINK = "../experiments/results"
 #: Display names of the simulator's policies, in table order.
 POLICY_NAMES = {"pollux": "Pollux", "tiresias": "Tiresias+tuned", "optimus": "Optimus+Oracle+tuned"}
 #: Display names of the real executor's policies, in table order.
