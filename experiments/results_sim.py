@@ -196,7 +196,7 @@ def speed_section(results: Results) -> list[str]:
         "",
         "`experiments/solver_speed.py --reference DIR`: the working tree's solvers and a reference copy "
         "(DIR), each in its own subprocess one after the other on the same seeded instances; milliseconds "
-        "per solve (per simulation for the simulation row), median over the solves. The machine is shared: "
+        "per solve, median over the solves. The machine is shared: "
         "the 1-minute load average is given for each code, and the ratio is of CPU time, which the load "
         "distorts less than wall time.",
         "",

@@ -6,7 +6,6 @@ after the other, on the same seeded instances, so that a loaded machine
 affects both alike; the CSV keeps the load average next to each row::
 
     python experiments/solver_speed.py --reference /path/to/old --out experiments/results/solver_speed.csv
-    python experiments/solver_speed.py --sim    # also one workload-6 Pollux simulation per code
 
 Cases (``solvers.testing.random_problem``; wall and CPU seconds per solve,
 median and 95th percentile):
@@ -17,8 +16,9 @@ median and 95th percentile):
   job weights, after one solve of each (other objective, same structure);
 * ``milp 2048 CPUs / 1000 jobs``: 512 x 4 CPUs, 1000 jobs, two seeds (the
   "large" formulation at the default gap);
-* ``evolutionary 100 x 100, 64 CPUs / 40 jobs``: 100 generations of 100, after compilation;
-* ``simulation workload-6 pollux 16 x 4`` (``--sim``): one 160-job simulation, interval 60 s.
+* ``evolutionary 100 x 100, 64 CPUs / 40 jobs``: 100 generations of 100, after compilation.
+
+A whole workload-6 simulation is timed by ``experiments/encode_speed.py``.
 """
 
 from __future__ import annotations
@@ -125,33 +125,16 @@ def _evolutionary_case() -> dict:
     return _row("evolutionary 100 x 100, 64 CPUs / 40 jobs", walls, cpus)
 
 
-def _sim_case() -> dict:
-    import contextlib
-    import io
-    import tempfile
-
-    from pollux_opt.cli.main import main as cli
-
-    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
-        argv = ["simulate", "--workload", str(WORKLOAD), "--policy", "pollux", "--nodes", "16",
-                "--cpus-per-node", "4", "--interval", "60", "--out", out]
-        w, c, _ = _time(lambda: cli(argv))
-        avg_jct = json.loads((Path(out) / "summary.json").read_text()).get("avg_jct_s")
-    return _row("simulation workload-6 pollux 16 x 4", [w], [c], avg_jct_s=avg_jct)
-
-
-def worker(sim: bool) -> None:
+def worker() -> None:
     """Measure in this process and print the rows as JSON."""
     rows = _milp_cases() + [_evolutionary_case()]
-    if sim:
-        rows.append(_sim_case())
     for row in rows:
         row["load_average_1min"] = os.getloadavg()[0]
     json.dump(rows, sys.stdout)
 
 
-def _run(code: str, path: str | None, sim: bool) -> list[dict]:
-    return run_worker(code, path, Path(__file__), ["--sim"] if sim else [])
+def _run(code: str, path: str | None) -> list[dict]:
+    return run_worker(code, path, Path(__file__), [])
 
 
 def run_worker(code: str, path: str | None, script: Path, flags: list[str]) -> list[dict]:
@@ -170,17 +153,16 @@ def run_worker(code: str, path: str | None, script: Path, flags: list[str]) -> l
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reference", help="folder holding a reference copy of the solvers package")
-    ap.add_argument("--sim", action="store_true", help="also time one workload-6 Pollux simulation per code")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "solver_speed.csv"))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.sim)
+        worker()
         return 0
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows = _run("current", None, args.sim)
+    rows = _run("current", None)
     if args.reference:
-        rows += _run("reference", args.reference, args.sim)
+        rows += _run("reference", args.reference)
     write_rows(rows, Path(args.out))
     return 0
 
