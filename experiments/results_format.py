@@ -54,6 +54,14 @@ def missing(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
+def machine_note(df) -> str:
+    """" Measured on M." for a table whose CSV names its machine (``machine`` column), else ""."""
+    if df is None or "machine" not in df.columns:
+        return ""
+    names = [str(m) for m in dict.fromkeys(df.machine.dropna())]
+    return f" Measured on {' and '.join(names)}." if names else ""
+
+
 def ordered(values, order: dict[str, str]) -> list[str]:
     present = list(dict.fromkeys(values))
     return [p for p in order if p in present] + sorted(p for p in present if p not in order)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from results_format import md_table, ms, pct, seconds
+from results_format import machine_note, md_table, ms, pct, seconds
 
 if TYPE_CHECKING:
     from results_doc import Results
@@ -132,8 +132,8 @@ def solver_types_section(results: Results) -> list[str]:
         "",
         "`experiments/solver_types.py`: seeded typed instances (`solvers.testing.random_typed_problem`) on Sia's "
         "64-GPU cluster and on 2048 GPUs of three types; milliseconds per solve, build included; `reference` "
-        "rows are the code before types, on the same untyped instances. Targets: 64 GPUs median <= 20 ms and "
-        "p95 <= 100 ms, 2048 GPUs <= 0.5 s at a gap <= 1 %.",
+        "rows are a reference copy of the code (`--reference DIR`) on the same instances. Targets: 64 GPUs "
+        "median <= 20 ms and p95 <= 100 ms, 2048 GPUs <= 0.5 s at a gap <= 1 %." + machine_note(df),
         "",
         *md_table(["code", "case", "solves", "wall median (ms)", "wall p95 (ms)", "CPU median (ms)", "largest gap",
                    "load"], rows, [False, False] + [True] * 6),

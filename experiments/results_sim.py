@@ -16,6 +16,7 @@ from results_format import (
     RESULTS_LINK,
     ResultsError,
     display_name,
+    machine_note,
     md_table,
     missing,
     ms,
@@ -198,7 +199,7 @@ def speed_section(results: Results) -> list[str]:
         "(DIR), each in its own subprocess one after the other on the same seeded instances; milliseconds "
         "per solve, median over the solves. The machine is shared: "
         "the 1-minute load average is given for each code, and the ratio is of CPU time, which the load "
-        "distorts less than wall time.",
+        "distorts less than wall time." + machine_note(df),
         "",
         *md_table(["case", "wall median (ms)", "CPU median (ms)", "reference CPU (ms)",
                    "reference / current CPU", "load", "reference load"], rows, [False] + [True] * 6),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from results_format import md_table, missing
+from results_format import machine_note, md_table, missing
 
 if TYPE_CHECKING:
     from results_doc import Results
@@ -56,7 +56,8 @@ def sim_speed_section(results: Results) -> list[str]:
             "`experiments/encode_speed.py --code reference=DIR`: one workload-6 Pollux simulation (160 jobs, "
             "16 x 4 CPUs, interval 60 s) per code and round, the codes alternating, each in its own process; "
             "`to_problem` is the encoding of each round's allocation problem (speedup tables and batch "
-            "search). Means over the rounds; \"same jobs.csv\": identical to the working tree's first run.",
+            "search). Means over the rounds; \"same jobs.csv\": identical to the working tree's first run."
+            + machine_note(results.encode_speed),
             "",
             *md_table(["code", "runs", "wall (s)", "CPU (s)", "to_problem CPU (s)", "to_problem share",
                        "CPU / working tree", "same jobs.csv", "load"], _encode_rows(results.encode_speed),
@@ -67,7 +68,7 @@ def sim_speed_section(results: Results) -> list[str]:
         lines += [
             "`experiments/fit_speed.py`: the 406 throughput fits of one workload-6 Pollux simulation, recorded "
             "and replayed by each code in one process (milliseconds per fit; \"differing\": fits whose "
-            "parameters differ from the working tree's).",
+            "parameters differ from the working tree's)." + machine_note(results.fit_speed),
             "",
             *md_table(["code", "fits", "CPU ms / fit", "wall ms / fit", "CPU / working tree", "differing",
                        "load"], _fit_rows(results.fit_speed), [False] + [True] * 6),

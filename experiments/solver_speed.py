@@ -167,14 +167,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def machine_name() -> str:
+    """This machine's processor model and CPU count, e.g. ``"Intel(R) Xeon(R) Processor, 2 vCPUs"``."""
+    model = "unknown processor"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} vCPUs"
+
+
 def write_rows(rows: list[dict], out: Path) -> None:
-    """The timing rows as a CSV at ``out`` (written atomically), with the machine's CPU count."""
+    """The timing rows as a CSV at ``out`` (written atomically), with the machine's CPU count and model."""
     import pandas as pd
 
     from pollux_opt.records.files import atomic_write_csv
 
     df = pd.DataFrame(rows)
     df["cpus"] = os.cpu_count()
+    df["machine"] = machine_name()
     atomic_write_csv(out, df)
     log.info("wrote %s\n%s", out, df.to_string())
 

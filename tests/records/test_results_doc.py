@@ -198,3 +198,18 @@ def test_md_table_escapes_pipes_and_checks_widths():
     assert rd.md_table(["a", "b"], [["x|y", "1"]], [False, True]) == ["| a | b |", "| --- | ---: |", "| x\\|y | 1 |"]
     with pytest.raises(ValueError, match="table rows must have 2 cells"):
         rd.md_table(["a", "b"], [["only one"]])
+
+
+def test_a_timing_table_names_the_machine_its_csv_records(tmp_path):
+    results = _copy_required(tmp_path / "results")
+    row = {"case": "milp 64 CPUs / 40 jobs, new structure", "solves": 10, "wall_median_s": 0.01,
+           "wall_p95_s": 0.02, "cpu_median_s": 0.01, "load_average_1min": 1.0}
+    pd.DataFrame([{"code": "current", **row, "machine": "Example CPU, 2 vCPUs"}]).to_csv(
+        results / "solver_speed.csv", index=False)
+    out = tmp_path / "results.md"
+    assert rd.main(["--results", str(results), "--out", str(out), "--no-readme", "--log-level", "WARNING"]) == 0
+    section = out.read_text().split("## Allocator speed\n", 1)[1].split("\n## ", 1)[0]
+    assert "Measured on Example CPU, 2 vCPUs." in section
+    pd.DataFrame([{"code": "current", **row}]).to_csv(results / "solver_speed.csv", index=False)
+    assert rd.main(["--results", str(results), "--out", str(out), "--no-readme", "--log-level", "WARNING"]) == 0
+    assert "Measured on" not in out.read_text().split("## Allocator speed\n", 1)[1].split("\n## ", 1)[0]
