@@ -234,6 +234,7 @@ def run_highs(
     dive=False,
     dive_gap=None,
     pack_choices=False,
+    repair=None,
     options=None,
 ) -> HighsRun:
     """Solve the compiled model ``form``: its LP relaxation, then the MIP if that is fractional.
@@ -255,6 +256,10 @@ def run_highs(
     the packing of its choices (:func:`~solvers.milp.fixing.pack_lp_choices`;
     a callable ``pack_choices`` is its greedy packer), a proven optimum
     when it succeeds.
+
+    ``repair`` (the LP's values by name -> (placement, utility sum) or
+    None) follows a dive that found nothing good enough (see
+    :func:`~solvers.milp.fixing.dive`).
 
     ``options`` (HiGHS option name -> value, e.g. :data:`SMALL_TYPED_OPTIONS`)
     are set for every stage.
@@ -292,7 +297,7 @@ def run_highs(
         if call.out_of_time():
             return call.timed_out("the packing of the LP's choices")
     if dive and lp_optimal:
-        dived = _dive(call, x, lp_bound, dive_gap)
+        dived = _dive(call, x, lp_bound, dive_gap, repair)
         if dived is not None:
             return dived
         if call.out_of_time():

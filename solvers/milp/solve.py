@@ -53,7 +53,7 @@ from .highs import (
 from .compiled import compiled_model
 from .fixing import TYPED_DIVE_GAP
 from .options import DEFAULT_MIP_GAP, UTILITY_RTOL, OptionTable, check_options, option_table
-from .greedy_pack import pack_choices
+from .greedy_pack import pack_choices, repair_choices
 from .packing import PackingGraph, packing_graph
 from .strategy import Formulation, choose_formulation
 from .warmstart import decode_placement, start_placement, warm_start_values
@@ -260,6 +260,7 @@ def _run_rounds(problem, formulation, table, rel, limits: tuple, out: _Rounds, s
             dive=formulation.dive,
             dive_gap=TYPED_DIVE_GAP if problem.typed else None,
             pack_choices=functools.partial(pack_choices, problem, table, graph) if problem.typed else False,
+            repair=functools.partial(repair_choices, problem, table, graph) if problem.typed else None,
             options=SMALL_TYPED_OPTIONS if small else None,
             **highs_options,
         )

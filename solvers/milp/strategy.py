@@ -29,7 +29,9 @@ ways, each keeping every answer feasible for the real problem:
 3. Dive: when the LP relaxation of the restricted model is fractional, every
    choice it made whole (y or k at 1) is fixed and the MIP decides only the
    rest; if that finds nothing (with node types: nothing within
-   ``TYPED_DIVE_GAP`` of the LP bound), the restricted MIP runs in full.
+   ``TYPED_DIVE_GAP`` of the LP bound, even after the greedy repair of
+   :func:`~solvers.milp.greedy_pack.repair_choices`), the restricted MIP
+   runs in full.
 
 It runs one round; its status is ``Status.OPTIMAL`` only when the bound
 proves the placement within ``mip_gap``, otherwise ``Status.FEASIBLE`` (or

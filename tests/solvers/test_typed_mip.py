@@ -82,17 +82,43 @@ def test_a_dive_that_leaves_a_job_nothing_gives_way_to_the_full_mip(seed):
     assert not result.message.startswith("LP dive")
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_the_replica_front_gives_the_same_cpu_use_at_every_price(seed):
-    from solvers.milp.bound import _entries
+@pytest.mark.parametrize("seed", [23, 45, 55])
+def test_a_dive_that_finds_no_room_is_repaired_by_a_greedy_packing(seed):
+    # On these 256-GPU clusters the LP's whole choices cannot all be packed; the
+    # greedy packing shows which can, and the dive fixing only those is kept.
+    from solvers.milp.fixing import TYPED_DIVE_GAP
+
+    problem = random_typed_problem(seed, (16, 12, 12), (4, 8, 8), 120)
+    result = solve(problem, "milp", formulation="large")
+    assert not violations(problem, result.placement)
+    assert "greedy packing" in result.message
+    full = solve(problem, "milp", formulation="large", mip_gap=0.0)
+    assert result.objective >= full.objective * (1 - 2 * TYPED_DIVE_GAP)
+    assert result.bound >= full.objective * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_greedy_repair_places_feasibly_and_values_its_placement_truly(seed):
+    from solvers.milp.greedy_pack import repair_choices
     from solvers.milp.options import option_table
+    from solvers.milp.packing import packing_graph
+    from solvers.milp.solve import utility_sum
 
     problem = _sia(seed)
-    e = _entries(problem, option_table(problem))
-    front = e.front()
-    assert front.worth.size < e.worth.size
-    for lam in np.random.default_rng(seed).uniform(0.0, 0.5, 40).tolist() + [0.0]:
-        assert front.used(lam, 0.0, front.reps) == e.used(lam, 0.0, e.reps)
+    table = option_table(problem)
+    graph = packing_graph(problem, table, np.ones(table.job.size, dtype=bool), np.inf, True)
+    rng = np.random.default_rng(seed)
+    job = table.job[graph.opt]
+    pick = np.array([rng.choice(np.flatnonzero(job == j)) for j in np.unique(job)])  # one whole option per job
+    values = {"y": np.zeros(graph.opt.size), "k": np.zeros(table.keep.size)}
+    values["y"][pick] = 1.0
+    placement, value, settled = repair_choices(problem, table, graph, values)
+    assert not violations(problem, placement)
+    assert value == pytest.approx(utility_sum(problem, placement, table), rel=1e-12)
+    kept_as_chosen = pick[settled["y"][pick]]
+    assert kept_as_chosen.size > 0
+    reps = placement.sum(axis=1)
+    assert np.array_equal(reps[table.job[graph.opt[kept_as_chosen]]], table.reps[graph.opt[kept_as_chosen]])
 
 
 def _naive_typed_prune(problem) -> np.ndarray:
