@@ -16,7 +16,7 @@ import numpy as np
 
 from pollux_opt.model.batch import BatchChoice, BatchConfig
 from pollux_opt.model.cluster import Cluster
-from pollux_opt.model.goodput import GoodputModel, SearchCache
+from pollux_opt.model.goodput import DistinctAllocations, GoodputModel, SearchCache, distinct_allocations
 from pollux_opt.model.job import Job
 from pollux_opt.model.options import Options
 from pollux_opt.model.typed import TypedGoodput, TypedTable
@@ -49,16 +49,25 @@ def _model_table(
     """
     if not pairs:
         return {}, None
-    # The base goes last in the same call (one vectorised search instead of two).
-    nn = np.array([p[0] for p in pairs] + [base[0]])
-    kk = np.array([p[1] for p in pairs] + [base[1]])
-    choice = model.optimize(nn, kk, fixed_batch_size=fixed_batch_size, cache=cache)
+    choice = model.optimize_distinct(_allocations(pairs, base), fixed_batch_size=fixed_batch_size, cache=cache)
     if not choice.feasible[-1]:
+        nn, kk = zip(*pairs, base)
         model.speedup(nn, kk, base=base, fixed_batch_size=fixed_batch_size)  # raises its clear error
     spd = choice.goodput[:-1] / choice.goodput[-1]
     keep = np.flatnonzero(spd > 0)
     table = dict(zip([pairs[i] for i in keep], spd[keep].tolist()))
     return table, choice
+
+
+@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+def _allocations(pairs: tuple[tuple[int, int], ...], base: tuple[int, int]) -> DistinctAllocations:
+    """The distinct allocations of ``pairs`` then ``base`` (read-only arrays), cached: they
+    depend on the pairs only, and a scheduler asks for the same few pair lists every round.
+    The base goes last (one vectorised search instead of two)."""
+    found = distinct_allocations([p[0] for p in pairs] + [base[0]], [p[1] for p in pairs] + [base[1]])
+    for a in found[:3]:
+        a.flags.writeable = False
+    return found
 
 
 @lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
@@ -163,12 +172,37 @@ def _model_configs(
     cache: SearchCache | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_table_configs` of a goodput model's discounted speedup table (read-only arrays), cached:
-    a scheduler's rounds encode mostly unchanged models."""
-    table = _discounted(_model_table(model, pairs, base, fixed_batch_size, cache)[0], spread_penalty)
-    configs = _table_configs(table)
+    a scheduler's rounds encode mostly unchanged models.
+
+    The arrays come straight from the model's choice at ``pairs`` (listed in
+    (nodes, replicas) order by :func:`_pairs`): the same numbers, in the same
+    order, as the table's sorted items, with the discount of :func:`_discounted`
+    taken elementwise."""
+    nn, kk = _pair_arrays(pairs)
+    if nn is None:  # pairs not in (nodes, replicas) order: through the table
+        configs = _table_configs(_discounted(_model_table(model, pairs, base, fixed_batch_size, cache)[0],
+                                             spread_penalty))
+    else:
+        choice = _model_table(model, pairs, base, fixed_batch_size, cache)[1]
+        spd = choice.goodput[:-1] / choice.goodput[-1]
+        keep = np.flatnonzero(spd > 0)
+        nodes = nn[keep]
+        configs = (nodes, kk[keep], spd[keep] * (1.0 - spread_penalty * (nodes - 1)))
     for a in configs:
         a.flags.writeable = False
     return configs
+
+
+@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+def _pair_arrays(pairs: tuple[tuple[int, int], ...]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(nodes int64[C], replicas int64[C]) of non-empty ``pairs`` in strictly increasing (nodes,
+    replicas) order (read-only); (None, None) for pairs in any other order or none."""
+    if not pairs or any(a >= b for a, b in zip(pairs, pairs[1:])):
+        return None, None
+    nn = np.array([n for n, _ in pairs], dtype=np.int64)
+    kk = np.array([k for _, k in pairs], dtype=np.int64)
+    nn.flags.writeable = kk.flags.writeable = False
+    return nn, kk
 
 
 def _type_tops(cluster: Cluster) -> tuple[tuple[str, tuple[int, ...]], ...]:

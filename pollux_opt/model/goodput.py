@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from pollux_opt.model.efficiency import GradientStats, unchecked_efficiency
 from pollux_opt.model.throughput import ThroughputParams, unchecked_step_time
 from pollux_opt.model.validate import as_allocation, as_count, as_counts, broadcast_args
 
-__all__ = ["GoodputModel", "SearchCache"]
+__all__ = ["DistinctAllocations", "GoodputModel", "SearchCache", "distinct_allocations"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,33 @@ class SearchCache:
                 _, (s, t, b) = self._entries.popitem(last=False)
                 self._bytes -= s.nbytes + t.nbytes + b.nbytes
         return entry
+
+
+class DistinctAllocations(NamedTuple):
+    """Allocations reduced to the distinct (one node or several, K) the model tells apart.
+
+    The model sees the node count only as "one node or several" (see
+    unchecked_sync_time), so allocations with the same replicas on 2, 3, ...
+    nodes share one answer: each distinct (multi-node, K) is solved once, then
+    expanded.
+    """
+
+    #: float64[D] nodes (1 or 2) and replicas of each distinct allocation.
+    nodes: np.ndarray
+    replicas: np.ndarray
+    #: int64[P]: the distinct allocation of each given one (flat order).
+    inverse: np.ndarray
+    #: The shape of the given allocations.
+    shape: tuple[int, ...]
+
+
+def distinct_allocations(num_nodes, num_replicas) -> DistinctAllocations:
+    """The :class:`DistinctAllocations` of int array-likes N >= 1, K >= N (checked, broadcast)."""
+    nodes, replicas = as_allocation(num_nodes, num_replicas)
+    multi = nodes.reshape(-1) > 1
+    keys, inverse = np.unique(replicas.reshape(-1) * 2 + multi, return_inverse=True)
+    return DistinctAllocations((1 + keys % 2).astype(np.float64), (keys // 2).astype(np.float64),
+                               inverse.reshape(-1), nodes.shape)
 
 
 @dataclass(frozen=True)
@@ -191,16 +219,13 @@ class GoodputModel:
         Returns:
             A :class:`BatchChoice` with fields of the broadcast shape.
         """
-        nodes, replicas = as_allocation(num_nodes, num_replicas)
-        shape = nodes.shape
-        # The model sees the node count only as "one node or several" (see
-        # unchecked_sync_time), so allocations with the same replicas on 2, 3, ... nodes
-        # share one answer: solve each distinct (multi-node, K) once, then expand.
-        multi = nodes.reshape(-1) > 1
-        keys, inverse = np.unique(replicas.reshape(-1) * 2 + multi, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        n = (1 + keys % 2).astype(np.float64)
-        k = (keys // 2).astype(np.float64)
+        return self.optimize_distinct(distinct_allocations(num_nodes, num_replicas),
+                                      fixed_batch_size=fixed_batch_size, cache=cache)
+
+    def optimize_distinct(self, allocations: "DistinctAllocations", *, fixed_batch_size=None,
+                          cache: SearchCache | None = None) -> BatchChoice:
+        """:meth:`optimize` at allocations already reduced by :func:`distinct_allocations`."""
+        n, k, inverse, shape = allocations
         if fixed_batch_size is None:
             m, s = self._best_batch(n, k, cache)
         else:

@@ -157,8 +157,9 @@ def unchecked_sync_time(theta, nodes, replicas):
 def unchecked_step_time(theta, nodes, replicas, local_bsz, accum_steps):
     """Unchecked optimizer step time T (seconds); arguments broadcast."""
     slowdown = 1.0 + theta[_KAPPA] * (replicas > nodes)
-    t_c = (theta[_AC] + theta[_BC] * local_bsz) * slowdown
-    t_a = (theta[_AA] + theta[_BC] * local_bsz) * slowdown
+    per_sample = theta[_BC] * local_bsz
+    t_c = (theta[_AC] + per_sample) * slowdown
+    t_a = (theta[_AA] + per_sample) * slowdown
     t_s = unchecked_sync_time(theta, nodes, replicas)
     # (a**g + b**g)**(1/g) = big * (1 + (small/big)**g)**(1/g): no overflow or
     # underflow for gamma up to 10 and any time scale; big >= t_c > 0.

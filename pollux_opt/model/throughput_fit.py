@@ -174,7 +174,8 @@ class _Residuals:
         nodes, replicas, ok = rows.nodes, rows.replicas, rows.sync_ok
         self._m, self._s = rows.m, rows.s
         self._accumulated = bool(np.any(rows.s != 0))
-        self._colocated_rows = replicas > nodes
+        # 1.0 where co-located, else 0.0 (the float of the mask, as numpy would cast it).
+        self._colocated_rows = (replicas > nodes).astype(np.float64)
         multi = nodes > 1
         # Columns of theta holding each row's sync latency and retrogression (alpha_r or alpha_n, ...).
         self._alpha_col = np.where(multi, _AR, _AN)
@@ -182,12 +183,13 @@ class _Residuals:
         self._extra = np.maximum(replicas - 2.0, 0.0)
         self._synced = replicas > 1
         self._all_synced = bool(self._synced.all())
-        self._sync_ok = ok
+        self._sync_ok = np.flatnonzero(ok)
         self._rows, self._sync_rows = rows.nodes.shape[0], int(ok.sum())
         self._log_times = np.concatenate([np.log(rows.step), np.log(rows.sync[ok])])
         self._retro = [(ia, ib) for ia, ib in ((_AN, _BN), (_AR, _BR)) if ib in free]
         self._colocated = layout.colocated
         self._size = self._rows + self._sync_rows + len(self._retro) + int(self._colocated)
+        self._unscaled = bool((self._scale == 1.0).all())  # x * 1.0 is x, to the bit
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.batch(x[None, :])[0]
@@ -197,7 +199,8 @@ class _Residuals:
         ext = np.empty((x.shape[0], x.shape[1] + self._fixed.size))
         ext[:, :x.shape[1]] = x
         ext[:, x.shape[1]:] = self._fixed
-        return ext[:, self._src] * self._scale
+        theta = ext[:, self._src]
+        return theta if self._unscaled else theta * self._scale
 
     def _sync(self, theta: np.ndarray) -> np.ndarray:
         """:func:`~pollux_opt.model.throughput.unchecked_sync_time` per point (rows along axis 1)."""
@@ -208,13 +211,16 @@ class _Residuals:
     def _combined(big: np.ndarray, ratio: np.ndarray, gamma: np.ndarray) -> np.ndarray:
         """``big * (1 + ratio**gamma) ** (1 / gamma)`` per point, with a scalar exponent per distinct gamma."""
         first = gamma[0]
+        # Every row at the first gamma (elementwise, so the rows at it are as if alone), then
+        # the rows at another gamma again at theirs.
+        combined = big * (1.0 + ratio**first) ** (1.0 / first)
+        if gamma.shape[0] == 1:
+            return combined
         same = gamma == first
         if same.all():
-            return big * (1.0 + ratio**first) ** (1.0 / first)
-        combined = np.empty_like(big)
-        combined[same] = big[same] * (1.0 + ratio[same] ** first) ** (1.0 / first)
-        rest = gamma[~same]
-        for g in (rest[:1] if (rest == rest[0]).all() else np.unique(rest)):
+            return combined
+        for g in dict.fromkeys(gamma[~same].tolist()):  # the other gammas, each once
+            g = np.float64(g)  # a float64 scalar exponent, as gamma[0] above
             at = gamma == g
             combined[at] = big[at] * (1.0 + ratio[at] ** g) ** (1.0 / g)
         return combined

@@ -157,11 +157,13 @@ class TraceProfile:
         self.init_batch_size = int(min(self.validation))
         self.max_batch_size = int(max(self.validation))
         self.min_local_bsz = int(self.placements.local_bsz.min())
-        for key, df in self.placements.groupby("placement"):
-            df = df.groupby("local_bsz", as_index=False)[["step_time", "sync_time"]].mean()
-            self._by_placement[tuple(int(c) for c in str(key))] = (
-                df.local_bsz.to_numpy(float), df[["step_time", "sync_time"]].to_numpy(float),
-            )
+        # One mean per (placement, local_bsz), sorted by both (the sums of a grouping per placement), split.
+        means = self.placements.groupby(["placement", "local_bsz"], as_index=False)[["step_time", "sync_time"]].mean()
+        keys, local = means.placement.to_numpy(), means.local_bsz.to_numpy(float)
+        times = means[["step_time", "sync_time"]].to_numpy(float)
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]).tolist() if keys.size else []
+        for lo, hi in zip(starts, starts[1:] + [keys.size]):
+            self._by_placement[tuple(int(c) for c in str(keys[lo]))] = (local[lo:hi], times[lo:hi])
         bsz = np.array(sorted(self.validation), dtype=float)
         self._bsz = bsz
         n_epochs = min(len(df) for df in self.validation.values())
@@ -248,7 +250,10 @@ class TraceProfile:
         return float(np.interp(batch_size, self._bsz, table[:, e]))
 
     def grad_stats(self, batch_size, epoch):
-        return self._between(self._sqr, batch_size, epoch), self._between(self._var, batch_size, epoch)
+        key = ("grad_stats", batch_size, epoch)  # asked again every step of an epoch: cached
+        if key not in self._cache:
+            self._cache[key] = self._between(self._sqr, batch_size, epoch), self._between(self._var, batch_size, epoch)
+        return self._cache[key]
 
     def progress_at(self, epoch):
         return 0.0 if epoch <= 0 else float(self._progress[min(epoch, self._progress.size) - 1])
