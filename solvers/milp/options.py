@@ -304,8 +304,8 @@ def option_table(problem: Problem) -> OptionTable:
     scale = UtilityScale.of(problem.p, best_y, problem.weight)
     w = problem.weight if scale.weight_scale == 1 else problem.weight * scale.weight_scale
     u0 = float(scale(0.0))
-    worth = w[job] * scale(spd * f[job])
-    keep_worth = w[keep] * scale(keep_speedup)
+    u, keep_u = scale(spd * f[job]), scale(keep_speedup)
+    w_job, w_keep = w[job], w[keep]
     return OptionTable(
         job=job,
         type=kind,
@@ -313,14 +313,14 @@ def option_table(problem: Problem) -> OptionTable:
         lo=lo,
         hi=hi,
         speedup=spd,
-        worth=worth,
-        gain=w[job] * (scale(spd * f[job]) - u0),
+        worth=w_job * u,
+        gain=w_job * (u - u0),
         keep=keep,
         keep_reps=k0[keep],
         keep_nodes=n0[keep],
         keep_type=keep_type,
-        keep_worth=keep_worth,
-        keep_gain=w[keep] * (scale(keep_speedup) - u0),
+        keep_worth=w_keep * keep_u,
+        keep_gain=w_keep * (keep_u - u0),
         idle_worth=w * u0,
         base=float(w.sum() * u0),
         scale=scale,
