@@ -54,6 +54,7 @@ from solvers import InvalidProblem
 from pollux_opt.model import Cluster, GoodputModel, Job
 from pollux_opt.model.job import restart_factor
 from pollux_opt.model.domains import Real, domain_field
+from pollux_opt.model.goodput import SearchCache
 from pollux_opt.scheduling.loop import JobView
 from pollux_opt.scheduling.policies.goodput import _AllocatorPolicy
 from pollux_opt.scheduling.policies.optimus import StepOracle
@@ -86,16 +87,17 @@ _RATE_CACHE_SIZE = 4096
 
 
 @lru_cache(maxsize=_RATE_CACHE_SIZE)
-def _fair_rate(model: GoodputModel | None, share_replicas: int) -> float:
+def _fair_rate(model: GoodputModel | None, share_replicas: int, cache: SearchCache | None = None) -> float:
     """The work rate (reference seconds per second) of a job of ``model`` on a
     fair share of ``share_replicas`` replicas on one node, as many as its
-    largest batch can use (the linear prior without a model; cached per model)."""
+    largest batch can use (the linear prior without a model; cached per model;
+    ``cache`` as in :func:`~pollux_opt.scheduling.policies.remaining.reference_rate`)."""
     if model is None:
         return float(share_replicas)
     lim = model.limits
     k = max(1, min(share_replicas, lim.max_batch_size // lim.min_local_bsz))
-    choice = model.optimize(1, k)
-    ref = reference_rate(model)
+    choice = model.optimize(1, k, cache=cache)
+    ref = reference_rate(model, cache)
     if not bool(choice.feasible) or not math.isfinite(ref) or ref <= 0:
         return 1.0
     return max(float(choice.goodput) / lim.init_batch_size / ref, 1e-9)
@@ -117,10 +119,10 @@ def _restart_as_pollux(job: Job, tilt: float, default_delay: float) -> Job:
     return replace(job, age=delay * g / (1.0 - g), restarts=0, restart_delay=delay)
 
 
-def _base_rate(model: GoodputModel | None, share_replicas: int) -> float:
+def _base_rate(model: GoodputModel | None, share_replicas: int, cache: SearchCache | None = None) -> float:
     """Work rate of the job's speedup base (see ``views._feasible_base``): its
     fair-share rate; ``share_replicas`` for a job without a model (linear prior over one replica)."""
-    return float(share_replicas) if model is None else _fair_rate(model, share_replicas)
+    return float(share_replicas) if model is None else _fair_rate(model, share_replicas, cache)
 
 
 def predicted_rho(age: float, done: float, remaining: float, fair_rate: float) -> float:
@@ -168,13 +170,13 @@ class FairJctPolicy(_AllocatorPolicy):
     def estimates(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, tuple[float, float, float, float]]:
         """Job id -> (work done, estimated remaining work, Gittins index, predicted rho),
         work in reference seconds; also records the jobs that finished since the last call."""
-        done = {v.job_id: work_done(v) for v in active}
+        done = {v.job_id: work_done(v, self._search_cache) for v in active}
         self._history.observe(list(active), done)
         share = fair_share(cluster, len(active))[1]
         out = {}
         for v in active:
             rem = self._history.remaining(v, done[v.job_id])
-            rho = predicted_rho(v.age, done[v.job_id], rem, _fair_rate(v.goodput_model, share))
+            rho = predicted_rho(v.age, done[v.job_id], rem, _fair_rate(v.goodput_model, share, self._search_cache))
             out[v.job_id] = (done[v.job_id], rem, self._history.gittins(v, done[v.job_id]), rho)
         return out
 
@@ -189,7 +191,7 @@ class FairJctPolicy(_AllocatorPolicy):
         base = super().weights(cluster, active)  # priority times tie-break
         share = fair_share(cluster, len(active))[1]
         # completions per second on the speedup's base allocation: G_j times its work rate there
-        index = {v.job_id: est[v.job_id][2] * _base_rate(v.goodput_model, share) for v in active}
+        index = {v.job_id: est[v.job_id][2] * _base_rate(v.goodput_model, share, self._search_cache) for v in active}
         top = max(index.values())
         floor = -self.max_tilt * math.log(2.0)
         out = {}
@@ -242,6 +244,6 @@ class FairJctOraclePolicy(FairJctPolicy):
                 continue
             done = out[v.job_id][0]
             rem = max(self.oracle.remaining_steps(v.job_id, model.limits.init_batch_size)
-                      / reference_rate(model), MIN_WORK_S)
-            out[v.job_id] = (done, rem, 1.0 / rem, predicted_rho(v.age, done, rem, _fair_rate(model, share)))
+                      / reference_rate(model, self._search_cache), MIN_WORK_S)
+            out[v.job_id] = (done, rem, 1.0 / rem, predicted_rho(v.age, done, rem, _fair_rate(model, share, self._search_cache)))
         return out

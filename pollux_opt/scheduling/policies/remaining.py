@@ -44,6 +44,7 @@ from typing import Hashable
 import numpy as np
 
 from pollux_opt.model import GoodputModel
+from pollux_opt.model.goodput import SearchCache
 from pollux_opt.scheduling.loop import JobView
 
 __all__ = ["MIN_FAMILY_SAMPLES", "MIN_SAMPLES", "MIN_WORK_S", "WorkHistory", "reference_rate", "work_done"]
@@ -63,21 +64,22 @@ _RATE_CACHE_SIZE = 4096
 
 
 @lru_cache(maxsize=_RATE_CACHE_SIZE)
-def reference_rate(model: GoodputModel) -> float:
+def reference_rate(model: GoodputModel, cache: SearchCache | None = None) -> float:
     """Progress per second (M0-equivalent iterations / s) of ``model`` on one
-    replica at its goodput-best batch size; nan if that is infeasible (cached:
-    a job's model changes only when it is refitted)."""
-    choice = model.optimize(1, 1)
+    replica at its goodput-best batch size; nan if that is infeasible (cached
+    per model; ``cache``, a scheduler's :class:`SearchCache`, spares the batch
+    search's first pass while the fitted throughput is unchanged: speed only)."""
+    choice = model.optimize(1, 1, cache=cache)
     if not bool(choice.feasible):
         return math.nan
     return float(choice.goodput) / model.limits.init_batch_size
 
 
-def work_done(view: JobView) -> float:
+def work_done(view: JobView, cache: SearchCache | None = None) -> float:
     """Work the job has attained, reference seconds (0 without a usable model)."""
     if view.goodput_model is None or view.progress <= 0:
         return 0.0
-    rate = reference_rate(view.goodput_model)
+    rate = reference_rate(view.goodput_model, cache)
     return view.progress / rate if math.isfinite(rate) and rate > 0 else 0.0
 
 
