@@ -93,7 +93,7 @@ def hetero_section(results: Results) -> list[str]:
         "`experiments/sim_hetero.py`: the eight AdaptDL workloads on `sia-64` (6 nodes x 4 `aws` (T4, measured) "
         "+ 3 x 8 `rtx` + 2 x 8 `dgx-ext`, synthetic per-type profiles, docs/heterogeneity.md), interval 60 s; "
         f"means over the {count} workloads every policy completed. Round times are the policy's allocator calls "
-        "on the shared machine (1-minute load in the CSV).",
+        "on the shared machine (1-minute load in the CSV)." + machine_note(df),
         "",
         *md_table(["policy", *(label for _, label, _ in HETERO_COLUMNS)], rows, [False] + [True] * len(HETERO_COLUMNS)),
         "",
@@ -131,7 +131,8 @@ def solver_types_section(results: Results) -> list[str]:
         "## Allocator rounds over node types",
         "",
         "`experiments/solver_types.py`: seeded typed instances (`solvers.testing.random_typed_problem`) on Sia's "
-        "64-GPU cluster and on 2048 GPUs of three types; milliseconds per solve, build included; `reference` "
+        "64-GPU cluster and on 2048 GPUs of three types; milliseconds per solve, build included (median over "
+        "the solves, then over the alternating `--repeats`); `reference` "
         "rows are a reference copy of the code (`--reference DIR`) on the same instances. Targets: 64 GPUs "
         "median <= 20 ms and p95 <= 100 ms, 2048 GPUs <= 0.5 s at a gap <= 1 %." + machine_note(df),
         "",

@@ -196,8 +196,8 @@ def speed_section(results: Results) -> list[str]:
         "## Allocator speed",
         "",
         "`experiments/solver_speed.py --reference DIR`: the working tree's solvers and a reference copy "
-        "(DIR), each in its own subprocess one after the other on the same seeded instances; milliseconds "
-        "per solve, median over the solves. The machine is shared: "
+        "(DIR), each in its own subprocess one after the other on the same seeded instances, the two "
+        "alternating `--repeats` times; milliseconds per solve, median over the solves (then over the repeats). The machine is shared: "
         "the 1-minute load average is given for each code, and the ratio is of CPU time, which the load "
         "distorts less than wall time." + machine_note(df),
         "",

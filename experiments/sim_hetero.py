@@ -40,6 +40,7 @@ from pollux_opt.workloads.adaptdl import read_adaptdl_csv
 if str(Path(__file__).resolve().parent) not in sys.path:  # the sibling experiment, also when loaded by path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_compare import grid_parser  # noqa: E402
+from solver_speed import machine_name  # noqa: E402
 
 POLICIES = ("pollux", "pollux-unaware", "sia")
 CLUSTER = "sia-64"
@@ -79,7 +80,7 @@ def run_one(task: dict) -> dict:
         "gpu_hours_per_job": float(used) / 3600.0 / max(res.num_jobs, 1),
         "round_s_median": float(np.median(rounds)) if rounds.size else float("nan"),
         "round_s_p95": float(np.percentile(rounds, 95)) if rounds.size else float("nan"),
-        "wall_s": res.wall_seconds, "load1_end": os.getloadavg()[0],
+        "wall_s": res.wall_seconds, "load1_end": os.getloadavg()[0], "machine": machine_name(),
     }
 
 

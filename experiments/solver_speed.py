@@ -3,9 +3,11 @@
 Each measured code (the working tree's ``solvers``, and with ``--reference
 DIR`` the ``solvers`` package found in DIR) runs in its own subprocess, one
 after the other, on the same seeded instances, so that a loaded machine
-affects both alike; the CSV keeps the load average next to each row::
+affects both alike; with ``--repeats N`` the codes alternate N times and each
+figure is the median over the repeats (``repeats`` column).  The CSV keeps the
+load average next to each row::
 
-    python experiments/solver_speed.py --reference /path/to/old --out experiments/results/solver_speed.csv
+    python experiments/solver_speed.py --reference /path/to/old --repeats 3 --out experiments/results/solver_speed.csv
 
 Cases (``solvers.testing.random_problem``; wall and CPU seconds per solve,
 median and 95th percentile):
@@ -153,18 +155,38 @@ def run_worker(code: str, path: str | None, script: Path, flags: list[str]) -> l
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reference", help="folder holding a reference copy of the solvers package")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds over the codes, alternating (default 1)")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "solver_speed.csv"))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         worker()
         return 0
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows = _run("current", None)
-    if args.reference:
-        rows += _run("reference", args.reference)
-    write_rows(rows, Path(args.out))
+    rows = []
+    for _ in range(args.repeats):
+        rows += _run("current", None)
+        if args.reference:
+            rows += _run("reference", args.reference)
+    write_rows(median_rows(rows), Path(args.out))
     return 0
+
+
+def median_rows(rows: list[dict]) -> list[dict]:
+    """One row per (code, case): the median of each numeric figure over the repeats, with their count."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["code"], row["case"]), []).append(row)
+    out = []
+    for runs in groups.values():
+        merged = dict(runs[0], repeats=len(runs))
+        for key, value in runs[0].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                merged[key] = statistics.median(r[key] for r in runs)
+        out.append(merged)
+    return out
 
 
 def machine_name() -> str:

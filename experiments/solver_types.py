@@ -1,7 +1,9 @@
 """Time the solvers on clusters with node types, and the untyped case against a reference copy.
 
 Each measured code runs in its own subprocess, one after the other, on the
-same seeded instances; the CSV keeps the load average next to each row::
+same seeded instances (``--repeats N``: N alternating rounds, each figure the
+median over them, as in ``solver_speed.py``); the CSV keeps the load average
+next to each row::
 
     python experiments/solver_types.py --out experiments/results/solver_types.csv
     python experiments/solver_types.py --reference /path/to/old   # also the untyped case on old solvers
@@ -32,7 +34,7 @@ import sys
 from pathlib import Path
 
 from solver_speed import _row as speed_row
-from solver_speed import _time, run_worker, write_rows
+from solver_speed import _time, median_rows, run_worker, write_rows
 
 log = logging.getLogger("solver_types")
 
@@ -120,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--reference-typed", action="store_true", help="also measure the typed cases on the reference (it must support node types)"
     )
+    ap.add_argument("--repeats", type=int, default=1, help="rounds over the codes, alternating (default 1)")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "solver_types.csv"))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--typed", action="store_true", help=argparse.SUPPRESS)
@@ -127,11 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.typed)
         return 0
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows = _run("current", None, True)
-    if args.reference:
-        rows += _run("reference", args.reference, args.reference_typed)
-    write_rows(rows, Path(args.out))
+    rows = []
+    for _ in range(args.repeats):
+        rows += _run("current", None, True)
+        if args.reference:
+            rows += _run("reference", args.reference, args.reference_typed)
+    write_rows(median_rows(rows), Path(args.out))
     return 0
 
 
