@@ -165,13 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows = []
-    for _ in range(args.repeats):
-        rows += _run("current", None)
-        if args.reference:
-            rows += _run("reference", args.reference)
-    write_rows(median_rows(rows), Path(args.out))
+    codes = [lambda: _run("current", None)] + ([lambda: _run("reference", args.reference)] if args.reference else [])
+    write_rows(alternate(codes, args.repeats), Path(args.out))
     return 0
+
+
+def alternate(codes: list, repeats: int) -> list[dict]:
+    """The rows of each code's measurement (callables returning rows), the codes run in turn
+    ``repeats`` times, as :func:`median_rows` of all."""
+    return median_rows([row for _ in range(repeats) for measure in codes for row in measure()])
 
 
 def median_rows(rows: list[dict]) -> list[dict]:

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from solver_speed import _row as speed_row
-from solver_speed import _time, median_rows, run_worker, write_rows
+from solver_speed import _time, alternate, run_worker, write_rows
 
 log = logging.getLogger("solver_types")
 
@@ -133,12 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows = []
-    for _ in range(args.repeats):
-        rows += _run("current", None, True)
-        if args.reference:
-            rows += _run("reference", args.reference, args.reference_typed)
-    write_rows(median_rows(rows), Path(args.out))
+    codes = [lambda: _run("current", None, True)]
+    if args.reference:
+        codes.append(lambda: _run("reference", args.reference, args.reference_typed))
+    write_rows(alternate(codes, args.repeats), Path(args.out))
     return 0
 
 

@@ -53,10 +53,15 @@ def _model_table(
     if not choice.feasible[-1]:
         nn, kk = zip(*pairs, base)
         model.speedup(nn, kk, base=base, fixed_batch_size=fixed_batch_size)  # raises its clear error
-    spd = choice.goodput[:-1] / choice.goodput[-1]
-    keep = np.flatnonzero(spd > 0)
+    spd, keep = _feasible_speedups(choice)
     table = dict(zip([pairs[i] for i in keep], spd[keep].tolist()))
     return table, choice
+
+
+def _feasible_speedups(choice: BatchChoice) -> tuple[np.ndarray, np.ndarray]:
+    """(float64[P] speedups over the base, int64 positions of those > 0) of a choice at pairs then base."""
+    spd = choice.goodput[:-1] / choice.goodput[-1]
+    return spd, np.flatnonzero(spd > 0)
 
 
 @lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
@@ -86,12 +91,6 @@ def _batch_config(model: GoodputModel, pairs: tuple[tuple[int, int], ...], base:
     if pair not in table:
         return None
     return choice.config(_pair_index(pairs)[pair])
-
-
-def _discounted(table: dict[tuple[int, int], float], spread_penalty: float) -> dict[tuple[int, int], float]:
-    """``table``'s speedups, each discounted by ``1 - spread_penalty (N - 1)``: among
-    spreads a goodput model cannot tell apart, fewer nodes win."""
-    return {(nn, k): s * (1.0 - spread_penalty * (nn - 1)) for (nn, k), s in table.items()}
 
 
 def _top_sums(cluster: Cluster) -> tuple[int, ...]:
@@ -171,34 +170,28 @@ def _model_configs(
     spread_penalty: float,
     cache: SearchCache | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_table_configs` of a goodput model's discounted speedup table (read-only arrays), cached:
-    a scheduler's rounds encode mostly unchanged models.
+    """(nodes int64[C], replicas int64[C], speedup float64[C]) of a goodput model's feasible pairs
+    (read-only arrays), cached: a scheduler's rounds encode mostly unchanged models.
 
-    The arrays come straight from the model's choice at ``pairs`` (listed in
-    (nodes, replicas) order by :func:`_pairs`): the same numbers, in the same
-    order, as the table's sorted items, with the discount of :func:`_discounted`
-    taken elementwise."""
-    nn, kk = _pair_arrays(pairs)
-    if nn is None:  # pairs not in (nodes, replicas) order: through the table
-        configs = _table_configs(_discounted(_model_table(model, pairs, base, fixed_batch_size, cache)[0],
-                                             spread_penalty))
-    else:
-        choice = _model_table(model, pairs, base, fixed_batch_size, cache)[1]
-        spd = choice.goodput[:-1] / choice.goodput[-1]
-        keep = np.flatnonzero(spd > 0)
+    ``pairs`` come from :func:`_candidate_pairs`, in (nodes, replicas) order,
+    as :func:`_table_configs` orders a table.  Each speedup is discounted by
+    ``1 - spread_penalty (N - 1)``: among spreads a goodput model cannot tell
+    apart, fewer nodes win."""
+    if pairs:
+        nn, kk = _pair_arrays(pairs)
+        spd, keep = _feasible_speedups(_model_table(model, pairs, base, fixed_batch_size, cache)[1])
         nodes = nn[keep]
         configs = (nodes, kk[keep], spd[keep] * (1.0 - spread_penalty * (nodes - 1)))
+    else:
+        configs = _table_configs({})
     for a in configs:
         a.flags.writeable = False
     return configs
 
 
 @lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
-def _pair_arrays(pairs: tuple[tuple[int, int], ...]) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """(nodes int64[C], replicas int64[C]) of non-empty ``pairs`` in strictly increasing (nodes,
-    replicas) order (read-only); (None, None) for pairs in any other order or none."""
-    if not pairs or any(a >= b for a, b in zip(pairs, pairs[1:])):
-        return None, None
+def _pair_arrays(pairs: tuple[tuple[int, int], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(nodes int64[C], replicas int64[C]) of ``pairs`` (read-only)."""
     nn = np.array([n for n, _ in pairs], dtype=np.int64)
     kk = np.array([k for _, k in pairs], dtype=np.int64)
     nn.flags.writeable = kk.flags.writeable = False

@@ -125,27 +125,30 @@ def dive(
     or None; :func:`solvers.milp.greedy_pack.repair_choices`) is then tried
     (:func:`_repaired_dive`), its answer kept on the same terms.
     """
+    index = call.index
+    floor = -np.inf if accept_gap is None else lp_bound - accept_gap * max(1.0, abs(lp_bound))
+    message = "LP dive: choices the LP made whole fixed, the rest solved as a MIP"
+    dived = _fixed_dive(call, x, np.concatenate([index["y"], index["k"]]), lp_bound, floor, message)
+    if dived is not None or repair is None:
+        return dived
+    repaired = repair(call.values_of(x))
+    return None if repaired is None else _repaired_dive(call, x, lp_bound, floor, repaired)
+
+
+def _fixed_dive(call: "_HighsCall", x: np.ndarray, choice: np.ndarray, lp_bound: float, floor: float,
+                message: str) -> "HighsRun | None":
+    """The MIP with the columns ``choice`` (-1: none) that the LP optimum ``x`` made whole fixed to 1:
+    its answer if feasible and worth at least ``floor``, else None (bounds restored)."""
     import highspy
 
-    index = call.index
-    choice = np.concatenate([index["y"], index["k"]])
-    decided = choice[(choice >= 0)]
-    decided = decided[x[decided] >= 1 - INTEGRALITY_TOL].astype(np.int32)
+    choice = choice[choice >= 0]
+    decided = choice[x[choice] >= 1 - INTEGRALITY_TOL].astype(np.int32)
     info = _fixed_run(call, decided, np.ones(decided.size))
-    value = float(info.objective_function_value)
-    floor = -np.inf if accept_gap is None else lp_bound - accept_gap * max(1.0, abs(lp_bound))
-    if info.primal_solution_status == PRIMAL_FEASIBLE and (accept_gap is None or value >= floor):
-        return call.outcome(
-            call.values_of(call.rounded_solution()),
-            highspy.HighsModelStatus.kOptimal,
-            lp_bound,
-            "LP dive: choices the LP made whole fixed, the rest solved as a MIP",
-            int(info.mip_node_count),
-            proven=False,
-        )
+    if info.primal_solution_status == PRIMAL_FEASIBLE and float(info.objective_function_value) >= floor:
+        return call.outcome(call.values_of(call.rounded_solution()), highspy.HighsModelStatus.kOptimal, lp_bound,
+                            message, int(info.mip_node_count), proven=False)
     _restore(call, decided)
-    repaired = None if repair is None else repair(call.values_of(x))
-    return None if repaired is None else _repaired_dive(call, x, lp_bound, floor, repaired)
+    return None
 
 
 def _repaired_dive(call: "_HighsCall", x: np.ndarray, lp_bound: float, floor: float, repaired: tuple) -> "HighsRun | None":
@@ -161,17 +164,10 @@ def _repaired_dive(call: "_HighsCall", x: np.ndarray, lp_bound: float, floor: fl
     placement, value, settled = repaired
     index = call.index
     choice = np.concatenate([index["y"][settled["y"]], index["k"][settled["k"]]])
-    choice = choice[choice >= 0]
-    decided = choice[x[choice] >= 1 - INTEGRALITY_TOL].astype(np.int32)
-    info = _fixed_run(call, decided, np.ones(decided.size))
-    optimal = highspy.HighsModelStatus.kOptimal
-    if info.primal_solution_status == PRIMAL_FEASIBLE and float(info.objective_function_value) >= max(floor, value):
-        message = "LP dive: the whole choices a greedy packing kept fixed, the rest solved as a MIP"
-        return call.outcome(
-            call.values_of(call.rounded_solution()), optimal, lp_bound, message, int(info.mip_node_count), proven=False
-        )
-    _restore(call, decided)
-    if value < floor:
-        return None
+    message = "LP dive: the whole choices a greedy packing kept fixed, the rest solved as a MIP"
+    dived = _fixed_dive(call, x, choice, lp_bound, max(floor, value), message)
+    if dived is not None or value < floor:
+        return dived
     message = "LP dive: the LP's choices rounded and packed greedily"
-    return call.outcome(call.values_of(x), optimal, lp_bound, message, -1, proven=False, placement=placement)
+    return call.outcome(call.values_of(x), highspy.HighsModelStatus.kOptimal, lp_bound, message, -1, proven=False,
+                        placement=placement)

@@ -120,8 +120,8 @@ def repair_choices(problem: Problem, table: OptionTable, graph: PackingGraph, va
     """
     from ..placement import violations_and_values
 
-    keep_share, best_share, best_opt = _lp_choices(problem, table, graph, values)
-    nothing = 1.0 - keep_share - _option_share(problem, table, graph, values)
+    keep_share, best_share, best_opt, option_share = _lp_choices(problem, table, graph, values)
+    nothing = 1.0 - keep_share - option_share
     kept = np.flatnonzero(keep_share[table.keep] >= np.maximum(best_share, nothing)[table.keep])
     placed = (best_opt >= 0) & (best_share > keep_share) & (best_share >= nothing)
     placed[table.keep[kept]] = False
@@ -151,7 +151,8 @@ def repair_choices(problem: Problem, table: OptionTable, graph: PackingGraph, va
 
 
 def _lp_choices(problem: Problem, table: OptionTable, graph: PackingGraph, values: dict) -> tuple:
-    """float64[J] LP value of each job's keep, float64[J] of its largest option and int64[J] that option (-1: none)."""
+    """float64[J] LP value of each job's keep, float64[J] of its largest option, int64[J] that option
+    (-1: none) and float64[J] the job's LP value summed over its offered options."""
     jobs = problem.num_jobs
     keep_share = np.zeros(jobs)
     keep_share[table.keep] = np.asarray(values["k"], dtype=np.float64)
@@ -161,13 +162,7 @@ def _lp_choices(problem: Problem, table: OptionTable, graph: PackingGraph, value
     top = order[np.r_[True, job[order][1:] != job[order][:-1]]] if order.size else order
     best_share, best_opt = np.zeros(jobs), np.full(jobs, -1, dtype=np.int64)
     best_share[job[top]], best_opt[job[top]] = y[top], graph.opt[top]
-    return keep_share, best_share, best_opt
-
-
-def _option_share(problem: Problem, table: OptionTable, graph: PackingGraph, values: dict) -> np.ndarray:
-    """float64[J]: each job's LP value summed over its offered options."""
-    y = np.asarray(values["y"], dtype=np.float64)
-    return np.bincount(table.job[graph.opt], weights=y, minlength=problem.num_jobs)
+    return keep_share, best_share, best_opt, np.bincount(job, weights=y, minlength=jobs)
 
 
 def _with_kept(problem: Problem, table: OptionTable, kept: np.ndarray) -> tuple:

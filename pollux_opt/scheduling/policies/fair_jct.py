@@ -119,12 +119,6 @@ def _restart_as_pollux(job: Job, tilt: float, default_delay: float) -> Job:
     return replace(job, age=delay * g / (1.0 - g), restarts=0, restart_delay=delay)
 
 
-def _base_rate(model: GoodputModel | None, share_replicas: int, cache: SearchCache | None = None) -> float:
-    """Work rate of the job's speedup base (see ``views._feasible_base``): its
-    fair-share rate; ``share_replicas`` for a job without a model (linear prior over one replica)."""
-    return float(share_replicas) if model is None else _fair_rate(model, share_replicas, cache)
-
-
 def predicted_rho(age: float, done: float, remaining: float, fair_rate: float) -> float:
     """Finish-time fairness (Themis) of a job that gets a fair share from now on:
     ``(age + R / f) / (D / f + R / f)`` for ``age`` seconds since submission,
@@ -190,8 +184,9 @@ class FairJctPolicy(_AllocatorPolicy):
                  est: dict[str, tuple[float, float, float, float]]) -> dict[str, float]:
         base = super().weights(cluster, active)  # priority times tie-break
         share = fair_share(cluster, len(active))[1]
-        # completions per second on the speedup's base allocation: G_j times its work rate there
-        index = {v.job_id: est[v.job_id][2] * _base_rate(v.goodput_model, share, self._search_cache) for v in active}
+        # completions per second on the speedup's base allocation (a fair share, see
+        # views._feasible_base): G_j times its work rate there
+        index = {v.job_id: est[v.job_id][2] * _fair_rate(v.goodput_model, share, self._search_cache) for v in active}
         top = max(index.values())
         floor = -self.max_tilt * math.log(2.0)
         out = {}
