@@ -59,7 +59,7 @@ from results_format import (  # noqa: E402
     seconds,
 )
 from results_fair_jct import fair_jct_section  # noqa: E402
-from results_hetero import hetero_section, solver_types_section  # noqa: E402
+from results_hetero import hetero_headline, hetero_section, solver_types_section  # noqa: E402
 from results_sim import (  # noqa: E402
     compare_section,
     mean_jct,
@@ -275,6 +275,9 @@ def headline(results: Results) -> list[str]:
         [f"Simulating one {int(results.compare.jobs.max())}-job workload under Pollux, wall (mean, max)",
          f"{pm.wall_s:.0f} s, {pm.max_wall_s:.0f} s"],
     ]
+    typed = hetero_headline(results)
+    if typed is not None:
+        rows.insert(3, typed)
     if results.real is not None:
         real = results.real
         workload = "mixed" if "mixed" in set(real.workload) else str(real.workload.iloc[0])

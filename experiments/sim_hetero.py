@@ -10,6 +10,7 @@ JCT, makespan, worst rho (shared metrics' summary.json), GPU-hours per job
 (one row per pair), ``OUT/hetero_means.csv`` and one run directory per pair;
 ``--results`` writes the rows into ``experiments/results/sim_hetero.csv``
 (replacing those of the same workload and policy, keeping the others);
+``--policies pollux-all-shapes`` adds Pollux offered every shape (:data:`VARIANTS`);
 ``--merge`` writes the rows of earlier runs' ``hetero.csv`` files there the same way.
 
     python experiments/sim_hetero.py --out runs/sim-hetero [--jobs 2] [--results]
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pollux_opt import Cluster
+from pollux_opt import Cluster, Options
 from pollux_opt.backends.sim import default_trace_dir, quiet_library_logs, run_tasks, simulate
 from pollux_opt.backends.sim.synthetic_types import build_hetero_profiles
 from pollux_opt.model.cluster_types import PRESETS
@@ -43,6 +44,10 @@ from sim_compare import grid_parser  # noqa: E402
 from solver_speed import machine_name  # noqa: E402
 
 POLICIES = ("pollux", "pollux-unaware", "sia")
+#: Variants run by name with ``--policies``: label -> (registered policy, its options).
+#: ``pollux-all-shapes`` is type-aware Pollux offered every (nodes, replicas)
+#: shape instead of Sia's configurations (``Options.shapes``, pollux_opt.model.shapes).
+VARIANTS = {"pollux-all-shapes": ("pollux", {"options": Options(shapes="all")})}
 CLUSTER = "sia-64"
 QUICK_JOBS = 12
 RESULTS = Path(__file__).resolve().parent / "results" / "sim_hetero.csv"
@@ -69,7 +74,9 @@ def run_one(task: dict) -> dict:
     if task["quick"]:
         jobs = jobs[:QUICK_JOBS]
     out_dir = Path(task["out_dir"])
-    res = simulate(jobs, profiles, task["policy"], cluster=cluster, interval=task["interval"], out_dir=out_dir)
+    policy, options = VARIANTS.get(task["policy"], (task["policy"], None))
+    res = simulate(jobs, profiles, policy, cluster=cluster, interval=task["interval"], out_dir=out_dir,
+                   policy_options=options)
     summary = json.loads((out_dir / "summary.json").read_text())
     used = pd.read_csv(out_dir / "jobs.csv").attained_service.sum()
     rounds = _round_seconds(out_dir)

@@ -32,6 +32,7 @@ from pollux_opt.model.configs import (  # noqa: F401  (importable from here too)
     _type_tops,
 )
 from pollux_opt.model.options import Options
+from pollux_opt.model.shapes import resolve_shapes, sia_shape_mask
 from pollux_opt.model.typed import TypedGoodput, TypedTable
 from pollux_opt.model.validate import OutOfTime, check_deadline
 
@@ -57,6 +58,26 @@ def _restart_delay(job: Job, options: Options) -> float:
     return options.restart_delay if job.restart_delay is None else job.restart_delay
 
 
+def _sia_configs(job: Job, by_type: list, cluster: Cluster, tops) -> list:
+    """``by_type`` (``[(type index, (nodes, replicas, speedups)), ...]``) reduced to
+    Sia's configurations and the job's current shape (:func:`sia_shape_mask`);
+    unchanged when that would leave the job no configuration at all (a replica
+    range that holds none of Sia's counts, e.g. exactly 3 replicas)."""
+    node_type = {n.id: n.type for n in cluster.nodes}
+    on = {nid: k for nid, k in job.placement.items() if k > 0}
+    held = {node_type[nid] for nid in on}
+    current = (len(on), sum(on.values())) if len(held) == 1 else None
+    out = []
+    for t, (nodes, reps, spd) in by_type:
+        name, top = tops[t]
+        keep = sia_shape_mask(nodes, reps, top, current if held == {name} else None)
+        out.append((t, (nodes[keep], reps[keep], spd[keep])))
+    if by_type and not any(c[0].size for _, c in out) and any(c[0].size for _, c in by_type):
+        log.debug("job %s: no Sia configuration in its replica range; every shape is offered", job.id)
+        return by_type
+    return out
+
+
 def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadline: float | None = None,
                cache: SearchCache | None = None) -> Problem:
     """The array problem (see :class:`solvers.Problem`) of the cluster, jobs and options.
@@ -65,6 +86,9 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
     On a cluster of several node types each job's configurations are listed
     type by type (``cfg_type``; ``node_type`` gives each node's type, in the
     order of ``cluster.types``); a one-type cluster gives the untyped problem.
+    ``options.shapes`` chooses the goodput-model jobs' shapes
+    (:mod:`pollux_opt.model.shapes`; by default Sia's configurations on a
+    cluster of several types).
     ``cache`` (optional) keeps the goodput models' batch searches across
     calls (:class:`~pollux_opt.model.goodput.SearchCache`; the same problem
     with or without it).
@@ -77,6 +101,7 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
     caps = np.array([n.cpus for n in cluster.nodes], dtype=np.int64)
     top = _top_sums(cluster)
     tops = _type_tops(cluster) if cluster.typed else None
+    sia_shapes = resolve_shapes(options.shapes, cluster.typed) == "sia"
     seen: set[str] = set()
     current = np.zeros((len(jobs), caps.size), dtype=np.int64)
     cfg_job: list[np.ndarray] = []
@@ -101,6 +126,8 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
                                           options.spread_penalty, cache))]
         else:
             by_type = [(0, _table_configs(_placeable_table(job, top, options.max_nodes_per_job)))]
+        if sia_shapes and isinstance(job.speedup, (GoodputModel, TypedGoodput)):
+            by_type = _sia_configs(job, by_type, cluster, tops or ((cluster.types[0], top),))
         for t, configs in by_type:
             cfg_job.append(np.full(configs[0].size, j, dtype=np.int64))
             cfg_type.append(np.full(configs[0].size, t, dtype=np.int64))

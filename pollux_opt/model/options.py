@@ -9,6 +9,7 @@ from typing import Mapping
 from solvers import DEFAULT_MIP_GAP, MAX_REPLICAS, P_RANGE, InvalidProblem
 
 from pollux_opt.model.domains import Boolean, Integer, Real, Text, check_fields, domain_field, shown
+from pollux_opt.model.shapes import SHAPES
 
 __all__ = [
     "DEFAULT_MAX_NODES_PER_JOB",
@@ -63,6 +64,11 @@ class Options:
             used as given).  In ``[0, 1 / (max_nodes_per_job - 1))``; None
             (default): ``DEFAULT_SPREAD_PENALTY``, lowered where needed so that
             the widest spread keeps ``MIN_SPREAD_DISCOUNT`` of its speedup.
+        shapes: the (nodes, replicas) shapes a goodput-model job may take
+            (:mod:`pollux_opt.model.shapes`): ``"all"`` pairs, Sia's
+            configurations (``"sia"``: powers of two on one node, whole nodes
+            beyond), or ``"auto"`` (default): Sia's on a cluster of several
+            node types, all on one.  Explicit speedup tables are used as given.
     """
 
     p: float = domain_field(DEFAULT_P, Real(ge=P_RANGE[0], le=P_RANGE[1]))
@@ -74,6 +80,7 @@ class Options:
     mip_gap: float = domain_field(DEFAULT_MIP_GAP, Real(ge=0, lt=1))
     seed: int | None = domain_field(None, Integer(ge=0, lt=SEED_LIMIT, none=True))
     spread_penalty: float | None = domain_field(None, Real(ge=0, none=True))
+    shapes: str = domain_field("auto", SHAPES)
 
     def __post_init__(self) -> None:
         check_fields(self)

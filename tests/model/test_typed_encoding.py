@@ -105,6 +105,47 @@ def test_projected_params_scale_throughput_by_the_ratio():
         project_params(slow.throughput_params, 0)
 
 
+def _shapes(problem, t):
+    sel = problem.cfg_type == t
+    return sorted(zip(problem.cfg_nodes[sel].tolist(), problem.cfg_replicas[sel].tolist()))
+
+
+def test_a_typed_cluster_offers_goodput_jobs_sias_configurations_by_default():
+    typed = TypedGoodput.of({"slow": _model(), "fast": _model(2.0)}, {"slow": (1, 1), "fast": (1, 1)})
+    for speedup in (typed, _model()):
+        problem = to_problem(_typed_cluster(), [Job("a", speedup, max_replicas=16)], Options())
+        assert _shapes(problem, 0) == [(1, 1), (1, 2), (1, 4), (2, 8)]  # 2 nodes x 4
+        assert _shapes(problem, 1) == [(1, 1), (1, 2), (1, 4), (1, 8)]  # 1 node x 8
+        every = to_problem(_typed_cluster(), [Job("a", speedup, max_replicas=16)], Options(shapes="all"))
+        assert _shapes(every, 0) == [(1, k) for k in range(1, 5)] + [(2, k) for k in range(2, 9)]
+
+
+def test_sia_shapes_keep_a_running_jobs_current_shape_and_never_leave_a_job_without_one():
+    typed = TypedGoodput.of({"slow": _model(), "fast": _model(2.0)}, {"slow": (1, 1), "fast": (1, 1)})
+    running = Job("a", typed, max_replicas=16, placement={"slow-0": 3}, age=600.0)
+    problem = to_problem(_typed_cluster(), [running], Options(shapes="sia"))
+    assert (1, 3) in _shapes(problem, 0) and (1, 3) not in _shapes(problem, 1)
+    exactly_three = Job("b", typed, min_replicas=3, max_replicas=3)
+    problem = to_problem(_typed_cluster(), [exactly_three], Options())
+    assert _shapes(problem, 0) == [(1, 3), (2, 3)] and _shapes(problem, 1) == [(1, 3)]
+
+
+def test_sia_shapes_leave_explicit_tables_and_one_type_clusters_as_they_are():
+    table = {(1, 1): 1.0, (1, 3): 2.5, (2, 3): 2.4}
+    problem = to_problem(_typed_cluster(), [Job("a", table, max_replicas=3)], Options(shapes="sia"))
+    assert _shapes(problem, 0) == [(1, 1), (1, 3), (2, 3)]
+    one_type = to_problem(Cluster.uniform(2, 4), [Job("a", _model(), max_replicas=8)], Options())
+    assert sorted(zip(one_type.cfg_nodes.tolist(), one_type.cfg_replicas.tolist())) == (
+        [(1, k) for k in range(1, 5)] + [(2, k) for k in range(2, 9)])
+    forced = to_problem(Cluster.uniform(2, 4), [Job("a", _model(), max_replicas=8)], Options(shapes="sia"))
+    assert sorted(zip(forced.cfg_nodes.tolist(), forced.cfg_replicas.tolist())) == [(1, 1), (1, 2), (1, 4), (2, 8)]
+
+
+def test_shapes_option_is_checked():
+    with pytest.raises(InvalidProblem, match=r"shapes must be one of \['auto', 'all', 'sia'\], got 'pow2'"):
+        Options(shapes="pow2")
+
+
 # ------------------------------------------------------------------------------------ instance format
 def _v3():
     return {"version": 3,

@@ -10,8 +10,10 @@
   restart penalty with each job's own measured restart delay, and
   interference avoidance.  On a cluster of several node types it is
   heterogeneity-aware: each job's speedups per type come from its model on
-  that type over one common base, and a job runs on one type at a time; a
-  running job's move to another type is priced as two restarts
+  that type over one common base, and a job runs on one type at a time, in
+  Sia's configurations (the allocator's default ``Options.shapes`` on several
+  types, :mod:`pollux_opt.model.shapes`); a running job's move to another
+  type is priced as two restarts
   (:func:`~pollux_opt.scheduling.policies.views.type_move_factors`).
 * :class:`PolluxUnawarePolicy` (``"pollux-unaware"``): Pollux that sees every
   node as one type (how Sia, SOSP 2023, evaluated Pollux on heterogeneous

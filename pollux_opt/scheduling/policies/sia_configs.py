@@ -1,17 +1,15 @@
 """Sia's configuration set and objective constants (Jayaram Subramanya et al., SOSP 2023).
 
-Sia restricts each job to a small set of *configurations* per node type:
-on one node, a power-of-two replica count up to the node size (1, 2, 4, ...,
-and the full node); beyond one node, whole nodes only (2, 3, ... nodes of the
-type, all their replicas).  A job never spans two types.  With ``c`` replicas
-per node and ``n`` nodes that is ``floor(log2 c) + 1 (+1 if c is not a power
-of two) + (n - 1)`` configurations per type instead of every (nodes,
-replicas) pair, which keeps Sia's integer program small.  The artifact lists
-them for 4- and 8-GPU nodes (``sia-simulator/sia.py``, ``CONFIGS_4GPU`` and
-``CONFIGS_8GPU``: 1, 2, 4 then 4 per node; 1, 2, 4, 8 then 8 per node) and
-caps the node count at the nodes actually profiled
-(``cluster_max_physical_nnodes``); :func:`sia_configurations` is that rule
-for any node size.
+Sia restricts each job to a small set of *configurations* per node type
+(:func:`pollux_opt.model.shapes.sia_configurations`, the rule the allocator's
+``Options.shapes`` also offers): on one node, a power-of-two replica count up
+to the node size (1, 2, 4, ..., and the full node); beyond one node, whole
+nodes only.  A job never spans two types.  With ``c`` replicas per node and
+``n`` nodes that is ``floor(log2 c) + 1 (+1 if c is not a power of two) + (n
+- 1)`` configurations per type instead of every (nodes, replicas) pair, which
+keeps Sia's integer program small.  The artifact caps the node count at the
+nodes actually profiled (``cluster_max_physical_nnodes``).
+:func:`typed_configurations` lists them for every type.
 
 The objective constants, as the artifact sets them (``sia-simulator/simulator_config.py``,
 "Sia params", the values of the paper's integer program: the fairness power
@@ -31,9 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from solvers import MAX_CPUS, InvalidProblem
+from solvers import InvalidProblem
 
-from pollux_opt.model.domains import Integer, check, shown
+from pollux_opt.model.domains import shown
+from pollux_opt.model.shapes import sia_configurations
 
 __all__ = [
     "SIA_GOODPUT_CLIP",
@@ -70,31 +69,6 @@ SIA_RESTART_PENALTY: Mapping[str, float] = {
 }
 #: Restart estimate of any other model, seconds (same source).
 SIA_DEFAULT_RESTART_PENALTY = 30.0
-
-_SLOTS = Integer(gt=0, le=MAX_CPUS)
-_NODES = Integer(gt=0)
-
-
-def sia_configurations(replicas_per_node: int, num_nodes: int) -> tuple[tuple[int, int], ...]:
-    """Sia's ``(nodes, replicas)`` configurations of one node type, smallest first.
-
-    One node: 1, 2, 4, ... (powers of two below ``replicas_per_node``) and
-    ``replicas_per_node`` itself; then ``(n, n * replicas_per_node)`` for
-    n = 2 .. ``num_nodes``.
-
-    Raises:
-        InvalidProblem: a count that is not a positive integer.
-    """
-    c = check("replicas_per_node", replicas_per_node, _SLOTS)
-    n = check("num_nodes", num_nodes, _NODES)
-    one = []
-    k = 1
-    while k < c:
-        one.append((1, k))
-        k *= 2
-    one.append((1, c))
-    return tuple(one) + tuple((m, m * c) for m in range(2, n + 1))
-
 
 def typed_configurations(types: Mapping[str, tuple[int, int]]) -> tuple[tuple[str, int, int], ...]:
     """``(type, nodes, replicas)`` of every type, in the mapping's order.
