@@ -1,6 +1,6 @@
 """Which (nodes, replicas) shapes a job may take: every pair, or Sia's configuration set.
 
-Sia (Jayaram Subramanya et al., SOSP 2023, section 3.2) restricts each job to
+Sia (Jayaram Subramanya et al., SOSP 2023) restricts each job to
 a small set of *configurations* per node type: on one node, a power-of-two
 replica count up to the node size (1, 2, 4, ..., and the full node); beyond
 one node, whole nodes only (2, 3, ... nodes of the type, all their replicas).
@@ -22,9 +22,6 @@ explicit speedup tables are used as given, as with ``spread_penalty``.
 
 from __future__ import annotations
 
-import logging
-from functools import lru_cache
-
 import numpy as np
 
 from solvers import MAX_CPUS
@@ -32,8 +29,6 @@ from solvers import MAX_CPUS
 from pollux_opt.model.domains import Choice, Integer, check
 
 __all__ = ["SHAPES", "resolve_shapes", "sia_configurations", "sia_shape_mask"]
-
-log = logging.getLogger(__name__)
 
 #: The values of :attr:`~pollux_opt.model.Options.shapes`.
 SHAPES = Choice(("auto", "all", "sia"))
@@ -71,21 +66,11 @@ def resolve_shapes(shapes: str, typed: bool) -> str:
     return shapes
 
 
-@lru_cache(maxsize=256)
-def _allowed(replicas_per_node: int, num_nodes: int) -> np.ndarray:
-    """bool[num_nodes + 1, num_nodes * replicas_per_node + 1]: ``[n, k]`` is a Sia configuration (read-only)."""
-    table = np.zeros((num_nodes + 1, num_nodes * replicas_per_node + 1), dtype=bool)
-    for n, k in sia_configurations(replicas_per_node, num_nodes):
-        table[n, k] = True
-    table.flags.writeable = False
-    return table
-
-
 def sia_shape_mask(nodes: np.ndarray, replicas: np.ndarray, top: tuple[int, ...],
                    current: tuple[int, int] | None = None) -> np.ndarray:
     """bool[C]: which of the configurations ``(nodes[c], replicas[c])`` of one node
-    type are Sia's, or the job's ``current`` (nodes, replicas) on that type (a
-    running job may always stay as it is).
+    type are Sia's (:func:`sia_configurations`), or the job's ``current``
+    (nodes, replicas) on that type (a running job may always stay as it is).
 
     ``top`` is the type's :func:`~pollux_opt.model.configs._top_sums`; the
     node size is its largest node's (as Sia's policy reads it), so on a type
@@ -94,10 +79,10 @@ def sia_shape_mask(nodes: np.ndarray, replicas: np.ndarray, top: tuple[int, ...]
     """
     nodes = np.asarray(nodes, dtype=np.int64)
     replicas = np.asarray(replicas, dtype=np.int64)
-    table = _allowed(int(top[0]), len(top))
-    inside = (nodes < table.shape[0]) & (replicas < table.shape[1])
-    mask = np.zeros(nodes.shape, dtype=bool)
-    mask[inside] = table[nodes[inside], replicas[inside]]
+    size = int(top[0])
+    power_of_two = (replicas > 0) & ((replicas & (replicas - 1)) == 0)
+    one_node = (nodes == 1) & ((power_of_two & (replicas < size)) | (replicas == size))
+    mask = one_node | ((nodes >= 2) & (nodes <= len(top)) & (replicas == nodes * size))
     if current is not None:
         mask |= (nodes == current[0]) & (replicas == current[1])
     return mask

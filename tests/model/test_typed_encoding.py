@@ -187,3 +187,15 @@ def test_version_3_instance_errors_name_the_field(edit, match):
     edit(data)
     with pytest.raises(InvalidProblem, match=match):
         parse_instance(data)
+
+
+@pytest.mark.parametrize("per_node, num_nodes", [(1, 1), (4, 6), (6, 3), (8, 2), (8, 1)])
+def test_sia_shape_mask_admits_exactly_sias_configurations(per_node, num_nodes):
+    from pollux_opt.model.shapes import sia_configurations, sia_shape_mask
+
+    pairs = [(n, k) for n in range(1, num_nodes + 2) for k in range(n, (num_nodes + 1) * per_node + 1)]
+    nodes, reps = (np.array(a) for a in zip(*pairs))
+    top = tuple(per_node * (i + 1) for i in range(num_nodes))
+    admitted = {p for p, ok in zip(pairs, sia_shape_mask(nodes, reps, top)) if ok}
+    assert admitted == set(sia_configurations(per_node, num_nodes))
+    assert sia_shape_mask(nodes, reps, top, current=pairs[-1])[-1]  # off the set, yet the job's current shape
