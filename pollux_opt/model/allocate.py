@@ -32,7 +32,7 @@ from pollux_opt.model.configs import (  # noqa: F401  (importable from here too)
     _type_tops,
 )
 from pollux_opt.model.options import Options
-from pollux_opt.model.shapes import resolve_shapes, sia_shape_mask
+from pollux_opt.model.shapes import resolve_shapes
 from pollux_opt.model.typed import TypedGoodput, TypedTable
 from pollux_opt.model.validate import OutOfTime, check_deadline
 
@@ -58,24 +58,27 @@ def _restart_delay(job: Job, options: Options) -> float:
     return options.restart_delay if job.restart_delay is None else job.restart_delay
 
 
-def _sia_configs(job: Job, by_type: list, cluster: Cluster, tops) -> list:
-    """``by_type`` (``[(type index, (nodes, replicas, speedups)), ...]``) reduced to
-    Sia's configurations and the job's current shape (:func:`sia_shape_mask`);
-    unchanged when that would leave the job no configuration at all (a replica
-    range that holds none of Sia's counts, e.g. exactly 3 replicas)."""
-    node_type = {n.id: n.type for n in cluster.nodes}
+def _current_shape(job: Job, node_type: Mapping[str, str]) -> tuple[str, int, int] | None:
+    """The job's current (type, nodes, replicas); None when it holds nothing or spans types."""
     on = {nid: k for nid, k in job.placement.items() if k > 0}
     held = {node_type[nid] for nid in on}
-    current = (len(on), sum(on.values())) if len(held) == 1 else None
-    out = []
-    for t, (nodes, reps, spd) in by_type:
-        name, top = tops[t]
-        keep = sia_shape_mask(nodes, reps, top, current if held == {name} else None)
-        out.append((t, (nodes[keep], reps[keep], spd[keep])))
-    if by_type and not any(c[0].size for _, c in out) and any(c[0].size for _, c in by_type):
-        log.debug("job %s: no Sia configuration in its replica range; every shape is offered", job.id)
-        return by_type
-    return out
+    return (held.pop(), len(on), sum(on.values())) if len(held) == 1 else None
+
+
+def _configs_of(job: Job, tops, typed: bool, options: Options, cache: SearchCache | None,
+                sia: bool, current: tuple[str, int, int] | None) -> list:
+    """``[(type index, (nodes, replicas, speedups)), ...]`` of one job on the cluster's
+    ``tops`` (:func:`~pollux_opt.model.configs._type_tops`; several only if ``typed``);
+    ``sia`` and ``current``: as in :func:`~pollux_opt.model.configs._job_configs`."""
+    if typed or isinstance(job.speedup, (TypedGoodput, TypedTable)):
+        return _job_configs(job, tops, options, cache, sia=sia, current=current)
+    top = tops[0][1]
+    if isinstance(job.speedup, GoodputModel):
+        held = current[1:] if current is not None else None
+        pairs = _candidate_pairs(job, top, options.max_nodes_per_job, sia=sia, held=held)
+        return [(0, _model_configs(job.speedup, pairs, job.base, job.fixed_batch_size,
+                                   options.spread_penalty, cache))]
+    return [(0, _table_configs(_placeable_table(job, top, options.max_nodes_per_job)))]
 
 
 def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadline: float | None = None,
@@ -101,7 +104,9 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
     caps = np.array([n.cpus for n in cluster.nodes], dtype=np.int64)
     top = _top_sums(cluster)
     tops = _type_tops(cluster) if cluster.typed else None
+    type_tops = tops or ((cluster.types[0], top),)
     sia_shapes = resolve_shapes(options.shapes, cluster.typed) == "sia"
+    node_type = {n.id: n.type for n in cluster.nodes} if sia_shapes else {}
     seen: set[str] = set()
     current = np.zeros((len(jobs), caps.size), dtype=np.int64)
     cfg_job: list[np.ndarray] = []
@@ -118,16 +123,13 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
             if nid not in node_index:
                 raise InvalidProblem(f"job {job.id!r}: placement on unknown node {nid!r}")
             current[j, node_index[nid]] = k
-        if tops is not None or isinstance(job.speedup, (TypedGoodput, TypedTable)):
-            by_type = _job_configs(job, tops or ((cluster.types[0], top),), options, cache)
-        elif isinstance(job.speedup, GoodputModel):
-            pairs = _candidate_pairs(job, top, options.max_nodes_per_job)
-            by_type = [(0, _model_configs(job.speedup, pairs, job.base, job.fixed_batch_size,
-                                          options.spread_penalty, cache))]
-        else:
-            by_type = [(0, _table_configs(_placeable_table(job, top, options.max_nodes_per_job)))]
-        if sia_shapes and isinstance(job.speedup, (GoodputModel, TypedGoodput)):
-            by_type = _sia_configs(job, by_type, cluster, tops or ((cluster.types[0], top),))
+        sia = sia_shapes and isinstance(job.speedup, (GoodputModel, TypedGoodput))
+        shape = _current_shape(job, node_type) if sia else None
+        by_type = _configs_of(job, type_tops, tops is not None, options, cache, sia, shape)
+        if sia and not any(c[0].size for _, c in by_type):
+            # A replica range that holds none of Sia's counts (e.g. exactly 3): every shape.
+            log.debug("job %s: no Sia configuration in its replica range; every shape is offered", job.id)
+            by_type = _configs_of(job, type_tops, tops is not None, options, cache, False, None)
         for t, configs in by_type:
             cfg_job.append(np.full(configs[0].size, j, dtype=np.int64))
             cfg_type.append(np.full(configs[0].size, t, dtype=np.int64))
@@ -168,6 +170,8 @@ def _batch_configs(
 ) -> dict[str, BatchConfig]:
     top = _top_sums(cluster)
     tops = dict(_type_tops(cluster)) if cluster.typed else {cluster.types[0]: top}
+    sia = resolve_shapes(options.shapes, cluster.typed) == "sia"
+    node_type = {n.id: n.type for n in cluster.nodes} if sia else {}
     out = {}
     for job, row in zip(jobs, placement):
         k = int(row.sum())
@@ -178,7 +182,9 @@ def _batch_configs(
         if model is None:
             continue
         pair = (int((row > 0).sum()), k)
-        pairs = _candidate_pairs(job, tops[type_name], options.max_nodes_per_job, model)
+        shape = _current_shape(job, node_type) if sia else None
+        held = shape[1:] if shape is not None and shape[0] == type_name else None
+        pairs = _candidate_pairs(job, tops[type_name], options.max_nodes_per_job, model, sia=sia, held=held)
         cached = _batch_config(model, pairs, base, job.fixed_batch_size, pair, cache)
         if cached is not None:  # computed by to_problem (same model, pairs and base)
             out[job.id] = cached

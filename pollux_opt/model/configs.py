@@ -19,6 +19,7 @@ from pollux_opt.model.cluster import Cluster
 from pollux_opt.model.goodput import DistinctAllocations, GoodputModel, SearchCache, distinct_allocations
 from pollux_opt.model.job import Job
 from pollux_opt.model.options import Options
+from pollux_opt.model.shapes import sia_shape_mask
 from pollux_opt.model.typed import TypedGoodput, TypedTable
 
 log = logging.getLogger(__name__)
@@ -121,16 +122,31 @@ def _replica_range(job: Job, top: tuple[int, ...], max_nodes: int, model: Goodpu
     return max(job.min_replicas, 1), hi, min(nodes, max(hi, 0))
 
 
-def _candidate_pairs(job: Job, top: tuple[int, ...], max_nodes: int, model: GoodputModel | None = None
-                     ) -> tuple[tuple[int, int], ...]:
+def _candidate_pairs(job: Job, top: tuple[int, ...], max_nodes: int, model: GoodputModel | None = None, *,
+                     sia: bool = False, held: tuple[int, int] | None = None) -> tuple[tuple[int, int], ...]:
     """(num_nodes, num_replicas) pairs a goodput-model job may take on this cluster and options.
 
     A pair needs ``num_nodes <= min(max_nodes, #nodes)``, replicas within the
     job's usable range (:func:`_replica_range`), and replicas that fit on the
-    ``num_nodes`` largest nodes.
+    ``num_nodes`` largest nodes; with ``sia``, it must also be one of Sia's
+    configurations or ``held``, the job's current (nodes, replicas) on these
+    nodes (:func:`_sia_pairs`).
     """
     lo, hi, nodes = _replica_range(job, top, max_nodes, model)
-    return _pairs(lo, hi, top[:nodes])
+    pairs = _pairs(lo, hi, top[:nodes])
+    return _sia_pairs(pairs, top, held) if sia else pairs
+
+
+@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+def _sia_pairs(pairs: tuple[tuple[int, int], ...], top: tuple[int, ...], held: tuple[int, int] | None
+               ) -> tuple[tuple[int, int], ...]:
+    """``pairs`` reduced to Sia's configurations on nodes of capacity sums ``top`` and
+    ``held`` (:func:`~pollux_opt.model.shapes.sia_shape_mask`), cached: the goodput
+    is then evaluated at those pairs only."""
+    if not pairs:
+        return pairs
+    keep = sia_shape_mask(*_pair_arrays(pairs), top, held).tolist()
+    return tuple(p for p, ok in zip(pairs, keep) if ok)
 
 
 @lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
@@ -226,10 +242,12 @@ def _type_ratio(job: Job, model: GoodputModel, pairs, base, types: tuple[str, ..
     return ref / common
 
 
-def _job_configs(job: Job, tops, options: Options, cache: SearchCache | None = None
+def _job_configs(job: Job, tops, options: Options, cache: SearchCache | None = None, *, sia: bool = False,
+                 current: tuple[str, int, int] | None = None
                  ) -> list[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """``[(type index, (nodes, replicas, speedups)), ...]``: the job's configurations on each node type
-    (``cache``: as in :func:`_model_table`)."""
+    (``cache``: as in :func:`_model_table`; ``sia`` and ``current``, the job's
+    (type, nodes, replicas): as ``sia`` and ``held`` in :func:`_candidate_pairs`)."""
     out = []
     types = tuple(t for t, _ in tops)
     for i, (t, top) in enumerate(tops):
@@ -244,7 +262,8 @@ def _job_configs(job: Job, tops, options: Options, cache: SearchCache | None = N
         if model is None:
             out.append((i, _table_configs(_placeable_table(job, top, options.max_nodes_per_job))))
             continue
-        pairs = _candidate_pairs(job, top, options.max_nodes_per_job, model)
+        held = current[1:] if current is not None and current[0] == t else None
+        pairs = _candidate_pairs(job, top, options.max_nodes_per_job, model, sia=sia, held=held)
         ratio = _type_ratio(job, model, pairs, base, types, cache) if pairs else 1.0
         if ratio is None:
             log.debug("job %s: no feasible base on type %s; the type is left out", job.id, t)

@@ -79,10 +79,7 @@ def sia_shape_mask(nodes: np.ndarray, replicas: np.ndarray, top: tuple[int, ...]
     """
     nodes = np.asarray(nodes, dtype=np.int64)
     replicas = np.asarray(replicas, dtype=np.int64)
-    size = int(top[0])
-    power_of_two = (replicas > 0) & ((replicas & (replicas - 1)) == 0)
-    one_node = (nodes == 1) & ((power_of_two & (replicas < size)) | (replicas == size))
-    mask = one_node | ((nodes >= 2) & (nodes <= len(top)) & (replicas == nodes * size))
-    if current is not None:
-        mask |= (nodes == current[0]) & (replicas == current[1])
+    mask = np.zeros(nodes.shape, dtype=bool)
+    for n, k in sia_configurations(int(top[0]), len(top)) + ((current,) if current is not None else ()):
+        mask |= (nodes == n) & (replicas == k)
     return mask
