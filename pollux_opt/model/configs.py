@@ -16,7 +16,13 @@ import numpy as np
 
 from pollux_opt.model.batch import BatchChoice, BatchConfig
 from pollux_opt.model.cluster import Cluster
-from pollux_opt.model.goodput import DistinctAllocations, GoodputModel, SearchCache, distinct_allocations
+from pollux_opt.model.goodput import (
+    DistinctAllocations,
+    GoodputModel,
+    SearchCache,
+    distinct_allocations,
+    memo_beside_search_cache,
+)
 from pollux_opt.model.job import Job
 from pollux_opt.model.options import Options
 from pollux_opt.model.shapes import sia_shape_mask
@@ -30,7 +36,7 @@ log = logging.getLogger(__name__)
 _SPEEDUP_CACHE_SIZE = 4096
 
 
-@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+@memo_beside_search_cache(maxsize=_SPEEDUP_CACHE_SIZE)
 def _model_table(
     model: GoodputModel,
     pairs: tuple[tuple[int, int], ...],
@@ -177,7 +183,7 @@ def _table_configs(table: dict[tuple[int, int], float]) -> tuple[np.ndarray, np.
     )
 
 
-@lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
+@memo_beside_search_cache(maxsize=_SPEEDUP_CACHE_SIZE)
 def _model_configs(
     model: GoodputModel,
     pairs: tuple[tuple[int, int], ...],

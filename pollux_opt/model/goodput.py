@@ -20,10 +20,13 @@ References:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -34,7 +37,7 @@ from pollux_opt.model.efficiency import GradientStats, unchecked_efficiency
 from pollux_opt.model.throughput import ThroughputParams, unchecked_step_time
 from pollux_opt.model.validate import as_allocation, as_count, as_counts, broadcast_args
 
-__all__ = ["DistinctAllocations", "GoodputModel", "SearchCache", "distinct_allocations"]
+__all__ = ["DistinctAllocations", "GoodputModel", "SearchCache", "distinct_allocations", "memo_beside_search_cache"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +103,46 @@ class SearchCache:
                 _, (s, t, b) = self._entries.popitem(last=False)
                 self._bytes -= s.nbytes + t.nbytes + b.nbytes
         return entry
+
+
+_F = TypeVar("_F", bound=Callable)
+
+
+def memo_beside_search_cache(maxsize: int) -> Callable[[_F], _F]:
+    """``functools.lru_cache`` of a function over every argument but its ``cache`` (a :class:`SearchCache`).
+
+    A search cache changes how fast a result is computed, never the result
+    (a hit repeats the same arithmetic bit for bit), so it stays out of the
+    key: a memo entry does not keep a finished scheduler's cache (up to
+    :data:`SEARCH_CACHE_BYTES`) alive, and schedulers with different caches
+    share entries.  The cache given to the call that computes an entry is
+    the one its computation uses.  ``cache`` may be passed by position or by
+    keyword; every other argument by position, hashable.
+    """
+
+    def decorate(fn: _F) -> _F:
+        at = list(inspect.signature(fn).parameters).index("cache")
+        passed = threading.local()  # the cache of the call in progress, per thread
+
+        @functools.lru_cache(maxsize=maxsize)
+        def keyed(*key):
+            return fn(*key, cache=getattr(passed, "cache", None))
+
+        @functools.wraps(fn)
+        def memoized(*args, cache: SearchCache | None = None):
+            if len(args) > at:
+                args, cache = args[:at], args[at]
+            outer = getattr(passed, "cache", None)
+            passed.cache = cache
+            try:
+                return keyed(*args)
+            finally:
+                passed.cache = outer
+
+        memoized.cache_info, memoized.cache_clear = keyed.cache_info, keyed.cache_clear
+        return memoized  # type: ignore[return-value]
+
+    return decorate
 
 
 class DistinctAllocations(NamedTuple):

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import numpy as np
 import pytest
 
 from pollux_opt.model import BatchLimits, Cluster, GoodputModel, GradientStats, Job, ThroughputParams, allocate
+from pollux_opt.model import configs
 from pollux_opt.model.batch import best_batch
-from pollux_opt.model.goodput import SearchCache
+from pollux_opt.model.goodput import SearchCache, memo_beside_search_cache
 from solvers import InvalidProblem
 
 PARAMS = ThroughputParams(
@@ -113,11 +116,41 @@ def test_allocate_with_a_cache_gives_the_same_allocation_every_round():
     cache = SearchCache()
     for grad_var in (5.0, 50.0, 50.0):
         jobs = _jobs(grad_var)
-        cached, plain = allocate(cluster, jobs, cache=cache), allocate(cluster, jobs)
+        cached = allocate(cluster, jobs, cache=cache)
+        # The speedup memos leave the search cache out of their key: clear them, so that
+        # the plain round computes its tables itself.
+        configs._model_table.cache_clear()
+        configs._model_configs.cache_clear()
+        plain = allocate(cluster, jobs)
         assert cached.placement == plain.placement
         assert cached.batch == plain.batch
         assert cached.objective == plain.objective
     assert cache.hits >= 2
+
+
+def test_memo_keys_without_the_cache_and_computes_with_the_one_passed():
+    seen = []
+
+    @memo_beside_search_cache(maxsize=8)
+    def square(x, cache=None):
+        seen.append(cache)
+        return x * x
+
+    first, second = SearchCache(), SearchCache()
+    assert square(3, first) == 9 and square(3, cache=second) == 9 and square(3) == 9
+    assert square(4, cache=second) == 16
+    assert seen == [first, second]
+    assert square.cache_info().hits == 2
+
+
+def test_speedup_memos_do_not_keep_a_finished_schedulers_cache_alive():
+    cache = SearchCache()
+    allocate(Cluster.uniform(4, 4), _jobs(7.0), cache=cache)
+    assert cache.misses > 0
+    alive = weakref.ref(cache)
+    del cache
+    gc.collect()
+    assert alive() is None
 
 
 def test_allocate_rejects_a_cache_of_another_kind():

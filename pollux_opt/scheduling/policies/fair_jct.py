@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Sequence
 
 from solvers import InvalidProblem
@@ -54,7 +53,7 @@ from solvers import InvalidProblem
 from pollux_opt.model import Cluster, GoodputModel, Job
 from pollux_opt.model.job import restart_factor
 from pollux_opt.model.domains import Real, domain_field
-from pollux_opt.model.goodput import SearchCache
+from pollux_opt.model.goodput import SearchCache, memo_beside_search_cache
 from pollux_opt.scheduling.loop import JobView
 from pollux_opt.scheduling.policies.goodput import _AllocatorPolicy
 from pollux_opt.scheduling.policies.optimus import StepOracle
@@ -86,7 +85,7 @@ MIN_WEIGHT = 1e-6
 _RATE_CACHE_SIZE = 4096
 
 
-@lru_cache(maxsize=_RATE_CACHE_SIZE)
+@memo_beside_search_cache(maxsize=_RATE_CACHE_SIZE)
 def _fair_rate(model: GoodputModel | None, share_replicas: int, cache: SearchCache | None = None) -> float:
     """The work rate (reference seconds per second) of a job of ``model`` on a
     fair share of ``share_replicas`` replicas on one node, as many as its

@@ -37,14 +37,13 @@ the floor of ``R``.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Hashable
 
 import numpy as np
 
 from pollux_opt.model import GoodputModel
-from pollux_opt.model.goodput import SearchCache
+from pollux_opt.model.goodput import SearchCache, memo_beside_search_cache
 from pollux_opt.scheduling.loop import JobView
 
 __all__ = ["MIN_FAMILY_SAMPLES", "MIN_SAMPLES", "MIN_WORK_S", "WorkHistory", "reference_rate", "work_done"]
@@ -63,7 +62,7 @@ MIN_WORK_S = 60.0
 _RATE_CACHE_SIZE = 4096
 
 
-@lru_cache(maxsize=_RATE_CACHE_SIZE)
+@memo_beside_search_cache(maxsize=_RATE_CACHE_SIZE)
 def reference_rate(model: GoodputModel, cache: SearchCache | None = None) -> float:
     """Progress per second (M0-equivalent iterations / s) of ``model`` on one
     replica at its goodput-best batch size; nan if that is infeasible (cached
