@@ -7,9 +7,12 @@ process, with ``PYTHONPATH`` at the copy's root (the working tree: this
 repository); codes alternate for ``--repeats`` rounds, so that a loaded
 machine affects all alike.  A row: wall and CPU seconds of the simulation,
 wall and CPU (thread) seconds of ``to_problem`` and its share of the
-simulation's, the hits and misses of the policy's batch-search cache (empty
-where the code has none), the mean JCT, whether jobs.csv is identical to the
-working tree's first run, and the 1-minute load average before and after::
+simulation's, the wall seconds of its other stages (the throughput fits, the
+MILP solves, every HiGHS run and HiGHS's branch-and-bound runs among them;
+empty where the code has no such function), the hits and misses of the
+policy's batch-search cache (empty where the code has none), the mean JCT,
+whether jobs.csv is identical to the working tree's first run, and the
+1-minute load average before and after::
 
     mkdir /tmp/head && git archive HEAD | tar -x -C /tmp/head
     python experiments/encode_speed.py --code reference=/tmp/head --out experiments/results/encode_speed.csv
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gc
 import importlib
 import json
 import logging
@@ -42,15 +44,60 @@ ROOT = Path(__file__).resolve().parents[1]
 TREE = "working tree"
 
 
+#: Stages timed besides ``to_problem`` (CSV column -> module, attribute): each is
+#: looked up by its callers at call time, so wrapping the attribute times every call.
+STAGES = {
+    "fit_s": ("pollux_opt.model", "fit_throughput"),
+    "solve_s": ("solvers.milp", "solve_milp"),
+    "highs_mip_s": ("solvers.milp.highs", "_solve_mip"),
+}
+#: HiGHS runs (the LP relaxations and every MIP): a method of this class.
+HIGHS_RUN = ("solvers.milp.highs", "_HighsCall", "run")
+
+
+def _wall_timer(totals: dict, name: str, fn):
+    """``fn`` adding its wall seconds to ``totals[name]``."""
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[name] = totals.get(name, 0.0) + time.perf_counter() - start
+    return timed
+
+
+def _time_stages(totals: dict) -> None:
+    """Wrap every stage of :data:`STAGES` and :data:`HIGHS_RUN` that the code has."""
+    for name, (module, attr) in STAGES.items():
+        try:
+            owner = importlib.import_module(module)
+        except ImportError:
+            continue
+        if hasattr(owner, attr):
+            setattr(owner, attr, _wall_timer(totals, name, getattr(owner, attr)))
+    module, cls, method = HIGHS_RUN
+    try:
+        owner = getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError):
+        return
+    setattr(owner, method, _wall_timer(totals, "highs_s", getattr(owner, method)))
+
+
 def _worker(out_dir: Path) -> dict:
-    """One simulation in this process, ``to_problem`` timed: its figures (run with the code's PYTHONPATH)."""
+    """One simulation in this process, its stages timed: its figures (run with the code's PYTHONPATH)."""
     allocate = importlib.import_module("pollux_opt.model.allocate")
     from pollux_opt.cli.main import main
 
+    stages: dict = {}
+    _time_stages(stages)
+
     seconds = [0.0, 0.0]
     encode = allocate.to_problem
+    caches: dict = {}  # id -> the policy's batch-search caches that to_problem was given
 
     def timed(*args, **kwargs):
+        if kwargs.get("cache") is not None:
+            caches.setdefault(id(kwargs["cache"]), kwargs["cache"])
         start, cpu = time.perf_counter(), time.thread_time()
         try:
             return encode(*args, **kwargs)
@@ -63,10 +110,11 @@ def _worker(out_dir: Path) -> dict:
     main(["simulate", "--workload", str(WORKLOAD), "--policy", "pollux", "--nodes", "16",
           "--cpus-per-node", "4", "--interval", "60", "--out", str(out_dir)])
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    caches = [o for o in gc.get_objects() if type(o).__name__ == "SearchCache"]
+    caches = list(caches.values())
     jcts = [float(row["jct"]) for row in csv.DictReader((out_dir / "jobs.csv").open())]
     return {"wall_s": wall, "cpu_s": cpu, "encode_s": seconds[0], "encode_cpu_s": seconds[1],
             "encode_share": seconds[0] / wall, "encode_cpu_share": seconds[1] / cpu,
+            **{name: stages.get(name, "") for name in (*STAGES, "highs_s")},
             "cache_hits": sum(c.hits for c in caches) if caches else "",
             "cache_misses": sum(c.misses for c in caches) if caches else "",
             "avg_jct_s": sum(jcts) / len(jcts), "module": allocate.__file__}

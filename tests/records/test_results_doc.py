@@ -213,3 +213,17 @@ def test_a_timing_table_names_the_machine_its_csv_records(tmp_path):
     pd.DataFrame([{"code": "current", **row}]).to_csv(results / "solver_speed.csv", index=False)
     assert rd.main(["--results", str(results), "--out", str(out), "--no-readme", "--log-level", "WARNING"]) == 0
     assert "Measured on" not in out.read_text().split("## Allocator speed\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_simulation_stages_add_up_to_the_working_trees_wall_time():
+    import results_sim_speed
+
+    row = {"code": "working tree", "wall_s": 30.0, "highs_mip_s": 9.0, "highs_s": 10.5, "solve_s": 16.0,
+           "encode_s": 3.0, "fit_s": 6.0}
+    df = pd.DataFrame([row, {**row, "wall_s": 34.0}, {**row, "code": "reference", "wall_s": 99.0}])
+    stages = results_sim_speed._stage_rows(df)
+    seconds = [float(s) for _, s, _ in stages]
+    assert seconds == [9.0, 1.5, 5.5, 3.0, 6.0, 7.0]
+    assert sum(seconds) == pytest.approx(32.0)
+    assert stages[0][2] == "28 %"
+    assert results_sim_speed._stage_rows(df.drop(columns="fit_s")) == []
