@@ -27,7 +27,14 @@ from pollux_opt.model.job import restart_factor
 from pollux_opt.scheduling.policies.fair_jct import FAIR_JCT_EXPLORATION, predicted_rho
 from pollux_opt.scheduling.policies.views import EXPLORATION_FACTOR
 from pollux_opt.workloads.job import WorkloadJob
-from pollux_opt.scheduling.policies.remaining import MIN_SAMPLES, MIN_WORK_S, WorkHistory, reference_rate
+from pollux_opt.model.goodput import SearchCache
+from pollux_opt.scheduling.policies.remaining import (
+    MIN_SAMPLES,
+    MIN_WORK_S,
+    WorkHistory,
+    one_node_rates,
+    reference_rate,
+)
 
 
 def _view(job_id: str, **kw) -> JobView:
@@ -90,6 +97,19 @@ def _model() -> GoodputModel:
         GradientStats(grad_sqr=1.0, grad_var=0.1, init_batch_size=32),
         BatchLimits(init_batch_size=32, max_batch_size=4096, max_local_bsz=1024),
     )
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4, 64])
+@pytest.mark.parametrize("cache", [None, SearchCache()])
+def test_one_search_gives_each_rate_as_its_own_search_would(replicas, cache):
+    m = _model()
+    init = m.limits.init_batch_size
+    alone = [m.optimize(1, k) for k in (1, replicas)]
+    expected = [float(c.goodput) / init if bool(c.feasible) else None for c in alone]
+    got = [None if r != r else r for r in one_node_rates.__wrapped__(m, replicas, cache=cache)]
+    assert got == expected  # the same floats, not merely close
+    if expected[0] is not None:
+        assert reference_rate(m) == expected[0]
 
 
 def test_fair_jct_weights_favour_short_jobs_until_the_fairness_bound():

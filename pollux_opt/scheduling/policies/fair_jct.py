@@ -53,11 +53,11 @@ from solvers import InvalidProblem
 from pollux_opt.model import Cluster, GoodputModel, Job
 from pollux_opt.model.job import restart_factor
 from pollux_opt.model.domains import Real, domain_field
-from pollux_opt.model.goodput import SearchCache, memo_beside_search_cache
+from pollux_opt.model.goodput import SearchCache
 from pollux_opt.scheduling.loop import JobView
 from pollux_opt.scheduling.policies.goodput import _AllocatorPolicy
 from pollux_opt.scheduling.policies.optimus import StepOracle
-from pollux_opt.scheduling.policies.remaining import MIN_WORK_S, WorkHistory, reference_rate, work_done
+from pollux_opt.scheduling.policies.remaining import MIN_WORK_S, WorkHistory, one_node_rates, work_done
 from pollux_opt.scheduling.policies.views import EXPLORATION_FACTORS, fair_share
 
 __all__ = ["FAIR_JCT_EXPLORATION", "FAIRNESS_BOUND", "FAIRNESS_KNEE", "MAX_TILT", "FairJctOraclePolicy", "FairJctPolicy", "SRPT_STRENGTH", "predicted_rho"]
@@ -81,25 +81,22 @@ FAIR_JCT_EXPLORATION = 4
 #: Smallest weight of a job (the lower end of the solvers' weight range,
 #: ``solvers.domain.WEIGHT_RANGE``); the largest is about 1.
 MIN_WEIGHT = 1e-6
-#: Fair-share rates cached (models x share sizes of a few rounds).
-_RATE_CACHE_SIZE = 4096
 
 
-@memo_beside_search_cache(maxsize=_RATE_CACHE_SIZE)
-def _fair_rate(model: GoodputModel | None, share_replicas: int, cache: SearchCache | None = None) -> float:
-    """The work rate (reference seconds per second) of a job of ``model`` on a
-    fair share of ``share_replicas`` replicas on one node, as many as its
-    largest batch can use (the linear prior without a model; cached per model;
-    ``cache`` as in :func:`~pollux_opt.scheduling.policies.remaining.reference_rate`)."""
+def _rates(model: GoodputModel | None, share_replicas: int, cache: SearchCache | None = None) -> tuple[float, float]:
+    """(reference rate, fair-share work rate) of a job of ``model``: its
+    :func:`~pollux_opt.scheduling.policies.remaining.reference_rate`, and its
+    work rate (reference seconds per second) on a fair share of
+    ``share_replicas`` replicas on one node, as many as its largest batch can
+    use (the linear prior without a model, 1 where either rate is unusable);
+    both from one batch search (:func:`~pollux_opt.scheduling.policies.remaining.one_node_rates`)."""
     if model is None:
-        return float(share_replicas)
+        return math.nan, float(share_replicas)
     lim = model.limits
-    k = max(1, min(share_replicas, lim.max_batch_size // lim.min_local_bsz))
-    choice = model.optimize(1, k, cache=cache)
-    ref = reference_rate(model, cache)
-    if not bool(choice.feasible) or not math.isfinite(ref) or ref <= 0:
-        return 1.0
-    return max(float(choice.goodput) / lim.init_batch_size / ref, 1e-9)
+    ref, at_share = one_node_rates(model, max(1, min(share_replicas, lim.max_batch_size // lim.min_local_bsz)), cache)
+    if not math.isfinite(at_share) or not math.isfinite(ref) or ref <= 0:
+        return ref, 1.0
+    return ref, max(at_share / ref, 1e-9)
 
 
 def _restart_as_pollux(job: Job, tilt: float, default_delay: float) -> Job:
@@ -163,13 +160,14 @@ class FairJctPolicy(_AllocatorPolicy):
     def estimates(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, tuple[float, float, float, float]]:
         """Job id -> (work done, estimated remaining work, Gittins index, predicted rho),
         work in reference seconds; also records the jobs that finished since the last call."""
-        done = {v.job_id: work_done(v, self._search_cache) for v in active}
-        self._history.observe(list(active), done)
         share = fair_share(cluster, len(active))[1]
+        rates = {v.job_id: _rates(v.goodput_model, share, self._search_cache) for v in active}
+        done = {v.job_id: work_done(v, rate=rates[v.job_id][0]) for v in active}
+        self._history.observe(list(active), done)
         out = {}
         for v in active:
             rem = self._history.remaining(v, done[v.job_id])
-            rho = predicted_rho(v.age, done[v.job_id], rem, _fair_rate(v.goodput_model, share, self._search_cache))
+            rho = predicted_rho(v.age, done[v.job_id], rem, rates[v.job_id][1])
             out[v.job_id] = (done[v.job_id], rem, self._history.gittins(v, done[v.job_id]), rho)
         return out
 
@@ -185,7 +183,7 @@ class FairJctPolicy(_AllocatorPolicy):
         share = fair_share(cluster, len(active))[1]
         # completions per second on the speedup's base allocation (a fair share, see
         # views._feasible_base): G_j times its work rate there
-        index = {v.job_id: est[v.job_id][2] * _fair_rate(v.goodput_model, share, self._search_cache) for v in active}
+        index = {v.job_id: est[v.job_id][2] * _rates(v.goodput_model, share, self._search_cache)[1] for v in active}
         top = max(index.values())
         floor = -self.max_tilt * math.log(2.0)
         out = {}
@@ -237,7 +235,7 @@ class FairJctOraclePolicy(FairJctPolicy):
             if model is None:
                 continue
             done = out[v.job_id][0]
-            rem = max(self.oracle.remaining_steps(v.job_id, model.limits.init_batch_size)
-                      / reference_rate(model, self._search_cache), MIN_WORK_S)
-            out[v.job_id] = (done, rem, 1.0 / rem, predicted_rho(v.age, done, rem, _fair_rate(model, share, self._search_cache)))
+            ref, fair = _rates(model, share, self._search_cache)
+            rem = max(self.oracle.remaining_steps(v.job_id, model.limits.init_batch_size) / ref, MIN_WORK_S)
+            out[v.job_id] = (done, rem, 1.0 / rem, predicted_rho(v.age, done, rem, fair))
         return out

@@ -46,7 +46,9 @@ from pollux_opt.model import GoodputModel
 from pollux_opt.model.goodput import SearchCache, memo_beside_search_cache
 from pollux_opt.scheduling.loop import JobView
 
-__all__ = ["MIN_FAMILY_SAMPLES", "MIN_SAMPLES", "MIN_WORK_S", "WorkHistory", "reference_rate", "work_done"]
+__all__ = [
+    "MIN_FAMILY_SAMPLES", "MIN_SAMPLES", "MIN_WORK_S", "WorkHistory", "one_node_rates", "reference_rate", "work_done",
+]
 
 #: Completed jobs of all families needed before the pooled distribution is
 #: trusted (project choice: with fewer, one odd job would set every index).
@@ -63,22 +65,31 @@ _RATE_CACHE_SIZE = 4096
 
 
 @memo_beside_search_cache(maxsize=_RATE_CACHE_SIZE)
+def one_node_rates(model: GoodputModel, replicas: int, cache: SearchCache | None = None) -> tuple[float, float]:
+    """Progress per second (M0-equivalent iterations / s) of ``model`` at its
+    goodput-best batch size on one replica and on ``replicas`` replicas of one
+    node; nan where infeasible.  One batch search at both allocations (each
+    answer the same bits as alone); cached per model; ``cache``, a scheduler's
+    :class:`SearchCache`, spares the search's first pass while the fitted
+    throughput is unchanged (speed only)."""
+    choice = model.optimize(1, np.array([1, replicas]), cache=cache)
+    init = model.limits.init_batch_size
+    one, at = (float(g) / init if bool(ok) else math.nan for g, ok in zip(choice.goodput, choice.feasible))
+    return one, at
+
+
 def reference_rate(model: GoodputModel, cache: SearchCache | None = None) -> float:
-    """Progress per second (M0-equivalent iterations / s) of ``model`` on one
-    replica at its goodput-best batch size; nan if that is infeasible (cached
-    per model; ``cache``, a scheduler's :class:`SearchCache`, spares the batch
-    search's first pass while the fitted throughput is unchanged: speed only)."""
-    choice = model.optimize(1, 1, cache=cache)
-    if not bool(choice.feasible):
-        return math.nan
-    return float(choice.goodput) / model.limits.init_batch_size
+    """Progress per second of ``model`` on one replica at its goodput-best batch
+    size, the unit of work (:func:`one_node_rates`); nan if that is infeasible."""
+    return one_node_rates(model, 1, cache)[0]
 
 
-def work_done(view: JobView, cache: SearchCache | None = None) -> float:
-    """Work the job has attained, reference seconds (0 without a usable model)."""
+def work_done(view: JobView, cache: SearchCache | None = None, *, rate: float | None = None) -> float:
+    """Work the job has attained, reference seconds (0 without a usable model);
+    ``rate``: its model's :func:`reference_rate` where already known."""
     if view.goodput_model is None or view.progress <= 0:
         return 0.0
-    rate = reference_rate(view.goodput_model, cache)
+    rate = reference_rate(view.goodput_model, cache) if rate is None else rate
     return view.progress / rate if math.isfinite(rate) and rate > 0 else 0.0
 
 
