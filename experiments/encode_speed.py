@@ -44,43 +44,55 @@ ROOT = Path(__file__).resolve().parents[1]
 TREE = "working tree"
 
 
-#: Stages timed besides ``to_problem`` (CSV column -> module, attribute): each is
-#: looked up by its callers at call time, so wrapping the attribute times every call.
+#: Stages timed (CSV column -> module, attribute path): each is looked up by its
+#: callers at call time, so wrapping the attribute times every call.  The HiGHS
+#: runs are the LP relaxations and every MIP; ``_solve_mip`` the MIPs among them.
 STAGES = {
+    "encode_s": ("pollux_opt.model.allocate", "to_problem"),
     "fit_s": ("pollux_opt.model", "fit_throughput"),
     "solve_s": ("solvers.milp", "solve_milp"),
     "highs_mip_s": ("solvers.milp.highs", "_solve_mip"),
+    "highs_s": ("solvers.milp.highs", "_HighsCall.run"),
 }
-#: HiGHS runs (the LP relaxations and every MIP): a method of this class.
-HIGHS_RUN = ("solvers.milp.highs", "_HighsCall", "run")
 
 
-def _wall_timer(totals: dict, name: str, fn):
-    """``fn`` adding its wall seconds to ``totals[name]``."""
+def _timer(totals: dict, name: str, fn):
+    """``fn`` adding its wall and thread CPU seconds to ``totals[name]`` ([wall, cpu])."""
     def timed(*args, **kwargs):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            totals[name] = totals.get(name, 0.0) + time.perf_counter() - start
+            spent = totals.setdefault(name, [0.0, 0.0])
+            spent[0] += time.perf_counter() - start
+            spent[1] += time.thread_time() - cpu
     return timed
 
 
 def _time_stages(totals: dict) -> None:
-    """Wrap every stage of :data:`STAGES` and :data:`HIGHS_RUN` that the code has."""
-    for name, (module, attr) in STAGES.items():
+    """Wrap every stage of :data:`STAGES` that the code has."""
+    for name, (module, path) in STAGES.items():
         try:
             owner = importlib.import_module(module)
         except ImportError:
             continue
-        if hasattr(owner, attr):
-            setattr(owner, attr, _wall_timer(totals, name, getattr(owner, attr)))
-    module, cls, method = HIGHS_RUN
-    try:
-        owner = getattr(importlib.import_module(module), cls)
-    except (ImportError, AttributeError):
-        return
-    setattr(owner, method, _wall_timer(totals, "highs_s", getattr(owner, method)))
+        *parents, attr = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent, None)
+        if owner is not None and hasattr(owner, attr):
+            setattr(owner, attr, _timer(totals, name, getattr(owner, attr)))
+
+
+def _record_caches(allocate, caches: dict) -> None:
+    """Make ``allocate.to_problem`` keep each batch-search cache it is given in ``caches`` (by id)."""
+    encode = allocate.to_problem
+
+    def recorded(*args, **kwargs):
+        if kwargs.get("cache") is not None:
+            caches.setdefault(id(kwargs["cache"]), kwargs["cache"])
+        return encode(*args, **kwargs)
+
+    allocate.to_problem = recorded
 
 
 def _worker(out_dir: Path) -> dict:
@@ -90,31 +102,18 @@ def _worker(out_dir: Path) -> dict:
 
     stages: dict = {}
     _time_stages(stages)
-
-    seconds = [0.0, 0.0]
-    encode = allocate.to_problem
-    caches: dict = {}  # id -> the policy's batch-search caches that to_problem was given
-
-    def timed(*args, **kwargs):
-        if kwargs.get("cache") is not None:
-            caches.setdefault(id(kwargs["cache"]), kwargs["cache"])
-        start, cpu = time.perf_counter(), time.thread_time()
-        try:
-            return encode(*args, **kwargs)
-        finally:
-            seconds[0] += time.perf_counter() - start
-            seconds[1] += time.thread_time() - cpu
-
-    allocate.to_problem = timed
+    by_id: dict = {}  # the policy's batch-search caches that to_problem was given
+    _record_caches(allocate, by_id)
     start, cpu = time.perf_counter(), time.process_time()
     main(["simulate", "--workload", str(WORKLOAD), "--policy", "pollux", "--nodes", "16",
           "--cpus-per-node", "4", "--interval", "60", "--out", str(out_dir)])
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    caches = list(caches.values())
+    caches = list(by_id.values())
+    encode_s, encode_cpu_s = stages.get("encode_s", [0.0, 0.0])
     jcts = [float(row["jct"]) for row in csv.DictReader((out_dir / "jobs.csv").open())]
-    return {"wall_s": wall, "cpu_s": cpu, "encode_s": seconds[0], "encode_cpu_s": seconds[1],
-            "encode_share": seconds[0] / wall, "encode_cpu_share": seconds[1] / cpu,
-            **{name: stages.get(name, "") for name in (*STAGES, "highs_s")},
+    return {"wall_s": wall, "cpu_s": cpu, "encode_s": encode_s, "encode_cpu_s": encode_cpu_s,
+            "encode_share": encode_s / wall, "encode_cpu_share": encode_cpu_s / cpu,
+            **{name: stages[name][0] if name in stages else "" for name in STAGES if name != "encode_s"},
             "cache_hits": sum(c.hits for c in caches) if caches else "",
             "cache_misses": sum(c.misses for c in caches) if caches else "",
             "avg_jct_s": sum(jcts) / len(jcts), "module": allocate.__file__}
