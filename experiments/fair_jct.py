@@ -38,6 +38,7 @@ from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAU
 from pollux_opt.model.options import DEFAULT_RESTART_DELAY
 from pollux_opt.records.files import atomic_write_csv
 from pollux_opt.workloads.adaptdl import philly_workload, read_adaptdl_csv
+from solver_speed import machine_name
 
 log = logging.getLogger("fair_jct")
 POLICIES = ("pollux", "fair-jct")
@@ -74,7 +75,7 @@ def run_one(task: dict) -> dict:
         "interval_s": task["interval"], "report_noise": task["noise"], "restart_delay_s": task["restart_delay"],
         "jobs": res.num_jobs, "completed": res.completed, "avg_jct_s": res.avg_jct, "p99_jct_s": res.p99_jct,
         "makespan_s": res.makespan, **{k: summary.get(k) for k in SUMMARY_FIELDS},
-        "wall_s": res.wall_seconds, "solver_s": res.solver_seconds,
+        "wall_s": res.wall_seconds, "solver_s": res.solver_seconds, "machine": machine_name(),
     }
 
 

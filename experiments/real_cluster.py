@@ -28,7 +28,9 @@ from pathlib import Path
 
 from pollux_opt.backends.local import run_demo
 from pollux_opt.backends.local.demo import DEMO_POLICIES
+from pollux_opt.records.files import atomic_write_csv
 from pollux_opt.workloads.sets import WORKLOAD_SETS
+from solver_speed import machine_name
 
 HEADLINE = ("avg_jct_s", "worst_rho", "avg_goodput", "overhead_pct_of_interval", "makespan_s", "num_completed")
 #: Seconds between samples of the load average during a run.
@@ -71,7 +73,8 @@ def run_set(out: Path, name: str, policies: tuple[str, ...], *, quick: bool, int
         with LoadSampler() as load:
             summary = run_demo(out, name, quick=quick, interval=interval, policies=(policy,), progress=False)[policy]
         rows.append({"workload": name, "policy": policy, **{k: summary.get(k) for k in HEADLINE},
-                     "load1": load.mean, "wall_s": time.monotonic() - start})
+                     "load1": load.mean, "wall_s": time.monotonic() - start,
+                     "machine": machine_name()})
     run_demo(out, name, quick=quick, interval=interval, policies=policies, progress=False)  # all done: plots
     return rows
 
@@ -98,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     (Path(args.out) / "headline.json").write_text(json.dumps(rows, indent=2))
     if args.csv is not None:
         frame = pd.DataFrame(rows).assign(sweep=args.sweep, quick=args.quick)
-        frame.to_csv(args.csv, mode="a", header=not args.csv.exists(), index=False)
+        if args.csv.exists():  # earlier sweeps kept, by column name (a column they lack stays empty there)
+            frame = pd.concat([pd.read_csv(args.csv), frame], ignore_index=True)
+        atomic_write_csv(args.csv, frame)
     return 0
 
 

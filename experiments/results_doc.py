@@ -51,6 +51,7 @@ from results_format import (  # noqa: E402
     RESULTS_LINK,
     ResultsError,
     display_name,
+    machines,
     md_table,
     ms,
     ordered,
@@ -88,7 +89,9 @@ DOC_PATH = ROOT / "docs" / "results.md"
 README_PATH = ROOT / "README.md"
 
 #: The machine every committed CSV was measured on (no CSV records it).
-MACHINE = "the project's 2-core development machine (AMD EPYC, 2 vCPUs, 23 GiB memory, no GPU)"
+#: The machine of every table whose CSV names none (its processor as ``solver_speed.machine_name`` writes it).
+MACHINE_NAME = "AMD EPYC, 2 vCPUs"
+MACHINE = f"the project's 2-core development machine ({MACHINE_NAME}, 23 GiB memory, no GPU)"
 
 HEADLINE_BEGIN = "<!-- results:headline -->"
 HEADLINE_END = "<!-- /results:headline -->"
@@ -283,9 +286,10 @@ def headline(results: Results) -> list[str]:
         workload = "mixed" if "mixed" in set(real.workload) else str(real.workload.iloc[0])
         sub = real[real.workload == workload]
         pols = ordered(sub.policy, REAL_POLICY_NAMES)
-        runs = sub.groupby("policy").size()
-        rows.append([f"Real CPU jobs on this machine, set `{workload}`, average JCT (mean of "
-                     f"{runs.max()} run{'s' if runs.max() > 1 else ''}): {' / '.join(pols)}",
+        runs = sub.groupby("policy").size()[pols]
+        count = (f"{runs.iloc[0]} run{'s' if runs.iloc[0] > 1 else ''}" if runs.nunique() == 1
+                 else f"{' / '.join(map(str, runs))} runs")
+        rows.append([f"Real CPU jobs, set `{workload}`, average JCT (mean of {count}): {' / '.join(pols)}",
                      " / ".join(f"{float(sub[sub.policy == p].avg_jct_s.mean()):.1f}" for p in pols) + " s"])
     return md_table(["result", "value"], rows, [False, True])
 
@@ -339,7 +343,9 @@ def render_doc(results: Results) -> str:
 
 def render_headline_block(results: Results) -> str:
     """The README's block, markers included."""
-    return "\n".join([HEADLINE_BEGIN, *headline(results), "", f"Measured on {MACHINE}.", HEADLINE_END])
+    where = machines([results.compare, results.scale, results.hetero, results.real], MACHINE_NAME)
+    note = f"Measured on {where[0]}." if len(where) == 1 else f"Measured on these machines: {'; '.join(where)}."
+    return "\n".join([HEADLINE_BEGIN, *headline(results), "", note, HEADLINE_END])
 
 
 def replace_block(text: str, block: str) -> str:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from results_format import md_table, missing, ordered, pct, reduction, seconds, short, workload_key
+from results_format import machine_note, md_table, missing, ordered, pct, reduction, seconds, short, workload_key
 
 if TYPE_CHECKING:
     from results_doc import Results
@@ -37,7 +37,8 @@ def fair_jct_section(results: Results) -> list[str]:
                                                            "wall_s"]].agg(lambda x: x.mean(skipna=False))
     runs = df.groupby(["set", "policy"]).workload.nunique()
     full = runs.groupby(level="set").transform("max")
-    means = means[[bool(runs[(s, p)] == full[(s, p)]) for s, p in zip(means.set, means.policy)]]
+    # a set of one workload needs no mean row: it would repeat the workload's
+    means = means[[bool(runs[(s, p)] == full[(s, p)] > 1) for s, p in zip(means.set, means.policy)]]
     df = pd.concat([df, means.assign(workload=[f"mean {s}" for s in means.set])], ignore_index=True)
     rows = []
     order = lambda n: (n.startswith("mean "), not n.startswith("workload"), workload_key(n))  # noqa: E731
@@ -55,12 +56,14 @@ def fair_jct_section(results: Results) -> list[str]:
         "",
         "`experiments/fair_jct.py` (formulation in [`docs/fair-jct.md`](fair-jct.md)): Pollux's power mean "
         "with online Gittins-index weights, a predicted-rho bound, a weight-scaled restart factor and an "
-        "exploration cap of 4, 16 x 4, interval 60 s, against Pollux "
-        "(from `sim_compare.csv` where the row is not in `fair_jct.csv`; those lack Jain's index). "
-        "`philly-Lx-sN` rows are workloads sampled from `philly.csv` at job load L, seed N; a "
+        "exploration cap of 4, 16 x 4, interval 60 s, against Pollux"
+        + (" (from `sim_compare.csv` where the row is not in `fair_jct.csv`; those lack Jain's index). "
+           if len(extra) else ", each pair of rows run side by side (two processes). ")
+        + "`philly-Lx-sN` rows are workloads sampled from `philly.csv` at job load L, seed N; a "
         "`-noiseS`, `-intervalI` or `-restartD` suffix marks a sensitivity setting (report noise S, "
         "interval I s, restart delay D s instead of 30 s); a `mean` row averages its set's workloads "
-        "(for a Philly load, its seeds). \"below Pollux\" is the reduction of average JCT.",
+        "(for a Philly load, its seeds). \"below Pollux\" is the reduction of average JCT."
+        + machine_note(results.fair_jct),
         "",
         *md_table(["workload", "policy", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
                    "Jain (1/rho)", "wall (s)"], rows, [False, False] + [True] * 6),
@@ -84,13 +87,14 @@ def fair_jct_section(results: Results) -> list[str]:
     screen = results.fair_jct_screen
     if screen is not None:
         ref = results.compare[results.compare.policy == "pollux"].set_index("workload").avg_jct_s
-        srows = [[str(r.workload), str(r.options), seconds(r.avg_jct_s),
+        srows = [[str(r.workload), "defaults" if r.options == "{}" else str(r.options), seconds(r.avg_jct_s),
                   pct(reduction(float(r.avg_jct_s), float(ref[r.workload])), 1) if r.workload in ref.index else "-",
                   seconds(r.p99_jct_s), short(r.worst_rho), f"{r.jain_index:.3f}"]
                  for r in screen.sort_values(["workload", "avg_jct_s"]).itertuples()]
         lines += [
-            "Screening of fair-jct's variants (`fair_jct_screen.csv`; options as in "
-            "[`docs/fair-jct.md`](fair-jct.md), \"Variants screened\"):",
+            "Screening of fair-jct's options (`fair_jct_screen.csv`: `experiments/fair_jct.py --option`, the "
+            "options in [`docs/fair-jct.md`](fair-jct.md), \"Variants screened\"; \"defaults\": the policy "
+            "as registered):",
             "",
             *md_table(["workload", "options", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
                        "Jain (1/rho)"], srows, [False, False] + [True] * 5),

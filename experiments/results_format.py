@@ -62,6 +62,18 @@ def machine_note(df) -> str:
     return f" Measured on {' and '.join(names)}." if names else ""
 
 
+def machines(frames, default: str) -> list[str]:
+    """The distinct machines that ``frames`` (DataFrames or None) name in their ``machine`` column, in
+    order; a frame without the column, or a row without a name, counts as ``default``."""
+    names: list[str] = []
+    for df in frames:
+        if df is None:
+            continue
+        col = df["machine"] if "machine" in df.columns else [None] * len(df)
+        names += [default if missing(m) else str(m) for m in col]
+    return list(dict.fromkeys(names))
+
+
 def ordered(values, order: dict[str, str]) -> list[str]:
     present = list(dict.fromkeys(values))
     return [p for p in order if p in present] + sorted(p for p in present if p not in order)

@@ -100,6 +100,13 @@ def real_section(results: Results) -> list[str]:
     ]
     if versus:
         out += ["fair-jct's average JCT against pollux's in the same sweep: " + "; ".join(versus) + ".", ""]
+    if sweeps is not None and "machine" in df.columns:
+        by_machine: dict[str, list[str]] = {}
+        for sweep, machine in dict.fromkeys(zip(sweeps, df.machine)):
+            if not missing(machine) and sweep not in by_machine.setdefault(str(machine), []):
+                by_machine[str(machine)].append(sweep)
+        where = [f"sweep{'s' if len(s) > 1 else ''} {', '.join(s)} on {m}" for m, s in by_machine.items()]
+        out += ["Machines: " + "; ".join(where) + ".", ""]
     return out
 
 

@@ -82,7 +82,8 @@ def compare_section(results: Results) -> list[str]:
         "",
         f"Means over the {len(workloads)} workloads, against the published Pollux-simulator averages. "
         "rho is finish-time fairness (a job's JCT over its JCT alone on its fair share); worst rho is the "
-        "mean over workloads of each workload's worst; wall is the simulation's own run time per workload.",
+        "mean over workloads of each workload's worst; wall is the simulation's own run time per workload."
+        + machine_note(df),
         "",
     ]
     m = results.means.set_index("policy")
@@ -119,7 +120,7 @@ def sensitivity_section(results: Results) -> list[str]:
         "`experiments/sim_sensitivity.py`: workload-6 on 16 x 4, one setting varied at a time from interval "
         "60 s, restart delay 30 s, exact reports, p = -1; the load axis resamples the workload from the "
         "Philly trace with that load multiplier. Report noise perturbs what jobs report (Tiresias does not "
-        "use reports); p is the power mean's exponent (Pollux only). Average JCT in seconds:",
+        "use reports); p is the power mean's exponent (Pollux only)." + machine_note(df) + " Average JCT in seconds:",
         "",
         *md_table(["axis", "value", "Pollux", "Tiresias", "Pollux below Tiresias"], rows,
                   [False, True, True, True, True]),
@@ -150,7 +151,7 @@ def scale_section(results: Results) -> list[str]:
         "`experiments/sim_scale.py`: synthetic parametric profiles (three applications), 2.5 jobs per CPU "
         "arriving over 8 h, 4 CPUs per node, interval 60 s. The policy time per round is building the "
         "speedup tables, the MILP and decoding (the jobs' models are fitted outside it), against the 60 s "
-        "interval.",
+        "interval." + machine_note(df),
         "",
         *md_table(["CPUs", "jobs", "Pollux avg JCT (s)", "Tiresias avg JCT (s)",
                    "Pollux policy time per round, mean / p95 / max (ms)", "Pollux run, wall (s)"],

@@ -28,6 +28,7 @@ from pollux_opt.backends.sim import (
 )
 from pollux_opt.workloads.adaptdl import read_adaptdl_csv
 from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
+from solver_speed import machine_name
 
 POLICIES = ("pollux", "tiresias", "optimus")
 #: Published Pollux-simulator averages over the eight workloads, hours (Pollux, OSDI 2021).
@@ -51,7 +52,7 @@ def run_one(task: dict) -> dict:
         "completed": res.completed, "avg_jct_s": res.avg_jct, "p99_jct_s": res.p99_jct,
         "makespan_s": res.makespan, "worst_rho": summary.get("worst_rho"),
         "frac_rho_gt_1": summary.get("frac_rho_gt_1"), "wall_s": res.wall_seconds,
-        "solver_s": res.solver_seconds,
+        "solver_s": res.solver_seconds, "machine": machine_name(),
     }
 
 

@@ -21,6 +21,7 @@ import pandas as pd
 from pollux_opt import Cluster
 from pollux_opt.backends.sim import ParametricProfile, quiet_library_logs, run_tasks, simulate
 from pollux_opt.workloads.job import WorkloadJob
+from solver_speed import machine_name
 
 log = logging.getLogger("sim_scale")
 #: Row fields logged as each run finishes.
@@ -69,7 +70,7 @@ def run_one(task: dict) -> dict:
             "mean_solver_s": float(np.mean(per_round)) if per_round else float("nan"),
             "p95_solver_s": float(np.quantile(per_round, 0.95)) if per_round else float("nan"),
             "max_solver_s": float(np.max(per_round)) if per_round else float("nan"),
-            "wall_s": res.wall_seconds}
+            "wall_s": res.wall_seconds, "machine": machine_name()}
 
 
 def main(argv=None) -> int:

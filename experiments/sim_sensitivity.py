@@ -30,13 +30,16 @@ from pollux_opt.backends.sim import (
 from pollux_opt.workloads.adaptdl import philly_workload, read_adaptdl_csv
 from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
 from pollux_opt.model.options import DEFAULT_RESTART_DELAY
+from solvers import P_RANGE
+from solver_speed import machine_name
 
 AXES = {
     "load": [0.5, 1.0, 1.5, 2.0],
     "interval_s": [30.0, 60.0, 120.0, 240.0, 480.0],
     "restart_delay_s": [0.0, 30.0, 120.0, 300.0],
     "report_noise": [0.0, 0.1, 0.3, 0.5],
-    "p": [1.0, -1.0, -10.0],
+    # the power mean's exponent up to the end of the allocator's domain (solvers.P_RANGE)
+    "p": [1.0, -1.0, P_RANGE[0]],
 }
 QUICK_AXES = {"load": [0.5, 1.0], "interval_s": [60.0, 240.0], "restart_delay_s": [30.0], "report_noise": [0.0, 0.3], "p": [-1.0]}
 QUICK_JOBS = 10
@@ -76,7 +79,8 @@ def run_one(task: dict) -> dict:
                    interval=settings["interval_s"], config=cfg)
     return {"axis": axis, "value": value, "policy": pol, "avg_jct_s": res.avg_jct,
             "p99_jct_s": res.p99_jct, "makespan_s": res.makespan,
-            "completed": res.completed, "jobs": res.num_jobs, "wall_s": res.wall_seconds}
+            "completed": res.completed, "jobs": res.num_jobs, "wall_s": res.wall_seconds,
+            "machine": machine_name()}
 
 
 def main(argv=None) -> int:

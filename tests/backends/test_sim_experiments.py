@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -18,6 +19,10 @@ needs_traces = pytest.mark.skipif(
 
 
 def _load(name: str):
+    """The experiment script ``name`` as a module, its folder on ``sys.path`` as when it is run
+    (the scripts import their siblings)."""
+    if str(ROOT / "experiments") not in sys.path:
+        sys.path.insert(0, str(ROOT / "experiments"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -48,6 +53,14 @@ def test_sim_sensitivity_quick(tmp_path):
     df = pd.read_csv(tmp_path / "sensitivity.csv")
     assert set(df.axis) == {"load", "interval_s", "restart_delay_s", "report_noise", "p"}
     assert (df.completed == df.jobs).all()
+
+
+def test_sensitivity_axes_are_settings_the_policies_accept():
+    mod = _load("sim_sensitivity")
+    for p in mod.AXES["p"]:
+        assert mod._policy("pollux", p, mod.DEFAULTS["restart_delay_s"]).options.p == p
+    for delay in mod.AXES["restart_delay_s"]:
+        mod._policy("pollux", mod.DEFAULTS["p"], delay)
 
 
 def test_sim_scale_quick(tmp_path):

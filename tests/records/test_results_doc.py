@@ -138,9 +138,10 @@ def test_optional_csvs_add_their_sections(tmp_path):
     results = _copy_required(tmp_path / "results")
     pd.DataFrame([
         {"workload": "mixed", "policy": p, "avg_jct_s": j + d, "worst_rho": 1.5, "avg_goodput": 1.1,
-         "overhead_pct_of_interval": 0.2, "load1": 1.25, "sweep": sweep}
-        for sweep, d in ((1, 0.0), (2, 1.0))
+         "overhead_pct_of_interval": 0.2, "load1": 1.25, "sweep": sweep, "machine": machine}
+        for sweep, d, machine in ((1, 0.0, None), (2, 1.0, "M2"), (3, 2.0, "M2"))
         for p, j in (("fixed", 17.25), ("dynamic", 15.5), ("pollux", 10.75), ("fair-jct", 10.0))
+        if sweep < 3 or p in ("pollux", "fair-jct")  # a later sweep of two policies only
     ]).to_csv(results / "real_cluster.csv", index=False)
     pd.DataFrame([{"run": "mixed", "policy": "pollux", "variant": "matched", "real_avg_jct_s": 11.4,
                    "sim_avg_jct_s": 12.0, "rel_error": 0.0526}]).to_csv(results / "fidelity.csv", index=False)
@@ -156,12 +157,14 @@ def test_optional_csvs_add_their_sections(tmp_path):
         assert title + "\n" in doc
     assert "| mixed | 1 | pollux | 10.8 | 1.50 | 1.10 | 0.20 % | 1.2 |" in doc  # every run is listed
     assert "| mixed | 2 | pollux | 11.8 | 1.50 | 1.10 | 0.20 % | 1.2 |" in doc
-    assert "`mixed` sweep 1: -7.0 %; `mixed` sweep 2: -6.4 %" in doc
+    assert "| mixed | 3 | fair-jct | 12.0 | 1.50 | 1.10 | 0.20 % | 1.2 |" in doc
+    assert "`mixed` sweep 1: -7.0 %; `mixed` sweep 2: -6.4 %; `mixed` sweep 3: -5.9 %" in doc
+    assert "Machines: sweeps 2, 3 on M2." in doc  # sweep 1 names none: the machine at the top
     assert "| mixed | pollux | matched | 11.4 | 12.0 | +5.3 % |" in doc
     assert "| digits-cnn | 20.5 | 4.1 % |" in doc
     assert "| 16x4/40 | milp | optimal | 1.302 | 0.00 % | 0.01 | 0.01 |" in doc
-    assert _row(doc, "Real CPU jobs on this machine, set `mixed`, average JCT (mean of 2 runs): "
-                     "fixed / dynamic / pollux / fair-jct")[1] == "17.8 / 16.0 / 11.2 / 10.5 s"
+    assert _row(doc, "Real CPU jobs, set `mixed`, average JCT (mean of 2 / 2 / 3 / 3 runs): "
+                     "fixed / dynamic / pollux / fair-jct")[1] == "17.8 / 16.0 / 11.8 / 11.0 s"
 
 
 def test_without_optional_csvs_their_sections_are_left_out(generated):
@@ -227,3 +230,25 @@ def test_simulation_stages_add_up_to_the_working_trees_wall_time():
     assert sum(seconds) == pytest.approx(32.0)
     assert stages[0][2] == "28 %"
     assert results_sim_speed._stage_rows(df.drop(columns="fit_s")) == []
+
+
+def test_the_headline_names_each_machine_its_tables_were_measured_on():
+    named = pd.DataFrame({"machine": ["M1", None, "M2", "M1"]})
+    unnamed = pd.DataFrame({"avg_jct_s": [1.0]})
+    assert rd.machines([named, None, unnamed], "D") == ["M1", "D", "M2"]
+    assert rd.machines([unnamed], "D") == ["D"]
+
+
+def test_fair_jct_rows_match_the_csv_with_a_mean_row_per_set_of_several_workloads(generated):
+    doc, _ = generated
+    fj = pd.read_csv(RESULTS / "fair_jct.csv")
+    lines = doc.splitlines()
+    for (group, policy), runs in fj[fj.policy.isin(["pollux", "fair-jct"])].groupby(["set", "policy"]):
+        name = "Pollux" if policy == "pollux" else "fair-jct"
+        mean_rows = [line for line in lines if line.startswith(f"| mean {group} | {name} |")]
+        if runs.workload.nunique() > 1:
+            assert mean_rows == [mean_rows[0]] and mean_rows[0].split(" | ")[2] == f"{runs.avg_jct_s.mean():.0f}"
+        else:
+            assert mean_rows == []
+            row = runs.iloc[0]
+            assert f"| {row.workload} | {name} | {row.avg_jct_s:.0f} |" in doc
