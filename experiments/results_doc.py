@@ -141,6 +141,9 @@ OPTIONAL_COLUMNS = {
     "encode_speed.csv": ["code", "wall_s", "cpu_s", "encode_cpu_s", "encode_cpu_share", "identical_jobs_csv",
                          "load_average_1min_before"],
     "fit_speed.csv": ["case", "code", "fits", "ms_per_fit", "cpu_ms_per_fit", "differing_fits", "load_average_1min"],
+    "fair_jct_speed.csv": ["code", "policy", "wall_s", "cpu_s", "solve_s", "highs_mip_s", "fit_s", "encode_s",
+                           "policy_jobs_s", "work_rates_s", "solve_calls", "highs_mip_calls", "fit_calls",
+                           "work_rates_calls", "identical_jobs_csv"],
 }
 @dataclass(frozen=True)
 class Results:
@@ -169,6 +172,7 @@ class Results:
     real_hetero: pd.DataFrame | None = None
     encode_speed: pd.DataFrame | None = None
     fit_speed: pd.DataFrame | None = None
+    fair_jct_speed: pd.DataFrame | None = None
 
 
 def _read(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -237,6 +241,7 @@ def load_results(results_dir: Path) -> Results:
         real_hetero=tables["real_hetero.csv"],
         encode_speed=tables["encode_speed.csv"],
         fit_speed=tables["fit_speed.csv"],
+        fair_jct_speed=tables["fair_jct_speed.csv"],
     )
 
 

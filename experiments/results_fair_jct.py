@@ -69,6 +69,7 @@ def fair_jct_section(results: Results) -> list[str]:
                    "Jain (1/rho)", "wall (s)"], rows, [False, False] + [True] * 6),
         "",
     ]
+    lines += _speed_lines(results.fair_jct_speed)
     diag = results.fair_jct_diagnosis
     if diag is not None:
         drows = [[str(r.run), str(r.application), f"{r.jobs:.0f}", seconds(r.mean_jct_s), pct(r.share_of_mean),
@@ -115,3 +116,50 @@ def fair_jct_section(results: Results) -> list[str]:
             "",
         ]
     return lines
+
+
+#: Stages of the simulation-time table: label, CSV column, call-count column (or None).
+SPEED_STAGES = (
+    ("MILP rounds, HiGHS included (rounds)", "solve_s", "solve_calls"),
+    ("HiGHS's branch and bound (MIPs)", "highs_mip_s", "highs_mip_calls"),
+    ("throughput fits (fits)", "fit_s", "fit_calls"),
+    ("`to_problem` (speedup tables, batch search)", "encode_s", None),
+    ("the policy's allocator jobs (weights, restart factors)", "policy_jobs_s", None),
+    ("of which fair-jct's work rates (calls)", "work_rates_s", "work_rates_calls"),
+)
+
+
+def _speed_lines(df: pd.DataFrame | None) -> list[str]:
+    """Where a workload-6 simulation's wall time goes under each policy (``fair_jct_speed.csv``,
+    ``experiments/encode_speed.py --policy``): means over the working tree's runs."""
+    if df is None:
+        return []
+    tree = df[df.code == "working tree"]
+    pols = ordered(tree.policy, FAIR_JCT_POLICIES)
+    m = {p: tree[tree.policy == p].apply(pd.to_numeric, errors="coerce").mean() for p in pols}
+    runs = {p: int((tree.policy == p).sum()) for p in pols}
+
+    def cell(p: str, col: str, calls: str | None) -> str:
+        if missing(m[p][col]):
+            return "-"
+        return f"{m[p][col]:.1f}" + ("" if calls is None or missing(m[p][calls]) else f" ({m[p][calls]:.0f})")
+
+    rest = {p: m[p].wall_s - m[p].solve_s - m[p].fit_s - m[p].encode_s - m[p].policy_jobs_s for p in pols}
+    rows = [["whole simulation, wall", *(f"{m[p].wall_s:.1f}" for p in pols)],
+            ["whole simulation, CPU", *(f"{m[p].cpu_s:.1f}" for p in pols)],
+            *([label, *(cell(p, col, calls) for p in pols)] for label, col, calls in SPEED_STAGES),
+            ["the rest (simulator, views, event log)", *(f"{rest[p]:.1f}" for p in pols)]]
+    same = "identical" if tree.identical_jobs_csv.astype(bool).all() else "not always identical"
+    out = [
+        "Where a workload-6 simulation's time goes under each policy (`fair_jct_speed.csv`, "
+        "`experiments/encode_speed.py --policy`: the policies alternating, each run in its own process, "
+        f"{' / '.join(str(runs[p]) for p in pols)} runs; wall seconds, means over the runs; each policy's "
+        f"jobs.csv {same} across its runs)." + machine_note(df),
+        "",
+        *md_table(["stage", *(FAIR_JCT_POLICIES[p] for p in pols)], rows, [False] + [True] * len(pols)),
+        "",
+    ]
+    if {"pollux", "fair-jct"} <= set(pols):
+        wall, cpu = (m["fair-jct"][c] / m["pollux"][c] - 1 for c in ("wall_s", "cpu_s"))
+        out += [f"fair-jct's simulation against Pollux's: {100 * wall:+.0f} % wall, {100 * cpu:+.0f} % CPU.", ""]
+    return out

@@ -56,9 +56,7 @@ def missing(v) -> bool:
 
 def machine_note(df) -> str:
     """" Measured on M." for a table whose CSV names its machine (``machine`` column), else ""."""
-    if df is None or "machine" not in df.columns:
-        return ""
-    names = [str(m) for m in dict.fromkeys(df.machine.dropna())]
+    names = [m for m in machines([df], "") if m]  # a row without a name is left out
     return f" Measured on {' and '.join(names)}." if names else ""
 
 

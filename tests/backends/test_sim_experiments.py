@@ -90,3 +90,21 @@ def test_sim_fidelity_on_a_recorded_run(tmp_path):
     # measured 0.3 s instead of the median rescale's 1.5 s (the run's events).
     assert paper > 0 and matched == pytest.approx(paper + 2.5 - (1.5 - 0.3))
     assert (tmp_path / "out" / "fidelity.csv").is_file() and (tmp_path / "out" / "fidelity.png").is_file()
+
+
+def test_stage_timer_counts_an_override_and_the_method_it_calls_once():
+    timer = _load("encode_speed")._timer
+    totals: dict = {}
+
+    class Base:
+        def jobs(self):
+            return 1
+
+    class Derived(Base):
+        def jobs(self):
+            return super().jobs() + 1
+
+    Base.jobs = timer(totals, "policy_jobs_s", Base.jobs)
+    Derived.jobs = timer(totals, "policy_jobs_s", Derived.jobs)
+    assert Derived().jobs() == 2 and Base().jobs() == 1
+    assert totals["policy_jobs_s"][2] == 2  # one call each, the nested base call not counted again

@@ -252,3 +252,20 @@ def test_fair_jct_rows_match_the_csv_with_a_mean_row_per_set_of_several_workload
             assert mean_rows == []
             row = runs.iloc[0]
             assert f"| {row.workload} | {name} | {row.avg_jct_s:.0f} |" in doc
+
+
+def test_fair_jct_speed_table_splits_each_policys_wall_time_into_its_stages():
+    import results_fair_jct
+
+    row = {"code": "working tree", "wall_s": 30.0, "cpu_s": 33.0, "solve_s": 15.0, "highs_mip_s": 8.0,
+           "fit_s": 6.0, "encode_s": 3.0, "solve_calls": 981, "highs_mip_calls": 323, "fit_calls": 406,
+           "identical_jobs_csv": True}
+    df = pd.DataFrame([{**row, "policy": "pollux", "policy_jobs_s": 0.5, "work_rates_s": None,
+                        "work_rates_calls": None},
+                       {**row, "policy": "fair-jct", "wall_s": 33.0, "policy_jobs_s": 2.0, "work_rates_s": 1.5,
+                        "work_rates_calls": 12000}])
+    text = "\n".join(results_fair_jct._speed_lines(df))
+    assert "| throughput fits (fits) | 6.0 (406) | 6.0 (406) |" in text
+    assert "| of which fair-jct's work rates (calls) | - | 1.5 (12000) |" in text
+    assert "| the rest (simulator, views, event log) | 5.5 | 7.0 |" in text
+    assert "fair-jct's simulation against Pollux's: +10 % wall, +0 % CPU." in text

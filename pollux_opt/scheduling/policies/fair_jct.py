@@ -149,7 +149,7 @@ class FairJctPolicy(_AllocatorPolicy):
     max_tilt: float = domain_field(MAX_TILT, Real(ge=0))
     exploration_factor: int = domain_field(FAIR_JCT_EXPLORATION, EXPLORATION_FACTORS)
     _history: WorkHistory = field(init=False, repr=False)
-    _last_weights: dict[str, float] = field(init=False, repr=False, default_factory=dict)
+    _last_tilts: dict[str, float] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -174,12 +174,13 @@ class FairJctPolicy(_AllocatorPolicy):
     def weights(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, float]:
         """Job id -> ``w_j`` of the module docstring (at least :data:`MIN_WEIGHT`); one
         call per round (it records the jobs that finished since the last one)."""
-        self._last_weights = self._weights(cluster, active, self.estimates(cluster, active))
-        return self._last_weights
+        base = super().weights(cluster, active)  # priority times tie-break
+        out = self._weights(cluster, active, self.estimates(cluster, active), base)
+        self._last_tilts = {j: w / base[j] for j, w in out.items()}  # for the round's restart factors
+        return out
 
     def _weights(self, cluster: Cluster, active: Sequence[JobView],
-                 est: dict[str, tuple[float, float, float, float]]) -> dict[str, float]:
-        base = super().weights(cluster, active)  # priority times tie-break
+                 est: dict[str, tuple[float, float, float, float]], base: dict[str, float]) -> dict[str, float]:
         share = fair_share(cluster, len(active))[1]
         # completions per second on the speedup's base allocation (a fair share, see
         # views._feasible_base): G_j times its work rate there
@@ -199,9 +200,8 @@ class FairJctPolicy(_AllocatorPolicy):
         """Pollux's allocator jobs with the weights of :meth:`weights` and, for a
         running job, the restart factor of :func:`_restart_as_pollux`."""
         jobs = super().allocator_jobs(cluster, active)  # calls self.weights once
-        weight, base = self._last_weights, _AllocatorPolicy.weights(self, cluster, active)
         by_id = {v.job_id: v for v in active}
-        return [_restart_as_pollux(job, weight[job.id] / base[job.id], self.options.restart_delay)
+        return [_restart_as_pollux(job, self._last_tilts[job.id], self.options.restart_delay)
                 if by_id[job.id].placement else job for job in jobs]
 
 
