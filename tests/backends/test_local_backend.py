@@ -3,12 +3,9 @@ pinning, the run directory's configuration and the demo's defaults."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -29,28 +26,21 @@ def test_the_protocol_declares_exactly_what_the_backend_calls():
     assert _protocol_methods() == set(HANDLE_METHODS)
 
 
-def _elastic_job():
+@pytest.fixture(params=["ElasticJob", "FakeJob"])
+def handle_class(request, fake_jobs) -> type:
+    """The real job handle and the tests' in-process stand-in for it."""
+    if request.param == "FakeJob":
+        return fake_jobs.job_class
     from pollux_opt.runtime.job import ElasticJob
 
     return ElasticJob
 
 
-def _fake_job():
-    """The scheduler tests' in-process stand-in (tests/scheduling/test_scheduler.py)."""
-    path = Path(__file__).parents[1] / "scheduling" / "test_scheduler.py"
-    spec = importlib.util.spec_from_file_location("_scheduler_fakes", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module.FakeJob
-
-
-@pytest.mark.parametrize("handle_class", [_elastic_job, _fake_job], ids=["ElasticJob", "FakeJob"])
 def test_job_handles_implement_the_protocol(handle_class):
     """Every protocol method exists on the class and accepts the protocol's calls:
     the same leading parameters, every keyword the protocol names, and a
     default wherever the protocol's parameter may be left out."""
-    cls = handle_class()
+    cls = handle_class
     for name in HANDLE_METHODS:
         want = inspect.signature(getattr(JobHandle, name)).parameters
         have = inspect.signature(getattr(cls, name)).parameters

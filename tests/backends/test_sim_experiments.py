@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import json
 
 import pandas as pd
 import pytest
 
 from pollux_opt.backends.sim import default_trace_dir
 
-ROOT = Path(__file__).resolve().parents[2]
 TRACES = default_trace_dir()
 needs_traces = pytest.mark.skipif(
     not (TRACES / "profiles").is_dir(), reason=f"AdaptDL traces not found at {TRACES}"
 )
 
 
-def _load(name: str):
-    """The experiment script ``name`` as a module, its folder on ``sys.path`` as when it is run
-    (the scripts import their siblings)."""
-    if str(ROOT / "experiments") not in sys.path:
-        sys.path.insert(0, str(ROOT / "experiments"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @needs_traces
-def test_sim_compare_quick(tmp_path):
-    _load("sim_compare").main(["--quick", "--out", str(tmp_path), "--policies", "tiresias", "optimus"])
+def test_sim_compare_quick(tmp_path, experiment):
+    experiment("sim_compare").main(["--quick", "--out", str(tmp_path), "--policies", "tiresias", "optimus"])
     df = pd.read_csv(tmp_path / "compare.csv")
     assert set(df.policy) == {"tiresias", "optimus"} and (df.completed == df.jobs).all()
     assert (tmp_path / "compare.png").stat().st_size > 0
@@ -40,50 +26,46 @@ def test_sim_compare_quick(tmp_path):
 
 @pytest.mark.slow
 @needs_traces
-def test_sim_compare_quick_pollux(tmp_path):
-    _load("sim_compare").main(["--quick", "--out", str(tmp_path), "--policies", "pollux"])
+def test_sim_compare_quick_pollux(tmp_path, experiment):
+    experiment("sim_compare").main(["--quick", "--out", str(tmp_path), "--policies", "pollux"])
     df = pd.read_csv(tmp_path / "compare.csv")
     assert (df.completed == df.jobs).all()
 
 
 @pytest.mark.slow
 @needs_traces
-def test_sim_sensitivity_quick(tmp_path):
-    _load("sim_sensitivity").main(["--quick", "--out", str(tmp_path)])
+def test_sim_sensitivity_quick(tmp_path, experiment):
+    experiment("sim_sensitivity").main(["--quick", "--out", str(tmp_path)])
     df = pd.read_csv(tmp_path / "sensitivity.csv")
     assert set(df.axis) == {"load", "interval_s", "restart_delay_s", "report_noise", "p"}
     assert (df.completed == df.jobs).all()
 
 
-def test_sensitivity_axes_are_settings_the_policies_accept():
-    mod = _load("sim_sensitivity")
+def test_sensitivity_axes_are_settings_the_policies_accept(experiment):
+    mod = experiment("sim_sensitivity")
     for p in mod.AXES["p"]:
         assert mod._policy("pollux", p, mod.DEFAULTS["restart_delay_s"]).options.p == p
     for delay in mod.AXES["restart_delay_s"]:
         mod._policy("pollux", mod.DEFAULTS["p"], delay)
 
 
-def test_sim_scale_quick(tmp_path):
-    _load("sim_scale").main(["--quick", "--out", str(tmp_path), "--policies", "tiresias"])
+def test_sim_scale_quick(tmp_path, experiment):
+    experiment("sim_scale").main(["--quick", "--out", str(tmp_path), "--policies", "tiresias"])
     df = pd.read_csv(tmp_path / "scale.csv")
     assert list(df.cpus) == [16, 32] and (df.completed == df.jobs).all()
     assert (tmp_path / "scale.png").is_file()
 
 
-def test_sim_fidelity_on_a_recorded_run(tmp_path):
+def test_sim_fidelity_on_a_recorded_run(tmp_path, experiment, recorded_runs):
     """The fidelity experiment replays a (hand-written) real run: profiles are
     exported, both variants simulated, and the matched one charges the
     measured verification time that the paper variant leaves out."""
-    import json
-
-    from test_sim_export import _write_run
-
-    run, _ = _write_run(tmp_path / "demo", "fixed", {"n0": 2})
+    run, _ = recorded_runs.write(tmp_path / "demo", "fixed", {"n0": 2})
     config = json.loads((run / "config.json").read_text())
     config.update(policy="fixed", cluster=[{"id": "n0", "cpus": 2}], interval_s=10.0)
     (run / "config.json").write_text(json.dumps(config))
     (run / "summary.json").write_text(json.dumps({"avg_jct_s": 5.0}))
-    table = _load("sim_fidelity").fidelity([str(tmp_path / "demo")], tmp_path / "out")
+    table = experiment("sim_fidelity").fidelity([str(tmp_path / "demo")], tmp_path / "out")
     assert list(table.variant) == ["paper", "matched"] and (table.real_avg_jct_s == 5.0).all()
     paper, matched = table.sim_avg_jct_s
     # Matched: + the measured verification (2.5 s); its first start costs the
@@ -92,8 +74,8 @@ def test_sim_fidelity_on_a_recorded_run(tmp_path):
     assert (tmp_path / "out" / "fidelity.csv").is_file() and (tmp_path / "out" / "fidelity.png").is_file()
 
 
-def test_stage_timer_counts_an_override_and_the_method_it_calls_once():
-    timer = _load("encode_speed")._timer
+def test_stage_timer_counts_an_override_and_the_method_it_calls_once(experiment):
+    timer = experiment("encode_speed")._timer
     totals: dict = {}
 
     class Base:

@@ -7,35 +7,27 @@ no traceback, no hang and no inconsistent status.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
-from pathlib import Path
 
+import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 CASES = 300
 
 
-def _fuzz():
-    spec = importlib.util.spec_from_file_location("fuzz_instances", ROOT / "experiments" / "fuzz_instances.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.fixture
+def fuzz(experiment):
+    return experiment("fuzz_instances")
 
 
-def test_generated_cases_mix_valid_and_hostile_files():
-    fuzz = _fuzz()
+def test_generated_cases_mix_valid_and_hostile_files(fuzz):
     cases = [fuzz.generate_case(seed) for seed in range(50)]
     assert len({raw for raw, _, _ in cases}) >= 45  # a few hostile byte strings repeat (deep nesting)
     assert sum(raw.startswith(b'{"version"') for raw, _, _ in cases) >= 35
     assert cases == [fuzz.generate_case(seed) for seed in range(50)]  # seeded
 
 
-def test_generated_instances_never_crash_hang_or_misreport(caplog):
+def test_generated_instances_never_crash_hang_or_misreport(caplog, fuzz):
     caplog.set_level(logging.ERROR)
-    fuzz = _fuzz()
     counts = fuzz.run_cases(range(CASES))
     for front, c in counts.items():
         assert c.cases == CASES

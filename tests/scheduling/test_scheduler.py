@@ -1,5 +1,5 @@
 """The scheduler loop with fake backends, and the real backend's bookkeeping and
-recovery with in-process stand-ins for the elastic jobs."""
+recovery with in-process stand-ins for the elastic jobs (the ``fake_jobs`` fixture)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,13 @@ import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem
 from pollux_opt.records.events import EventLog, read_events
-from pollux_opt.model import GradientStats, ThroughputParams
 from pollux_opt.scheduling.policies import FixedPolicy, PolluxPolicy, TiresiasPolicy
-from pollux_opt.backends.local import JobHandle, RealBackend, run_workload
-from pollux_opt.runtime.report import Event, JobReport, JobState, Measurements
+from pollux_opt.backends.local import RealBackend, run_workload
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView, run
 from pollux_opt.workloads import Workload, WorkloadJob
 
@@ -152,171 +149,7 @@ def test_loop_max_rounds_and_bad_interval(tmp_path):
             run(backend, FixedPolicy(), Cluster.uniform(1, 1), log, interval=1.0, max_rounds=-1)
 
 
-# -------------------------------------------- stand-ins for the elastic job runtime
-class FakeClock:
-    def __init__(self, t: float = 1_000_000.0) -> None:
-        self.t = t
-
-    def time(self) -> float:
-        return self.t
-
-    def sleep(self, dt: float) -> None:
-        self.t += dt
-
-
-#: Progress (M0-iterations) each fake job needs; a replica makes 1 per second.
-FAKE_WORK = 30.0
-#: Seconds a fake (re)start, rescale and verification take.
-FAKE_START_S, FAKE_RESCALE_S, FAKE_VERIFY_S = 2.0, 1.0, 1.0
-#: Progress between fake checkpoints.
-FAKE_CKPT_EVERY = 5.0
-
-
-class FakeJob(JobHandle):
-    """In-process stand-in for ElasticJob (a :class:`JobHandle`): progress at one unit per replica-second,
-    persisted in ``fake.json`` at each checkpoint (resume restarts from it).
-    Jobs whose id starts with ``bad`` fail after 3 s of training."""
-
-    def __init__(self, spec, workdir, job_id, options, pool, clock: FakeClock, *, saved: dict | None = None):
-        self.spec, self.workdir, self.job_id, self.options, self.clock = spec, Path(workdir), job_id, options, clock
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        s = saved or {}
-        self.state = s.get("state", "pending")
-        if self.state in ("running", "rescaling", "verifying"):
-            self.state = "stopped"  # the controller went away
-        self.progress = s.get("progress", 0.0)
-        self.events: list[Event] = [Event(**e) for e in s.get("events", [])]
-        self.final_metric = s.get("final_metric")
-        self.start_times: list[float] = s.get("start_times", [])
-        self.rescale_times: list[float] = s.get("rescale_times", [])
-        self.placement: dict[str, int] = {}
-        self.until = self.last = 0.0
-        self.kind = ""
-        self.trained = 0.0
-        self.closed = False
-        if saved is None:
-            self._persist()
-
-    @classmethod
-    def opener(cls, clock):
-        def open_(workdir, pool):
-            path = Path(workdir) / "fake.json"
-            if not path.exists():
-                raise InvalidProblem("no job")
-            saved = json.loads(path.read_text())
-            return cls(None, workdir, saved["job_id"], None, pool, clock, saved=saved)
-        return open_
-
-    def _persist(self) -> None:
-        ckpt = math.floor(self.progress / FAKE_CKPT_EVERY) * FAKE_CKPT_EVERY
-        data = {"job_id": self.job_id, "state": self.state, "progress": ckpt if self.state != "completed" else
-                self.progress, "final_metric": self.final_metric, "start_times": self.start_times,
-                "rescale_times": self.rescale_times,
-                "events": [{"time": e.time, "kind": e.kind, "details": dict(e.details)} for e in self.events]}
-        (self.workdir / "fake.json").write_text(json.dumps(data))
-
-    def _record(self, t, kind, **details):
-        self.events.append(Event(t, kind, details))
-        self._persist()
-
-    def _update(self) -> None:
-        now = self.clock.time()
-        if self.state == "rescaling" and now >= self.until:
-            seconds = self.until - self.t0
-            (self.start_times if self.kind == "start" else self.rescale_times).append(seconds)
-            self.state, self.last = "running", self.until
-            self._record(self.until, "started" if self.kind == "start" else "rescaled", seconds=seconds,
-                         placement=self.placement)
-        if self.state == "running":
-            k = sum(self.placement.values())
-            dt = now - self.last
-            if self.job_id.startswith("bad") and self.trained + dt >= 3.0:
-                self.state, self.error = "failed", "rank 0: boom"
-                self._record(now, "failed", error="boom")
-                return
-            before = self.progress
-            self.progress += k * dt
-            self.trained += dt
-            self.last = now
-            if math.floor(self.progress / FAKE_CKPT_EVERY) > math.floor(before / FAKE_CKPT_EVERY):
-                self._persist()
-            if self.progress >= FAKE_WORK:
-                t_hit = now - (self.progress - FAKE_WORK) / k
-                self.progress = FAKE_WORK
-                self.state, self.until, self.placement = "verifying", t_hit + FAKE_VERIFY_S, {}
-                self._record(t_hit, "target_reached", metric=0.99, step=int(FAKE_WORK))
-        if self.state == "verifying" and now >= self.until:
-            self.state, self.final_metric = "completed", 0.99
-            self._record(self.until, "verified", metric=0.99, reached=True)
-
-    def start(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
-              cgroups=None):
-        self._update()
-        self._go(dict(replicas), "start", FAKE_START_S)
-
-    def rescale(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
-                cgroups=None):
-        self._update()
-        if self.state in ("pending", "stopped"):
-            self._go(dict(replicas), "start", FAKE_START_S)
-        elif self.state in ("running", "rescaling") and dict(replicas) == self.placement:
-            pass  # only the batch changes: applied without a restart, as ElasticJob does
-        else:
-            self._go(dict(replicas), "rescale", FAKE_RESCALE_S)
-
-    def _go(self, placement, kind, seconds):
-        if self.state in ("completed", "failed"):
-            raise InvalidProblem(f"job {self.job_id!r} is {self.state}")
-        self.t0 = self.clock.time()
-        self.placement, self.kind, self.state, self.until = placement, kind, "rescaling", self.t0 + seconds
-        self._persist()
-
-    def stop(self):
-        self._update()
-        if self.state in ("running", "rescaling"):
-            self.state, self.placement = "stopped", {}
-            self._record(self.clock.time(), "stopped", reason="request")
-
-    def poll(self) -> JobState:
-        self._update()
-        return JobState(self.state)
-
-    def wait(self, timeout=None):
-        return self.report()
-
-    def close(self):
-        self.closed = True
-
-    def report(self) -> JobReport:
-        self._update()
-        spec = self.spec or _SPEC
-        running = self.state in ("running", "rescaling")
-        k = sum(self.placement.values()) if running else 0
-        return JobReport(
-            job_id=self.job_id, kind="fake", state=JobState(self.state), step=int(self.progress),
-            progress=self.progress, samples=int(self.progress * 32), epoch=math.nan, metric_name="accuracy",
-            target=0.9, higher_is_better=True, metric=None, final_metric=self.final_metric,
-            placement=dict(self.placement) if running else {}, num_replicas=k, num_nodes=len(self.placement),
-            local_bsz=32, accum_steps=0, batch_size=32 * k, fixed_batch_size=None,
-            measurements=Measurements.from_profile({}),
-            throughput_params=ThroughputParams(0.01, 0.001, 0.001, 0.0, 0.01, 0.0, 1.0) if self.start_times else None,
-            grad_stats=GradientStats(1.0, 10.0, 32) if self.start_times else None, limits=spec.limits(),
-            restart_delay=None, rescale_times=tuple(self.rescale_times), start_times=tuple(self.start_times),
-            num_restarts=0, age=0.0, worker_pids=(), error=getattr(self, "error", None), events=tuple(self.events),
-        )
-
-
-_SPEC = WorkloadJob("x", "digits-cnn", 0.0, 1, 32).job_spec()
-
-
-def fake_kwargs(clock: FakeClock) -> dict:
-    return {
-        "job_factory": lambda spec, workdir, job_id, options, pool: FakeJob(spec, workdir, job_id, options, pool,
-                                                                            clock),
-        "job_opener": FakeJob.opener(clock), "clock": clock.time, "sleep": clock.sleep,
-    }
-
-
+# ------------------------------------------------ the real backend over stand-in jobs
 WORKLOAD = Workload("fake", (
     WorkloadJob("a", "digits-cnn", 0.0, 1, 32),
     WorkloadJob("b", "digits-cnn", 5.0, 2, 32),
@@ -324,21 +157,22 @@ WORKLOAD = Workload("fake", (
 ))
 
 
-def _run(tmp_path, policy, clock, workload=WORKLOAD, **kw):
+def _run(tmp_path, policy, fake_jobs, clock=None, workload=WORKLOAD, **kw):
     import pollux_opt.backends.local.backend as rb
 
+    clock = clock or fake_jobs.clock()
     old = rb.time.time
     rb.time.time = clock.time  # run_workload's own timestamps
     try:
         return run_workload(tmp_path, workload, policy, cluster=Cluster.uniform(1, 2), interval=10.0,
-                        progress=False, pin_cpus=False, backend_kwargs=fake_kwargs(clock), **kw)
+                        progress=False, pin_cpus=False, backend_kwargs=fake_jobs.backend_kwargs(clock), **kw)
     finally:
         rb.time.time = old
 
 
 @pytest.mark.parametrize("policy", ["fixed", "dynamic", "pollux", "tiresias"])
-def test_real_backend_runs_a_workload_and_a_failing_job_does_not_stop_the_others(tmp_path, policy):
-    summary = _run(tmp_path / policy, policy, FakeClock())
+def test_real_backend_runs_a_workload_and_a_failing_job_does_not_stop_the_others(tmp_path, policy, fake_jobs):
+    summary = _run(tmp_path / policy, policy, fake_jobs)
     assert summary["policy"] == policy
     jobs = {j["id"]: j for j in summary["jobs"]}
     assert jobs["a"]["completed"] and jobs["b"]["completed"] and jobs["a"]["verified"]
@@ -370,11 +204,11 @@ def test_run_real_accepts_the_policies_that_need_nothing_simulator_only(tmp_path
     assert not (tmp_path / "o" / "config.json").exists()  # refused before the run starts
 
 
-def test_resume_after_a_kill(tmp_path, monkeypatch):
+def test_resume_after_a_kill(tmp_path, monkeypatch, fake_jobs):
     """Kill the scheduler mid-run (no cleanup), restart it on the same run directory:
     completed jobs stay completed, running ones resume from their checkpoints, and
     the event log stays one consistent history."""
-    clock = FakeClock()
+    clock = fake_jobs.clock()
 
     class Killed(BaseException):
         pass
@@ -387,11 +221,11 @@ def test_resume_after_a_kill(tmp_path, monkeypatch):
     def sleep(dt):
         clock.sleep(dt)
         calls["n"] += 1
-        if clock.t - 1_000_000.0 >= 45.0:  # a has finished by now, b is half done
+        if clock.t - clock.start >= 45.0:  # a has finished by now, b is half done
             raise Killed
 
     monkeypatch.setattr(RealBackend, "close", lambda self, **kw: None)  # a kill runs no cleanup
-    kwargs = fake_kwargs(clock) | {"sleep": sleep}
+    kwargs = fake_jobs.backend_kwargs(clock) | {"sleep": sleep}
     import pollux_opt.backends.local.backend as rb
 
     monkeypatch.setattr(rb.time, "time", clock.time)
@@ -401,15 +235,15 @@ def test_resume_after_a_kill(tmp_path, monkeypatch):
     before = read_events(tmp_path / "events.jsonl")
     assert any(e["type"] == "complete" and e["job_id"] == "a" for e in before)
     progress_b = max(e["progress"] for e in before if e["type"] == "report" and e["job_id"] == "b")
-    assert 0 < progress_b < FAKE_WORK
+    assert 0 < progress_b < fake_jobs.work
     checkpoint_b = json.loads((tmp_path / "jobs" / "b" / "fake.json").read_text())["progress"]
-    assert 0 < checkpoint_b < FAKE_WORK
+    assert 0 < checkpoint_b < fake_jobs.work
     with open(tmp_path / "events.jsonl", "a") as fh:
         fh.write('{"t": 45.1, "job_id": "b", "type": "rep')  # torn by the kill
     clock.sleep(5.0)  # the outage
     monkeypatch.undo()
     monkeypatch.setattr(rb.time, "time", clock.time)
-    summary = run_workload(tmp_path, progress=False, backend_kwargs=fake_kwargs(clock))
+    summary = run_workload(tmp_path, progress=False, backend_kwargs=fake_jobs.backend_kwargs(clock))
     events = read_events(tmp_path / "events.jsonl")
     assert events[: len(before)] == before
     per_job = Counter((e["job_id"], e["type"]) for e in events)
@@ -424,17 +258,16 @@ def test_resume_after_a_kill(tmp_path, monkeypatch):
     assert len(resumed) == 1 and resumed[0]["t"] >= 50.0
     # b resumed from its last checkpoint, not from zero: start, the remaining work on 1 CPU, verify
     done_b = next(e for e in events if e["type"] == "complete" and e["job_id"] == "b")
-    remaining = FAKE_WORK - checkpoint_b
-    assert done_b["t"] - resumed[0]["t"] == pytest.approx(FAKE_START_S + remaining + FAKE_VERIFY_S, abs=1.0)
+    remaining = fake_jobs.work - checkpoint_b
+    assert done_b["t"] - resumed[0]["t"] == pytest.approx(fake_jobs.start_s + remaining + fake_jobs.verify_s, abs=1.0)
     assert all(j["completed"] for j in summary["jobs"])
     jobs = {j["id"]: j for j in summary["jobs"]}
     assert jobs["b"]["restarts"] == 1
     assert jobs["b"]["jct_s"] > 50.0 - 1.0  # the outage counts in the JCT
 
 
-def test_run_real_rejects_mismatched_resume_and_new_runs_without_a_workload(tmp_path):
-    clock = FakeClock()
-    _run(tmp_path, "fixed", clock, workload=Workload("one", (WorkloadJob("a", "digits-cnn", 0.0, 1, 32),)))
+def test_run_real_rejects_mismatched_resume_and_new_runs_without_a_workload(tmp_path, fake_jobs):
+    _run(tmp_path, "fixed", fake_jobs, workload=Workload("one", (WorkloadJob("a", "digits-cnn", 0.0, 1, 32),)))
     with pytest.raises(InvalidProblem, match=r"holds a 'fixed' run, not 'pollux'"):
         run_workload(tmp_path, None, "pollux", progress=False)
     with pytest.raises(InvalidProblem, match=r"holds a different workload \('one'\)"):
@@ -471,11 +304,11 @@ def test_workload_sets_and_files(tmp_path):
         load_workload(path)
 
 
-def test_cli_compare_prints_the_summaries(tmp_path, capsys):
+def test_cli_compare_prints_the_summaries(tmp_path, capsys, fake_jobs):
     from pollux_opt.cli.main import main
 
-    _run(tmp_path / "f", "fixed", FakeClock())
-    _run(tmp_path / "p", "pollux", FakeClock())
+    _run(tmp_path / "f", "fixed", fake_jobs)
+    _run(tmp_path / "p", "pollux", fake_jobs)
     assert main(["compare", str(tmp_path / "f"), str(tmp_path / "p")]) == 0
     out = capsys.readouterr().out
     assert "avg JCT (s)" in out and "fixed" in out and "pollux" in out

@@ -370,18 +370,11 @@ def test_padding_shares_programs_between_similar_sizes() -> None:
 
 
 # --------------------------------------------------------------------- the comparison script
-def test_solver_comparison_quick_writes_csv_and_plot(tmp_path) -> None:
+def test_solver_comparison_quick_writes_csv_and_plot(tmp_path, experiment) -> None:
     # About 10 s: two 16 x 4 sizes, every solver, 10 evolutionary seeds.
-    import importlib.util
-    from pathlib import Path
-
     import pandas as pd
 
-    path = Path(__file__).resolve().parents[2] / "experiments" / "solver_comparison.py"
-    spec = importlib.util.spec_from_file_location("solver_comparison", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
+    module = experiment("solver_comparison")
     assert module.main(["--quick", "--out", str(tmp_path), "--log-level", "WARNING"]) == 0
     df = pd.read_csv(tmp_path / "solver_comparison.csv")
     assert set(df["size"]) == {"16x4/10", "16x4/20"}

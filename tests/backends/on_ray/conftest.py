@@ -36,11 +36,6 @@ def ray_cluster():
     cluster.shutdown()
 
 
-def worker_nodes(cluster) -> list:
-    """The cluster's alive worker nodes (not the head)."""
-    return [n for n in cluster.worker_nodes if n.all_processes_alive()]
-
-
 @pytest.fixture
 def two_nodes(ray_cluster):
     """The test cluster with exactly :data:`NODES` worker nodes, before and after the test."""

@@ -4,9 +4,7 @@ work directories go, and the gloo interface of a node's address."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,12 +15,6 @@ from pollux_opt.backends.ray.run import _checkpoint_dir
 from pollux_opt.records.events import EventLog, read_events
 from pollux_opt.scheduling.loop import Decision, DecisionStatus
 from pollux_opt.workloads import Workload, WorkloadJob
-
-
-def _scheduler_fakes():
-    """The scheduler tests' in-process job stand-ins (tests/scheduling/test_scheduler.py)."""
-    sys.path.insert(0, str(Path(__file__).parents[2] / "scheduling"))
-    return importlib.import_module("test_scheduler")
 
 
 class FakeRay:
@@ -70,8 +62,8 @@ def test_the_cluster_is_rays_alive_nodes_with_cpus():
     assert nodes.refresh() is None
 
 
-def _backend(tmp_path, ray, clock, fakes, workload):
-    kwargs = fakes.fake_kwargs(clock)
+def _backend(tmp_path, ray, clock, fake_jobs, workload):
+    kwargs = fake_jobs.backend_kwargs(clock)
     nodes = RayNodes(ray)
     events = EventLog(tmp_path / "events.jsonl")
     backend = RayBackend(tmp_path, workload, nodes.cluster(), events, nodes=nodes, adapts_batch=True,
@@ -79,12 +71,11 @@ def _backend(tmp_path, ray, clock, fakes, workload):
     return backend, events
 
 
-def test_a_node_that_joins_is_placed_on_and_the_jobs_of_one_that_leaves_restart_elsewhere(tmp_path):
-    fakes = _scheduler_fakes()
-    clock = fakes.FakeClock()
+def test_a_node_that_joins_is_placed_on_and_the_jobs_of_one_that_leaves_restart_elsewhere(tmp_path, fake_jobs):
+    clock = fake_jobs.clock()
     ray = FakeRay([_node("aaaa", 1), _node("bbbb", 1)])
     workload = Workload("two", (WorkloadJob("a", "digits-cnn", 0.0, 1, 32), WorkloadJob("b", "digits-cnn", 0.0, 1, 32)))
-    backend, events = _backend(tmp_path, ray, clock, fakes, workload)
+    backend, events = _backend(tmp_path, ray, clock, fake_jobs, workload)
     a_node, b_node = "ray-aaaaaaaaaaaa", "ray-bbbbbbbbbbbb"
     assert len(backend.views()) == 2
     backend.apply(Decision({"a": {a_node: 1}, "b": {b_node: 1}}, {}, float("nan"), 0.0, DecisionStatus.FIFO))

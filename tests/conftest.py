@@ -1,0 +1,227 @@
+"""Stand-ins shared by the tests of several folders, given to tests as fixtures:
+in-process jobs on a fake clock for the real backend (``fake_jobs``) and the
+repository's experiment scripts as modules (``experiment``)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from pollux_opt import InvalidProblem
+from pollux_opt.backends.local import JobHandle
+from pollux_opt.model import GradientStats, ThroughputParams
+from pollux_opt.runtime.report import Event, JobReport, JobState, Measurements
+from pollux_opt.workloads import WorkloadJob
+
+#: The repository's experiment scripts (run as ``python experiments/NAME.py``).
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+#: Epoch seconds at which a fake clock starts.
+FAKE_START_T = 1_000_000.0
+
+
+class FakeClock:
+    """Wall-clock seconds that move only when the backend sleeps."""
+
+    def __init__(self, t: float = FAKE_START_T) -> None:
+        self.start = self.t = t
+
+    def time(self) -> float:
+        return self.t
+
+    def sleep(self, dt: float) -> None:
+        self.t += dt
+
+
+#: Progress (M0-iterations) each fake job needs; a replica makes 1 per second.
+FAKE_WORK = 30.0
+#: Seconds a fake (re)start, rescale and verification take.
+FAKE_START_S, FAKE_RESCALE_S, FAKE_VERIFY_S = 2.0, 1.0, 1.0
+#: Progress between fake checkpoints.
+FAKE_CKPT_EVERY = 5.0
+
+
+class FakeJob(JobHandle):
+    """In-process stand-in for ElasticJob (a :class:`JobHandle`): progress at one unit per replica-second,
+    persisted in ``fake.json`` at each checkpoint (resume restarts from it).
+    Jobs whose id starts with ``bad`` fail after 3 s of training."""
+
+    def __init__(self, spec, workdir, job_id, options, pool, clock: FakeClock, *, saved: dict | None = None):
+        self.spec, self.workdir, self.job_id, self.options, self.clock = spec, Path(workdir), job_id, options, clock
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        s = saved or {}
+        self.state = s.get("state", "pending")
+        if self.state in ("running", "rescaling", "verifying"):
+            self.state = "stopped"  # the controller went away
+        self.progress = s.get("progress", 0.0)
+        self.events: list[Event] = [Event(**e) for e in s.get("events", [])]
+        self.final_metric = s.get("final_metric")
+        self.start_times: list[float] = s.get("start_times", [])
+        self.rescale_times: list[float] = s.get("rescale_times", [])
+        self.placement: dict[str, int] = {}
+        self.until = self.last = 0.0
+        self.kind = ""
+        self.trained = 0.0
+        self.closed = False
+        if saved is None:
+            self._persist()
+
+    @classmethod
+    def opener(cls, clock):
+        def open_(workdir, pool):
+            path = Path(workdir) / "fake.json"
+            if not path.exists():
+                raise InvalidProblem("no job")
+            saved = json.loads(path.read_text())
+            return cls(None, workdir, saved["job_id"], None, pool, clock, saved=saved)
+        return open_
+
+    def _persist(self) -> None:
+        ckpt = math.floor(self.progress / FAKE_CKPT_EVERY) * FAKE_CKPT_EVERY
+        data = {"job_id": self.job_id, "state": self.state, "progress": ckpt if self.state != "completed" else
+                self.progress, "final_metric": self.final_metric, "start_times": self.start_times,
+                "rescale_times": self.rescale_times,
+                "events": [{"time": e.time, "kind": e.kind, "details": dict(e.details)} for e in self.events]}
+        (self.workdir / "fake.json").write_text(json.dumps(data))
+
+    def _record(self, t, kind, **details):
+        self.events.append(Event(t, kind, details))
+        self._persist()
+
+    def _update(self) -> None:
+        now = self.clock.time()
+        if self.state == "rescaling" and now >= self.until:
+            seconds = self.until - self.t0
+            (self.start_times if self.kind == "start" else self.rescale_times).append(seconds)
+            self.state, self.last = "running", self.until
+            self._record(self.until, "started" if self.kind == "start" else "rescaled", seconds=seconds,
+                         placement=self.placement)
+        if self.state == "running":
+            k = sum(self.placement.values())
+            dt = now - self.last
+            if self.job_id.startswith("bad") and self.trained + dt >= 3.0:
+                self.state, self.error = "failed", "rank 0: boom"
+                self._record(now, "failed", error="boom")
+                return
+            before = self.progress
+            self.progress += k * dt
+            self.trained += dt
+            self.last = now
+            if math.floor(self.progress / FAKE_CKPT_EVERY) > math.floor(before / FAKE_CKPT_EVERY):
+                self._persist()
+            if self.progress >= FAKE_WORK:
+                t_hit = now - (self.progress - FAKE_WORK) / k
+                self.progress = FAKE_WORK
+                self.state, self.until, self.placement = "verifying", t_hit + FAKE_VERIFY_S, {}
+                self._record(t_hit, "target_reached", metric=0.99, step=int(FAKE_WORK))
+        if self.state == "verifying" and now >= self.until:
+            self.state, self.final_metric = "completed", 0.99
+            self._record(self.until, "verified", metric=0.99, reached=True)
+
+    def start(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
+              cgroups=None):
+        self._update()
+        self._go(dict(replicas), "start", FAKE_START_S)
+
+    def rescale(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
+                cgroups=None):
+        self._update()
+        if self.state in ("pending", "stopped"):
+            self._go(dict(replicas), "start", FAKE_START_S)
+        elif self.state in ("running", "rescaling") and dict(replicas) == self.placement:
+            pass  # only the batch changes: applied without a restart, as ElasticJob does
+        else:
+            self._go(dict(replicas), "rescale", FAKE_RESCALE_S)
+
+    def _go(self, placement, kind, seconds):
+        if self.state in ("completed", "failed"):
+            raise InvalidProblem(f"job {self.job_id!r} is {self.state}")
+        self.t0 = self.clock.time()
+        self.placement, self.kind, self.state, self.until = placement, kind, "rescaling", self.t0 + seconds
+        self._persist()
+
+    def stop(self):
+        self._update()
+        if self.state in ("running", "rescaling"):
+            self.state, self.placement = "stopped", {}
+            self._record(self.clock.time(), "stopped", reason="request")
+
+    def poll(self) -> JobState:
+        self._update()
+        return JobState(self.state)
+
+    def wait(self, timeout=None):
+        return self.report()
+
+    def close(self):
+        self.closed = True
+
+    def report(self) -> JobReport:
+        self._update()
+        spec = self.spec or WorkloadJob("x", "digits-cnn", 0.0, 1, 32).job_spec()
+        running = self.state in ("running", "rescaling")
+        k = sum(self.placement.values()) if running else 0
+        return JobReport(
+            job_id=self.job_id, kind="fake", state=JobState(self.state), step=int(self.progress),
+            progress=self.progress, samples=int(self.progress * 32), epoch=math.nan, metric_name="accuracy",
+            target=0.9, higher_is_better=True, metric=None, final_metric=self.final_metric,
+            placement=dict(self.placement) if running else {}, num_replicas=k, num_nodes=len(self.placement),
+            local_bsz=32, accum_steps=0, batch_size=32 * k, fixed_batch_size=None,
+            measurements=Measurements.from_profile({}),
+            throughput_params=ThroughputParams(0.01, 0.001, 0.001, 0.0, 0.01, 0.0, 1.0) if self.start_times else None,
+            grad_stats=GradientStats(1.0, 10.0, 32) if self.start_times else None, limits=spec.limits(),
+            restart_delay=None, rescale_times=tuple(self.rescale_times), start_times=tuple(self.start_times),
+            num_restarts=0, age=0.0, worker_pids=(), error=getattr(self, "error", None), events=tuple(self.events),
+        )
+
+
+@dataclass(frozen=True)
+class FakeJobs:
+    """The real backend's jobs replaced by :class:`FakeJob` on a :class:`FakeClock`;
+    the durations are the fake jobs' (seconds, and progress in M0-iterations)."""
+
+    job_class: type = FakeJob
+    work: float = FAKE_WORK
+    start_s: float = FAKE_START_S
+    rescale_s: float = FAKE_RESCALE_S
+    verify_s: float = FAKE_VERIFY_S
+
+    @staticmethod
+    def clock() -> FakeClock:
+        """A new clock at :data:`FAKE_START_T`."""
+        return FakeClock()
+
+    def backend_kwargs(self, clock: FakeClock) -> dict:
+        """``backend_kwargs`` of ``run_workload`` that start and reopen fake jobs and time the run on ``clock``."""
+        job_class = self.job_class
+        return {
+            "job_factory": lambda spec, workdir, job_id, options, pool: job_class(spec, workdir, job_id, options,
+                                                                                  pool, clock),
+            "job_opener": job_class.opener(clock), "clock": clock.time, "sleep": clock.sleep,
+        }
+
+
+@pytest.fixture
+def fake_jobs() -> FakeJobs:
+    """In-process stand-ins for the elastic jobs of the real backend (see :class:`FakeJobs`)."""
+    return FakeJobs()
+
+
+@pytest.fixture(scope="session")
+def experiment():
+    """``load(name)``: the experiment script ``experiments/NAME.py`` as a module, imported
+    with its folder on ``sys.path`` as when it is run (the scripts import their siblings)."""
+    folder = str(EXPERIMENTS)
+    sys.path.insert(0, folder)
+
+    def load(name: str) -> ModuleType:
+        return importlib.import_module(name)
+
+    yield load
+    sys.path.remove(folder)
