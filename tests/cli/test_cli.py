@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import pollux_opt
@@ -45,15 +49,26 @@ def test_zero_nodes_or_cpus_is_an_error_not_the_default(flags, tmp_path, capsys)
     assert not (tmp_path / "r" / "config.json").exists()
 
 
+#: Modules that ``import pollux_opt`` must leave unloaded: the backends and the optional extras.
+HEAVY_MODULES = ("pollux_opt.backends.local", "pollux_opt.backends.sim", "pollux_opt.runtime", "torch", "ray", "jax")
+
+
 def test_top_level_api_is_small_and_lazy():
+    """``import pollux_opt`` (in a fresh interpreter) loads no backend and no extra;
+    every name of ``__all__`` resolves, the backends' entry points to their own objects."""
     assert len(pollux_opt.__all__) <= 16
-    for name in pollux_opt.__all__:
-        assert getattr(pollux_opt, name) is not None
+    code = ("import sys, pollux_opt\n"
+            f"print(sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules))\n"
+            "from pollux_opt import *\n"
+            "from pollux_opt.backends import local, sim\n"
+            "print(run_workload is local.run_workload, simulate is sim.simulate)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[]", "True True"]
 
 
 def test_a_missing_extra_is_one_line_naming_what_to_install(tmp_path, monkeypatch, capsys):
-    import sys
-
     monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed
     rc = main(["run", "--backend", "ray", "--workload", "mixed", "--quick", "--policy", "pollux",
                "--out", str(tmp_path / "run")])

@@ -176,7 +176,8 @@ def test_fair_jct_priority_weight_multiplies_the_weight():
 
 def test_fair_jct_is_registered_for_real_jobs():
     assert "fair-jct" in POLICIES and "fair-jct" in policy_names()
-    assert isinstance(make_policy("fair-jct", knee=2.0, bound=4.0), FairJctPolicy)
+    policy = make_policy("fair-jct", knee=2.0, bound=4.0)
+    assert type(policy) is FairJctPolicy and (policy.knee, policy.bound) == (2.0, 4.0)
 
 
 class _Oracle:

@@ -73,6 +73,9 @@ def _fuzz_solve(problem: Problem, solver: str) -> None:
 
 
 def _fuzz(seeds: range, solvers_: tuple) -> None:
+    """Each solver on each seed's problem; most seeds must give a valid problem, so that
+    the fuzz is not only of the problem's own checks."""
+    solved = 0
     for seed in seeds:
         try:
             problem = Problem(**extreme_fields(seed))
@@ -80,6 +83,8 @@ def _fuzz(seeds: range, solvers_: tuple) -> None:
             continue
         for solver in solvers_:
             _fuzz_solve(problem, solver)
+        solved += 1
+    assert solved >= len(seeds) // 2, f"only {solved} of {len(seeds)} seeds gave a valid problem"
 
 
 def test_fuzzed_extreme_problems_quick():
