@@ -16,7 +16,7 @@ needs_traces = pytest.mark.skipif(
 
 
 @needs_traces
-def test_sim_compare_quick(tmp_path, experiment):
+def test_sim_compare_quick_completes_every_job_and_writes_its_table_plot_and_runs(tmp_path, experiment):
     experiment("sim_compare").main(["--quick", "--out", str(tmp_path), "--policies", "tiresias", "optimus"])
     df = pd.read_csv(tmp_path / "compare.csv")
     assert set(df.policy) == {"tiresias", "optimus"} and (df.completed == df.jobs).all()
@@ -26,7 +26,7 @@ def test_sim_compare_quick(tmp_path, experiment):
 
 @pytest.mark.slow
 @needs_traces
-def test_sim_compare_quick_pollux(tmp_path, experiment):
+def test_sim_compare_quick_completes_every_pollux_job(tmp_path, experiment):
     experiment("sim_compare").main(["--quick", "--out", str(tmp_path), "--policies", "pollux"])
     df = pd.read_csv(tmp_path / "compare.csv")
     assert (df.completed == df.jobs).all()
@@ -34,7 +34,7 @@ def test_sim_compare_quick_pollux(tmp_path, experiment):
 
 @pytest.mark.slow
 @needs_traces
-def test_sim_sensitivity_quick(tmp_path, experiment):
+def test_sim_sensitivity_quick_sweeps_every_axis_to_completion(tmp_path, experiment):
     experiment("sim_sensitivity").main(["--quick", "--out", str(tmp_path)])
     df = pd.read_csv(tmp_path / "sensitivity.csv")
     assert set(df.axis) == {"load", "interval_s", "restart_delay_s", "report_noise", "p"}
@@ -49,14 +49,14 @@ def test_sensitivity_axes_are_settings_the_policies_accept(experiment):
         mod._policy("pollux", mod.DEFAULTS["p"], delay)
 
 
-def test_sim_scale_quick(tmp_path, experiment):
+def test_sim_scale_quick_completes_every_job_at_each_cluster_size(tmp_path, experiment):
     experiment("sim_scale").main(["--quick", "--out", str(tmp_path), "--policies", "tiresias"])
     df = pd.read_csv(tmp_path / "scale.csv")
     assert list(df.cpus) == [16, 32] and (df.completed == df.jobs).all()
     assert (tmp_path / "scale.png").is_file()
 
 
-def test_sim_fidelity_on_a_recorded_run(tmp_path, experiment, recorded_runs):
+def test_sim_fidelity_matched_variant_charges_the_recorded_verification_and_start(tmp_path, experiment, recorded_runs):
     """The fidelity experiment replays a (hand-written) real run: profiles are
     exported, both variants simulated, and the matched one charges the
     measured verification time that the paper variant leaves out."""

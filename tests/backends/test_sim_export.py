@@ -91,18 +91,18 @@ def test_demo_folder_expands_to_its_runs_and_cli(tmp_path, capsys, recorded_runs
         "workload-fixed.csv", "workload-pollux.csv"]
 
 
-def test_missing_run_dir(tmp_path):
+def test_a_missing_run_dir_is_named(tmp_path):
     with pytest.raises(InvalidProblem, match=r"run dir '.*nope' does not exist"):
         export_profiles([tmp_path / "nope"], tmp_path / "out")
 
 
-def test_run_dir_without_jobs(tmp_path):
+def test_a_run_dir_without_a_jobs_folder_is_named(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InvalidProblem, match=r"run dir '.*empty' holds no jobs/ folder"):
         export_profiles([tmp_path / "empty"], tmp_path / "out")
 
 
-def test_run_dir_with_no_recorded_steps(tmp_path, recorded_runs):
+def test_a_run_dir_with_no_recorded_steps_is_refused(tmp_path, recorded_runs):
     job = tmp_path / "run" / "jobs" / "a"
     job.mkdir(parents=True)
     (job / "job.json").write_text(json.dumps({"spec": {"name": "x", "init_batch_size": 1, "max_batch_size": 2}}))
@@ -111,7 +111,7 @@ def test_run_dir_with_no_recorded_steps(tmp_path, recorded_runs):
         export_profiles([tmp_path / "run"], tmp_path / "out")
 
 
-def test_no_run_dirs(tmp_path):
+def test_an_empty_list_of_run_dirs_is_refused(tmp_path):
     with pytest.raises(InvalidProblem, match=r"run_dirs must name at least one run directory"):
         export_profiles([], tmp_path / "out")
 
@@ -142,7 +142,7 @@ def test_spec_name_that_is_a_path_is_refused_before_anything_is_written(tmp_path
     assert not (tmp_path / "p").exists() or not any((tmp_path / "p").iterdir())
 
 
-def test_app_filter_names_are_checked(tmp_path, recorded_runs):
+def test_an_app_filter_name_that_is_a_path_is_refused(tmp_path, recorded_runs):
     run, _ = recorded_runs.write(tmp_path, "r", {"n0": 2})
     with pytest.raises(InvalidProblem, match=r"apps entry must be letters, digits, .*got '\.\./x'"):
         export_profiles([run], tmp_path / "p", apps=["../x"])

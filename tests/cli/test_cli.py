@@ -35,7 +35,7 @@ def test_list_names_every_registered_policy_job_kind_and_workload_set(capsys):
     assert any(line.startswith("policy") and "optimus" in line and "needs: oracle" in line for line in lines)
 
 
-def test_list_one_kind(capsys):
+def test_list_of_one_kind_names_only_that_kind(capsys):
     assert main(["list", "policies"]) == 0
     kinds = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
     assert kinds == {"policy"}

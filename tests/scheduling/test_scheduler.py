@@ -139,7 +139,7 @@ def test_loop_skips_deciding_while_no_job_is_active(tmp_path):
     assert backend.applied[0].placement == {"a": {"n0": 1}}  # unmeasured: one replica (exploration cap)
 
 
-def test_loop_max_rounds_and_bad_interval(tmp_path):
+def test_loop_stops_after_max_rounds_and_refuses_a_bad_interval_or_max_rounds(tmp_path):
     backend = ScriptedBackend({"a": 0.0}, work=1e9)
     with EventLog(tmp_path / "e.jsonl") as log:
         assert run(backend, FixedPolicy(), Cluster.uniform(1, 1), log, interval=1.0, max_rounds=3) == 3
@@ -204,7 +204,7 @@ def test_run_real_accepts_the_policies_that_need_nothing_simulator_only(tmp_path
     assert not (tmp_path / "o" / "config.json").exists()  # refused before the run starts
 
 
-def test_resume_after_a_kill(tmp_path, monkeypatch, fake_jobs):
+def test_a_run_killed_mid_way_resumes_its_jobs_from_their_checkpoints_in_one_history(tmp_path, monkeypatch, fake_jobs):
     """Kill the scheduler mid-run (no cleanup), restart it on the same run directory:
     completed jobs stay completed, running ones resume from their checkpoints, and
     the event log stays one consistent history."""
@@ -279,7 +279,7 @@ def test_run_real_rejects_mismatched_resume_and_new_runs_without_a_workload(tmp_
 
 
 # ------------------------------------------------------------- workloads and CLI
-def test_workload_sets_and_files(tmp_path):
+def test_workload_sets_scale_to_quick_and_bad_workload_files_are_named(tmp_path):
     from pollux_opt.workloads import QUICK_TIME_SCALE, WORKLOAD_SETS, load_workload
 
     assert len(WORKLOAD_SETS) >= 3

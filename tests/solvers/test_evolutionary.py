@@ -63,7 +63,7 @@ def test_same_seed_gives_the_same_answer() -> None:
     assert a.objective == b.objective
 
 
-def test_result_fields() -> None:
+def test_result_is_feasible_with_its_objective_and_search_settings() -> None:
     problem = _problem(12)
     result = solve(problem, "evolutionary", **SMALL)
     assert result.status is Status.FEASIBLE

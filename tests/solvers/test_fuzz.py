@@ -87,14 +87,14 @@ def _fuzz(seeds: range, solvers_: tuple) -> None:
     assert solved >= len(seeds) // 2, f"only {solved} of {len(seeds)} seeds gave a valid problem"
 
 
-def test_fuzzed_extreme_problems_quick():
+def test_extreme_problems_are_refused_or_solved_within_every_contract_first_seeds():
     """The first seeds of the fuzz below, MILP and greedy only (the default suite's share)."""
     _fuzz(range(QUICK_FUZZ_SEEDS), ("milp", "greedy"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", range(FUZZ_CHUNKS))
-def test_fuzzed_extreme_problems(chunk):
+def test_extreme_problems_are_refused_or_solved_within_every_contract(chunk):
     """Seeded problems with extreme values: InvalidProblem or a result that keeps every contract."""
     _compile_evolutionary()
     per_chunk = FUZZ_SEEDS // FUZZ_CHUNKS
