@@ -46,7 +46,7 @@ def test_sensitivity_axes_are_settings_the_policies_accept(experiment):
     for p in mod.AXES["p"]:
         assert mod._policy("pollux", p, mod.DEFAULTS["restart_delay_s"]).options.p == p
     for delay in mod.AXES["restart_delay_s"]:
-        mod._policy("pollux", mod.DEFAULTS["p"], delay)
+        assert mod._policy("pollux", mod.DEFAULTS["p"], delay).options.restart_delay == max(delay, 1e-9)
 
 
 def test_sim_scale_quick_completes_every_job_at_each_cluster_size(tmp_path, experiment):
