@@ -189,7 +189,6 @@ class FakeJobs:
     job_class: type = FakeJob
     work: float = FAKE_WORK
     start_s: float = FAKE_START_S
-    rescale_s: float = FAKE_RESCALE_S
     verify_s: float = FAKE_VERIFY_S
 
     @staticmethod
