@@ -46,7 +46,7 @@ from solver_speed import machine_name  # noqa: E402
 POLICIES = ("pollux", "pollux-unaware", "sia")
 #: Variants run by name with ``--policies``: label -> (registered policy, its options).
 #: ``pollux-all-shapes`` is type-aware Pollux offered every (nodes, replicas)
-#: shape instead of Sia's configurations (``Options.shapes``, pollux_opt.model.shapes).
+#: shape instead of Sia's configurations (``Options.shapes``, pollux_opt.model.configs).
 VARIANTS = {"pollux-all-shapes": ("pollux", {"options": Options(shapes="all")})}
 CLUSTER = "sia-64"
 QUICK_JOBS = 12

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pollux_opt import Cluster, Job
-from pollux_opt.model.allocate import _batch_config, _model_table
+from pollux_opt.model.configs import batch_config, model_table
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.scheduling.loop import Decision
 from pollux_opt.backends.sim import ParametricProfile, SimBackend, simulate
@@ -67,7 +67,7 @@ def test_optimize_keeps_shape_and_scalar():
 def test_model_table_matches_speedup_and_optimize():
     model = _model()
     pairs = tuple((n, k) for n in range(1, 5) for k in range(n, 17))
-    table, _ = _model_table(model, pairs, (1, 1), None)
+    table, _ = model_table(model, pairs, (1, 1), None)
     spd = model.speedup([p[0] for p in pairs], [p[1] for p in pairs])
     assert set(table) == {p for p, s in zip(pairs, spd) if s > 0}
     job = Job("a", model, max_replicas=16)
@@ -75,7 +75,7 @@ def test_model_table_matches_speedup_and_optimize():
         if s > 0:
             assert table[p] == pytest.approx(float(s), rel=1e-12)
             one = model.optimize(*p)
-            c = _batch_config(job.speedup, pairs, job.base, None, p)
+            c = batch_config(job.speedup, pairs, job.base, None, p)
             assert (c.local_bsz, c.accum_steps, c.batch_size) == (int(one.local_bsz), int(one.accum_steps), int(one.batch_size))
             assert c.goodput == pytest.approx(float(one.goodput), rel=1e-12)
 

@@ -16,8 +16,8 @@ job has run there (any measurement besides the arrival profile: the first
 measurement on a type replaces the projection, and the fit's optimistic
 priors let the scheduler explore there as on any type); before that, the
 model of the type measured at the most replica counts beyond one
-(:func:`pollux_opt.model.hetero.projection_source`) with every time scaled by
-the one-replica speed ratio (:func:`pollux_opt.model.hetero.project_params`);
+(:func:`pollux_opt.model.projection.projection_source`) with every time scaled by
+the one-replica speed ratio (:func:`pollux_opt.model.projection.project_params`);
 with no such type, its own fit of the one-replica profile.
 
 A placement over nodes of several types (only a heterogeneity-unaware
@@ -33,7 +33,7 @@ from solvers import InvalidProblem
 
 from pollux_opt.backends.sim.typed_profiles import TypedProfile
 from pollux_opt.model import BatchLimits, GoodputModel
-from pollux_opt.model.hetero import project_params, projection_plan
+from pollux_opt.model.projection import project_params, projection_plan
 from pollux_opt.runtime.agent import REFIT_GROWTH, JobAgent
 from pollux_opt.runtime.measurements import ConfigKey
 
@@ -109,7 +109,7 @@ class TypedJobState:
 
     def models(self) -> dict[str, GoodputModel]:
         """The job's goodput model per type (own fit, or projected; see the module
-        docstring): :func:`pollux_opt.model.hetero.projection_plan`, the rule the
+        docstring): :func:`pollux_opt.model.projection.projection_plan`, the rule the
         real runtime's reports use too."""
         own = {t: agent.model() for t, agent in self.agents.items()}
         replicas = {t: a.measurements.num_replicas.tolist() for t, a in self.agents.items()}

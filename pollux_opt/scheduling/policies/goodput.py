@@ -12,7 +12,7 @@
   heterogeneity-aware: each job's speedups per type come from its model on
   that type over one common base, and a job runs on one type at a time, in
   Sia's configurations (the allocator's default ``Options.shapes`` on several
-  types, :mod:`pollux_opt.model.shapes`); a running job's move to another
+  types, :mod:`pollux_opt.model.configs`); a running job's move to another
   type is priced as two restarts
   (:func:`~pollux_opt.scheduling.policies.views.type_move_factors`).
 * :class:`PolluxUnawarePolicy` (``"pollux-unaware"``): Pollux that sees every

@@ -1,10 +1,10 @@
 """Sia: heterogeneity-aware, goodput-optimised scheduling (Jayaram Subramanya et al., SOSP 2023).
 
 Each round, for every active job and every configuration of Sia's set
-(:func:`~pollux_opt.scheduling.policies.sia_configs.typed_configurations`:
+(:func:`~pollux_opt.model.configs.typed_configurations`:
 powers of two inside a node, then whole nodes, per node type), the job's
 goodput there (its model on that type: measured, or bootstrapped from another
-type by the backend, :mod:`pollux_opt.model.hetero`) is divided by the
+type by the backend, :mod:`pollux_opt.model.projection`) is divided by the
 smallest goodput of the job's row (*normalised goodput*, >= 1).  Every
 configuration other than the job's current one is multiplied by Pollux's
 restart factor with Sia's per-model restart estimate.  The integer program
@@ -17,9 +17,9 @@ then picks at most one configuration per job::
                 x_jc in {0, 1}
 
 with ``A_jc = round(normalised goodput ** p, 2)`` (clipped at
-:data:`~pollux_opt.scheduling.policies.sia_configs.SIA_GOODPUT_CLIP`),
-p = :data:`~pollux_opt.scheduling.policies.sia_configs.SIA_P` and the
-penalties of :mod:`~pollux_opt.scheduling.policies.sia_configs`.  The
+:data:`~pollux_opt.scheduling.policies.sia_params.SIA_GOODPUT_CLIP`),
+p = :data:`~pollux_opt.scheduling.policies.sia_params.SIA_P` and the
+penalties of :mod:`~pollux_opt.scheduling.policies.sia_params`.  The
 program counts GPUs per type only; the chosen configurations are then placed
 on nodes (whole nodes for multi-node configurations, best fit for the rest),
 keeping a job where it is when its configuration is unchanged.  Solved with
@@ -40,9 +40,10 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from solvers import Status
 
 from pollux_opt.model import BatchConfig, Cluster, restart_factor
+from pollux_opt.model.configs import typed_configurations
 from pollux_opt.model.domains import Boolean, Real, check_fields, domain_field
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView
-from pollux_opt.scheduling.policies.sia_configs import (
+from pollux_opt.scheduling.policies.sia_params import (
     SIA_GOODPUT_CLIP,
     SIA_LAMBDA_CHANGE,
     SIA_LAMBDA_NO_ALLOC,
@@ -50,7 +51,6 @@ from pollux_opt.scheduling.policies.sia_configs import (
     SIA_ROUND_DECIMALS,
     SIA_ZERO_ALLOC_GAIN,
     sia_restart_penalty,
-    typed_configurations,
 )
 from pollux_opt.scheduling.policies.views import active_views, replica_cap
 
