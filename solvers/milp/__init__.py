@@ -25,10 +25,11 @@ The stages, one module each, in the order :func:`solve_milp` runs them:
   same rules and kept per structure between solves;
 * :mod:`~solvers.milp.warmstart`: placements to warm-start values, and
   solutions back to placements;
-* :mod:`~solvers.milp.highs`: the HiGHS adapter, with
-  :mod:`~solvers.milp.fixing` (its runs with some choices fixed: packing the
-  LP's integral choices, the LP dive) and :mod:`~solvers.milp.greedy_pack`
-  (typed rounds: a greedy packing of those choices, tried first);
+* :mod:`~solvers.milp.highs`: the HiGHS adapter, its stages run on
+  :mod:`~solvers.milp.highs_model` (one HiGHS instance holding the model, its
+  runs whole or with some choices fixed: packing the LP's integral choices,
+  the LP dive) and :mod:`~solvers.milp.greedy_pack` (typed rounds: a greedy
+  packing of those choices, tried first);
 * :mod:`~solvers.milp.solve`: :func:`solve_milp`, the rounds and the result;
 * :mod:`~solvers.milp.export`: :func:`write_model`, the model as an LP or
   MPS file for other MILP solvers.

@@ -14,7 +14,7 @@ first node of least room that fits it (best fit decreasing).  If that
 fails, single-node jobs go first.  When both fail, the packing MIP runs.
 
 :func:`repair_choices` serves the LP dive of the large formulation when
-fixing the LP's whole choices leaves no room (:func:`solvers.milp.fixing.dive`):
+fixing the LP's whole choices leaves no room (:meth:`solvers.milp.highs_model.HighsModel.dive`):
 it rounds a fractional LP answer to each job's choice of largest value and
 packs it the same way, giving a job without room the option that loses
 least worth (on a free node, or where a single-node job shrinks to a

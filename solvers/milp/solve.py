@@ -40,18 +40,9 @@ from ..problem import Problem, job_values
 from ..result import Result, Status
 from .bound import Relaxation, relax
 from .budget import MODEL_SECONDS_PER_COLUMN, Budget, OutOfTime, TooLarge
-from .highs import (
-    MIN_TIME_LIMIT,
-    SMALL_TYPED_OPTIONS,
-    HighsRun,
-    load_status_table,
-    result_status,
-    run_highs,
-    silence_banner,
-    stopped_early,
-)
+from .highs import SMALL_TYPED_OPTIONS, load_status_table, result_status, run_highs, stopped_early
+from .highs_model import MIN_TIME_LIMIT, TYPED_DIVE_GAP, HighsRun, silence_banner
 from .compiled import compiled_model
-from .fixing import TYPED_DIVE_GAP
 from .options import DEFAULT_MIP_GAP, UTILITY_RTOL, OptionTable, check_options, option_table
 from .greedy_pack import pack_choices, repair_choices
 from .packing import PackingGraph, packing_graph

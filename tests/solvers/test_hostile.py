@@ -30,7 +30,7 @@ from solvers.milp import packing
 from solvers.milp import compiled as milp_compiled
 from solvers.milp import solve as milp_solve
 from solvers.milp.budget import MAX_ARCS, OutOfTime
-from solvers.milp.highs import HighsRun
+from solvers.milp.highs_model import HighsRun
 from solvers.milp.options import option_table
 from solvers.milp.packing import CAP_LEVELS_ABOVE, packing_graph
 from solvers.milp.strategy import ExactFormulation
