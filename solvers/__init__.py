@@ -16,9 +16,10 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from .errors import InvalidProblem
+from .errors import InvalidProblem, OutOfTime
 from .milp.options import DEFAULT_MIP_GAP
 from .objective import GEOMETRIC_P, UtilityScale
+from .placement import evaluate, job_values, violations
 from .problem import (
     EPS,
     MAX_CPUS,
@@ -27,11 +28,8 @@ from .problem import (
     P_RANGE,
     WEIGHT_RANGE,
     Problem,
-    evaluate,
-    job_values,
     power_mean,
     utility,
-    violations,
 )
 from .result import Result, Status
 
@@ -40,6 +38,7 @@ __all__ = [
     "EPS",
     "GEOMETRIC_P",
     "InvalidProblem",
+    "OutOfTime",
     "MAX_CPUS",
     "MAX_REPLICAS",
     "MAX_SPEEDUP",

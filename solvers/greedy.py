@@ -41,7 +41,8 @@ import numpy as np
 
 from .checks import check_problem, check_time_limit
 from .objective import EPS, UtilityScale
-from .problem import Problem, evaluate, violations
+from .placement import evaluate, violations
+from .problem import Problem
 from .result import Result, Status
 
 __all__ = ["solve_greedy"]

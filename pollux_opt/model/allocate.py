@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 import solvers
-from solvers import InvalidProblem, Problem, Status
+from solvers import InvalidProblem, OutOfTime, Problem, Status
 
 from pollux_opt.model.allocation import Allocation
 from pollux_opt.model.batch import BatchConfig
@@ -33,7 +33,7 @@ from pollux_opt.model.configs import (
 )
 from pollux_opt.model.options import Options
 from pollux_opt.model.typed import TypedGoodput, TypedTable
-from pollux_opt.model.validate import OutOfTime, check_deadline
+from pollux_opt.model.validate import check_deadline
 
 __all__ = ["allocate", "to_problem"]
 

@@ -35,11 +35,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..objective import power_mean
-from ..placement import violations_and_values
-from ..problem import Problem, job_values
+from ..placement import job_values, violations_and_values
+from ..problem import Problem
 from ..result import Result, Status
 from .bound import Relaxation, relax
-from .budget import MODEL_SECONDS_PER_COLUMN, Budget, OutOfTime, TooLarge
+from ..errors import OutOfTime
+from .budget import MODEL_SECONDS_PER_COLUMN, Budget, TooLarge
 from .highs import SMALL_TYPED_OPTIONS, load_status_table, result_status, run_highs, stopped_early
 from .highs_model import MIN_TIME_LIMIT, TYPED_DIVE_GAP, HighsRun, silence_banner
 from .compiled import compiled_model

@@ -11,8 +11,7 @@ from pollux_opt import Cluster, GoodputModel, InvalidProblem, Job, Node, Options
 from pollux_opt.model import BatchLimits, GradientStats, ThroughputParams, parse_instance, to_problem
 from pollux_opt.model.configs import candidate_pairs, top_sums
 from pollux_opt.model.instance import load_instance
-from pollux_opt.model.validate import OutOfTime
-from solvers import MAX_CPUS, MAX_REPLICAS, P_RANGE, WEIGHT_RANGE
+from solvers import MAX_CPUS, MAX_REPLICAS, P_RANGE, WEIGHT_RANGE, OutOfTime
 
 TABLE = {(1, 1): 1.0, (1, 2): 1.8, (2, 2): 1.6}
 

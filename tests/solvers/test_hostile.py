@@ -18,6 +18,7 @@ from solvers import (
     P_RANGE,
     WEIGHT_RANGE,
     InvalidProblem,
+    OutOfTime,
     Problem,
     Status,
     evaluate,
@@ -29,7 +30,7 @@ from solvers.conformance import check_result
 from solvers.milp import packing
 from solvers.milp import compiled as milp_compiled
 from solvers.milp import solve as milp_solve
-from solvers.milp.budget import MAX_ARCS, OutOfTime
+from solvers.milp.budget import MAX_ARCS
 from solvers.milp.highs_model import HighsRun
 from solvers.milp.options import option_table
 from solvers.milp.packing import CAP_LEVELS_ABOVE, packing_graph
