@@ -30,7 +30,8 @@ The stages, one module each, in the order :func:`solve_milp` runs them:
   runs whole or with some choices fixed: packing the LP's integral choices,
   the LP dive) and :mod:`~solvers.milp.greedy_pack` (typed rounds: a greedy
   packing of those choices, tried first);
-* :mod:`~solvers.milp.solve`: :func:`solve_milp`, the rounds and the result;
+* :mod:`~solvers.milp.solve`: :class:`MilpSolver` (the registry's solver, with its
+  structure cache) and :func:`solve_milp`, the rounds and the result;
 * :mod:`~solvers.milp.export`: :func:`write_model`, the model as an LP or
   MPS file for other MILP solvers.
 """
@@ -42,7 +43,7 @@ from .export import MODEL_FORMATS, write_model
 from .highs import HIGHS_STATUS
 from .model import build_model
 from .options import DEFAULT_MIP_GAP, FORMULATIONS, OptionTable, option_table, prune_dominated
-from .solve import solve_milp
+from .solve import MilpSolver, solve_milp
 from .strategy import AUTO_LARGE_OPTIONS, ExactFormulation, Formulation, RestrictedFormulation, choose_formulation
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "MODEL_FORMATS",
     "ExactFormulation",
     "Formulation",
+    "MilpSolver",
     "OptionTable",
     "Relaxation",
     "RestrictedFormulation",

@@ -117,14 +117,16 @@ def test_fit_cache_keeps_simulation_result(monkeypatch):
 
 
 def test_structure_cache_keeps_simulation_result(monkeypatch):
-    import solvers.milp.compiled as compiled
+    import solvers
+    from solvers.milp.compiled import STRUCTURE_CACHE_SIZE, StructureCache
 
+    milp = solvers.SOLVERS["milp"].solver  # the registry's solver, whose structures every round shares
     profiles = {"synth": ParametricProfile("synth", max_epochs=4, epoch_progress=300.0)}
     jobs = [WorkloadJob(f"j{i}", "synth", 20.0 * (i % 3), 2, 256) for i in range(6)]
-    monkeypatch.setattr(compiled, "STRUCTURES", compiled.StructureCache(compiled.STRUCTURE_CACHE_SIZE))
+    monkeypatch.setattr(milp, "structures", StructureCache(STRUCTURE_CACHE_SIZE))
     cached = simulate(jobs, profiles, "pollux", cluster=Cluster.uniform(2, 4), interval=60.0)
-    assert compiled.STRUCTURES.hits > 0  # consecutive rounds shared a structure
-    monkeypatch.setattr(compiled, "STRUCTURES", compiled.StructureCache(0))
+    assert milp.structures.hits > 0  # consecutive rounds shared a structure
+    monkeypatch.setattr(milp, "structures", StructureCache(0))
     fresh = simulate(jobs, profiles, "pollux", cluster=Cluster.uniform(2, 4), interval=60.0)
     assert cached.completed == fresh.completed == len(jobs)
     assert cached.avg_jct == fresh.avg_jct and cached.makespan == fresh.makespan

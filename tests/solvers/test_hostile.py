@@ -16,6 +16,7 @@ from solvers import (
     MAX_REPLICAS,
     MAX_SPEEDUP,
     P_RANGE,
+    SOLVERS,
     WEIGHT_RANGE,
     InvalidProblem,
     OutOfTime,
@@ -203,7 +204,7 @@ def test_time_limit_covers_the_model_build(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(milp_compiled, "assemble", slow)
-    monkeypatch.setattr(milp_compiled, "STRUCTURES", milp_compiled.StructureCache(0))  # build every model
+    monkeypatch.setattr(SOLVERS["milp"].solver, "structures", milp_compiled.StructureCache(0))  # build every model
     problem = random_problem(7, num_nodes=16, cpus_per_node=4, num_jobs=40)
     start = time.perf_counter()
     result = solve(problem, "milp", time_limit=limit)
