@@ -161,18 +161,18 @@ def test_one_type_cluster_pollux_equals_untyped_pollux():
                             [b.batch[j].batch_size for j in sorted(b.batch)])
 
 
-def test_sia_packing_leaves_out_what_a_fragmented_type_cannot_hold():
-    from pollux_opt.scheduling.policies.sia import _pack
+def test_configuration_packing_leaves_out_what_a_fragmented_type_cannot_hold():
+    from pollux_opt.scheduling.policies.packing import pack_configurations
 
     cluster = Cluster.from_types(ClusterTypes((NodeType("six", 2, 6),)))
     nodes = list(cluster.node_ids)
     wanted = {"a": (1, 4), "b": (1, 4), "c": (1, 4)}  # 12 GPUs of 12, but two 4s do not share a 6-GPU node
-    assert _pack(cluster, nodes, wanted, {}) is None
-    placed = _pack(cluster, nodes, wanted, {}, strict=False)
+    assert pack_configurations(cluster, nodes, wanted, {}) is None
+    placed = pack_configurations(cluster, nodes, wanted, {}, strict=False)
     assert sorted(sum(p.values()) for p in placed.values()) == [4, 4]
     # a kept placement stays where it is; the rest pack around it, best fit (the fullest node that holds it)
-    assert _pack(cluster, nodes, {"a": (1, 2), "b": (2, 12)}, {"a": {"six-1": 2}}) is None
-    assert _pack(cluster, nodes, {"a": (1, 2), "b": (1, 4)}, {"a": {"six-1": 2}}) == {
+    assert pack_configurations(cluster, nodes, {"a": (1, 2), "b": (2, 12)}, {"a": {"six-1": 2}}) is None
+    assert pack_configurations(cluster, nodes, {"a": (1, 2), "b": (1, 4)}, {"a": {"six-1": 2}}) == {
         "a": {"six-1": 2}, "b": {"six-1": 4}}
 
 
