@@ -6,7 +6,7 @@ and ``scalability-T.csv`` per type next to a copy of its ``validation-B.csv``
 files under ``--out``: ``aws`` is the measured data unchanged, ``rtx``
 (RTX 2080 Ti-like) and ``dgx-ext`` (A100-like) scale compute and sync times
 by the documented speed ratios and re-shape rows to their node size and
-memory (see ``docs/heterogeneity.md``).  ``--out`` must lie outside the
+memory (see ``docs/node-types.md``).  ``--out`` must lie outside the
 repository: measured data is never copied into it::
 
     python experiments/make_typed_profiles.py --out /tmp/typed-profiles

@@ -2,7 +2,7 @@
 
 ``local-hetero`` is one node ``fast`` (one unthrottled CPU) and one node
 ``slow`` (one CPU at a 0.5 cgroup CPU quota; needs root and writable cgroups,
-see ``docs/heterogeneity.md``).  Each policy runs the quick ``hetero`` set in
+see ``docs/node-types.md``).  Each policy runs the quick ``hetero`` set in
 turn through :func:`pollux_opt.backends.local.run_demo` (its own directory
 under ``--out``; an existing one is resumed), and each run becomes one row of
 ``--csv`` (appended, under its ``--sweep`` label)::

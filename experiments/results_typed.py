@@ -104,7 +104,7 @@ def typed_section(results: Results) -> list[str]:
         "## Heterogeneous cluster (Sia's 64 GPUs)",
         "",
         "`experiments/sim_typed.py`: the eight AdaptDL workloads on `sia-64` (6 nodes x 4 `aws` (T4, measured) "
-        "+ 3 x 8 `rtx` + 2 x 8 `dgx-ext`, synthetic per-type profiles, docs/heterogeneity.md), interval 60 s; "
+        "+ 3 x 8 `rtx` + 2 x 8 `dgx-ext`, synthetic per-type profiles, docs/node-types.md), interval 60 s; "
         f"means over the {count} workloads every policy completed. Round times are the policy's allocator calls "
         "on the shared machine (1-minute load in the CSV)." + machine_note(df),
         "",
@@ -123,7 +123,7 @@ def typed_section(results: Results) -> list[str]:
         shaped, every = (float(means.avg_jct_s[p]) for p in ("pollux", "pollux-all-shapes"))
         lines += [
             f"Sia's configurations (the default on several types) against every (nodes, replicas) shape: type-aware "
-            f"Pollux's average JCT {100 * (shaped / every - 1):+.1f} % (docs/heterogeneity.md, section 7).",
+            f"Pollux's average JCT {100 * (shaped / every - 1):+.1f} % (docs/node-types.md, section 7).",
             "",
         ]
     per = df.pivot_table(index="workload", columns="policy", values="avg_jct_s")

@@ -34,7 +34,7 @@ def add_simulate_parser(sub) -> None:
                    help=f"replica slots per node (default {SIM_DEFAULT_CPUS_PER_NODE})")
     p.add_argument("--cluster", default=None,
                    help="a cluster of node types instead of --nodes/--cpus-per-node: a JSON file "
-                        "(docs/heterogeneity.md) or a preset (sia-64, aws-64)")
+                        "(docs/node-types.md) or a preset (sia-64, aws-64)")
     p.add_argument("--typed-profiles", default=None,
                    help="with --cluster: a folder of per-type profiles in Sia's artifact layout "
                         "(APP/placements-TYPE.csv); default: synthetic types built from the trace folder's "

@@ -23,7 +23,7 @@ Sia's set on a cluster of several node types and every pair on one type.
 Why Sia's set on several types: a job resized one or two replicas at a time
 restarts at every step, and on a typed cluster every round also weighs a
 move to another type; with Sia's set each resize is at least a doubling or a
-whole node (``docs/heterogeneity.md``, section 7; the "Heterogeneous
+whole node (``docs/node-types.md``, section 7; the "Heterogeneous
 cluster" table of ``docs/results.md`` compares type-aware Pollux with both
 sets).  The set applies to jobs with goodput models; explicit speedup tables
 are used as given, as with ``spread_penalty``.

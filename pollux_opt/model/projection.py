@@ -19,7 +19,7 @@ different number of nodes on types with different node sizes (Sia's estimate
 does the same); a measured row replaces the estimate as soon as one exists.
 
 The speedup base that makes per-type speedups comparable is
-:func:`pollux_opt.model.typed.speedup_base` (see ``docs/heterogeneity.md``).
+:func:`pollux_opt.model.typed.speedup_base` (see ``docs/node-types.md``).
 """
 
 from __future__ import annotations

@@ -18,19 +18,7 @@ import logging
 import numpy as np
 
 from pollux_opt.model.throughput import (
-    GAMMA_MAX,
-    GAMMA_MIN,
-    I_AA,
-    I_AC,
-    I_AN,
-    I_AR,
-    I_BC,
-    I_BN,
-    I_BR,
-    I_GAMMA,
-    I_KAPPA,
-    PARAM_NAMES,
-    ThroughputParams,
+    GAMMA_MAX, GAMMA_MIN, I_AA, I_AC, I_AN, I_AR, I_BC, I_BN, I_BR, I_GAMMA, I_KAPPA, PARAM_NAMES, ThroughputParams,
 )
 from pollux_opt.model.throughput_priors import (
     COLOCATION_PRIOR_WEIGHT,

@@ -18,17 +18,7 @@ import numpy as np
 from solvers import InvalidProblem
 
 from pollux_opt.model.throughput import (
-    GAMMA_MIN,
-    I_AA,
-    I_AC,
-    I_AN,
-    I_AR,
-    I_BC,
-    I_BN,
-    I_BR,
-    I_GAMMA,
-    I_KAPPA,
-    PARAM_NAMES,
+    GAMMA_MIN, I_AA, I_AC, I_AN, I_AR, I_BC, I_BN, I_BR, I_GAMMA, I_KAPPA, PARAM_NAMES,
 )
 from pollux_opt.model.validate import as_allocation, as_counts, as_numeric, first_bad
 

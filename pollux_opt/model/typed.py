@@ -12,7 +12,7 @@ types: with per-type weights (a scheduler gives each type's GPUs in the
 cluster), the weighted mean of the job's goodputs at its base shape on each
 type, the goodput of a fair share of the whole cluster; without, the lowest of
 them (:func:`speedup_base`).  With one type either is
-the base of the single-type model (see ``docs/heterogeneity.md``, section 1).
+the base of the single-type model (see ``docs/node-types.md``, section 1).
 """
 
 from __future__ import annotations

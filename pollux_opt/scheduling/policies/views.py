@@ -200,7 +200,7 @@ def type_move_factors(view: JobView, cluster: Cluster, types: Sequence[str]) -> 
 
     A type move costs more than a resize: it leaves the type whose throughput
     the job has measured for one whose speedups are, until it runs there, a
-    projection from another type (``docs/heterogeneity.md``, section 2), so a
+    projection from another type (``docs/node-types.md``, section 2), so a
     move on an overestimate is likely to be followed by a second restart back.
     Pricing the move as two restarts keeps a job on its type unless the other
     type's speedup beats it by more than a second restart's cost.  Empty for a
