@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from .bound import Relaxation, relax
 from .export import MODEL_FORMATS, write_model
-from .highs import HIGHS_STATUS
+from .highs import highs_status
 from .model import build_model
 from .options import DEFAULT_MIP_GAP, FORMULATIONS, OptionTable, option_table, prune_dominated
 from .solve import MilpSolver, solve_milp
@@ -50,7 +50,6 @@ __all__ = [
     "AUTO_LARGE_OPTIONS",
     "DEFAULT_MIP_GAP",
     "FORMULATIONS",
-    "HIGHS_STATUS",
     "MODEL_FORMATS",
     "ExactFormulation",
     "Formulation",
@@ -60,6 +59,7 @@ __all__ = [
     "RestrictedFormulation",
     "build_model",
     "choose_formulation",
+    "highs_status",
     "option_table",
     "prune_dominated",
     "relax",

@@ -3,7 +3,7 @@
 :func:`run_highs` solves the LP relaxation first and runs the MIP only if it
 is fractional (optionally after an LP-guided dive), warm-started from a
 placement.  HiGHS model statuses map to :class:`solvers.Status` through the
-table :data:`HIGHS_STATUS` (as scipy's ``milp`` maps them to its own codes).
+table :func:`highs_status` (as scipy's ``milp`` maps them to its own codes).
 One HiGHS instance holds the model through every stage
 (:class:`~solvers.milp.highs_model.HighsModel`).  HiGHS 1.16 sometimes
 returns the warm start as its primal together with the optimum's objective;
@@ -12,9 +12,11 @@ that is detected and re-solved cold (:func:`_solve_mip`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import numpy as np
 
@@ -23,9 +25,8 @@ from .compiled import CompiledModel
 from .highs_model import INTEGRALITY_TOL, PRIMAL_FEASIBLE, HighsModel, HighsRun, primal_matches_objective
 
 __all__ = [
-    "HIGHS_STATUS",
     "SMALL_TYPED_OPTIONS",
-    "load_status_table",
+    "highs_status",
     "result_status",
     "run_highs",
     "stopped_early",
@@ -40,15 +41,12 @@ _ROW_TOL = 1e-7
 #: without a warm start): presolve took a third of its LP relaxation, and
 #: presolve with the feasibility-jump heuristic more than half of its MIP,
 #: whose root node usually closes it.
-SMALL_TYPED_OPTIONS = {"presolve": "off", "mip_heuristic_run_feasibility_jump": False}
+SMALL_TYPED_OPTIONS = MappingProxyType({"presolve": "off", "mip_heuristic_run_feasibility_jump": False})
 
-#: HiGHS model status -> (status when a feasible solution exists, status when not);
-#: any status not listed maps to ``Status.ERROR``.  Filled on first use (highspy import).
-HIGHS_STATUS: dict = {}
-
-
-def _highs_status_table() -> dict:
-    """Map HiGHS model statuses to (has_solution -> Status, no_solution -> Status)."""
+@functools.cache
+def highs_status() -> Mapping:
+    """HiGHS model status -> (status when a feasible solution exists, status when not);
+    any status not listed maps to ``Status.ERROR``.  Built on first use (highspy import)."""
     import highspy
 
     ms = highspy.HighsModelStatus
@@ -62,19 +60,12 @@ def _highs_status_table() -> dict:
     }
     if hasattr(ms, "kSolutionLimit"):
         table[ms.kSolutionLimit] = (Status.TIME_LIMIT, Status.TIME_LIMIT_NO_SOLUTION)
-    return table
-
-
-def load_status_table() -> None:
-    """Fill :data:`HIGHS_STATUS` (once)."""
-    if not HIGHS_STATUS:
-        HIGHS_STATUS.update(_highs_status_table())
+    return MappingProxyType(table)
 
 
 def result_status(model_status, has_solution: bool) -> Status:
-    """The :class:`Status` of a HiGHS model status, by :data:`HIGHS_STATUS`."""
-    load_status_table()
-    return HIGHS_STATUS.get(model_status, (Status.ERROR, Status.ERROR))[0 if has_solution else 1]
+    """The :class:`Status` of a HiGHS model status, by :func:`highs_status`."""
+    return highs_status().get(model_status, (Status.ERROR, Status.ERROR))[0 if has_solution else 1]
 
 
 def stopped_early(model_status) -> bool:

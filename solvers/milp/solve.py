@@ -13,7 +13,7 @@ warm-started from the current placement (a later round from the best one
 so far; typed problems without a warm start, first trying to pack the
 LP's choices when they are integral, see
 :func:`~solvers.milp.highs.run_highs`).  (4) HiGHS statuses map to
-:class:`solvers.Status` through :data:`~solvers.milp.highs.HIGHS_STATUS`.  The objective reported is
+:class:`solvers.Status` through :func:`~solvers.milp.highs.highs_status`.  The objective reported is
 recomputed from the placement with :func:`solvers.evaluate`.
 
 Limits (:mod:`solvers.milp.budget`).  Every stage checks the deadline, and
@@ -42,7 +42,7 @@ from ..result import Result, Status
 from .bound import Relaxation, relax
 from ..errors import OutOfTime
 from .budget import MODEL_SECONDS_PER_COLUMN, Budget, TooLarge
-from .highs import SMALL_TYPED_OPTIONS, load_status_table, result_status, run_highs, stopped_early
+from .highs import SMALL_TYPED_OPTIONS, highs_status, result_status, run_highs, stopped_early
 from .highs_model import MIN_TIME_LIMIT, TYPED_DIVE_GAP, HighsRun, silence_banner
 from .compiled import STRUCTURE_CACHE_SIZE, StructureCache, compiled_model
 from .options import DEFAULT_MIP_GAP, UTILITY_RTOL, OptionTable, check_options, option_table
@@ -142,7 +142,7 @@ class MilpSolver:
                 ``formulation`` is unknown.
         """
         check_options(problem, time_limit, mip_gap, formulation)
-        load_status_table()
+        highs_status()
         import highspy  # noqa: F401
         import pyomo.environ  # noqa: F401  (one-off import cost stays out of build_seconds)
         from pyomo.common.dependencies import scipy as pyomo_scipy
