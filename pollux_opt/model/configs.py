@@ -55,9 +55,9 @@ from pollux_opt.model.options import Options
 from pollux_opt.model.typed import TypedGoodput, TypedTable
 
 __all__ = [
-    "batch_config", "candidate_pairs", "job_configs", "model_configs", "model_table", "placeable_table",
-    "resolve_shapes", "sia_configurations", "sia_shape_mask", "table_configs", "top_sums", "type_model",
-    "type_tops", "typed_configurations",
+    "batch_config", "candidate_pairs", "job_configs", "model_configs", "model_table", "node_replica_pairs",
+    "placeable_table", "resolve_shapes", "sia_configurations", "sia_shape_mask", "table_configs", "top_sums",
+    "type_model", "type_tops", "typed_configurations",
 ]
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ def candidate_pairs(job: Job, top: tuple[int, ...], max_nodes: int, model: Goodp
     nodes (:func:`_sia_pairs`).
     """
     lo, hi, nodes = _replica_range(job, top, max_nodes, model)
-    pairs = _pairs(lo, hi, top[:nodes])
+    pairs = node_replica_pairs(lo, hi, top[:nodes])
     return _sia_pairs(pairs, top, held) if sia else pairs
 
 
@@ -191,8 +191,9 @@ def _sia_pairs(pairs: tuple[tuple[int, int], ...], top: tuple[int, ...], held: t
 
 
 @lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
-def _pairs(lo: int, hi: int, top: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """The pairs of :func:`candidate_pairs` on nodes of capacity sums ``top``, cached:
+def node_replica_pairs(lo: int, hi: int, top: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Every ``(nodes, replicas)`` pair with ``lo <= replicas <= hi`` that the ``nodes``
+    largest nodes hold (``top``: :func:`top_sums`), in (nodes, replicas) order, cached:
     a scheduler asks for the same few ranges every round."""
     return tuple((n, k) for n in range(1, len(top) + 1) for k in range(max(n, lo), min(hi, top[n - 1]) + 1))
 
