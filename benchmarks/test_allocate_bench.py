@@ -11,7 +11,7 @@ solver's own build and solve seconds.
   running);
 * the same 16 x 4 clusters with 40 jobs, solved again with other job
   weights: other objective coefficients over the same model structure, so
-  the compiled structure comes from :data:`solvers.milp.compiled.STRUCTURES`
+  the compiled structure comes from :attr:`solvers.milp.solve.MilpSolver.structures` of the registry's solver
   (``extra_info["structure_hits"]``), as in a scheduler's consecutive rounds;
 * 512 nodes x 4 CPUs with 1000 jobs (``formulation="auto"`` picks "large";
   target <= 0.25 s at a gap <= 1 % on a quiet machine);
@@ -82,14 +82,16 @@ def test_milp_16x4(benchmark, nodes, cpus, jobs, seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_milp_16x4_40_jobs_same_structure(benchmark, seed):
-    from solvers.milp.compiled import STRUCTURES
+    from solvers import SOLVERS
+
+    structures = SOLVERS["milp"].solver.structures
 
     problem = random_problem(seed, num_nodes=16, cpus_per_node=4, num_jobs=40)
     fields = {f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)}
     rng = np.random.default_rng(seed)
     variants = iter([Problem(**{**fields, "weight": rng.uniform(0.5, 2.0, problem.num_jobs)}) for _ in range(64)])
     solve(problem, "milp")
-    hits = STRUCTURES.hits
+    hits = structures.hits
     results: list[Result] = []
 
     def run() -> Result:
@@ -99,7 +101,7 @@ def test_milp_16x4_40_jobs_same_structure(benchmark, seed):
     result = benchmark.pedantic(run, rounds=SMALL_ROUNDS, iterations=1, warmup_rounds=1)
     assert result.status.has_solution and result.gap <= 1e-4
     benchmark.extra_info.update(
-        structure_hits=STRUCTURES.hits - hits,
+        structure_hits=structures.hits - hits,
         solves=len(results),
         build_seconds_median=statistics.median(r.build_seconds for r in results),
         solve_seconds_median=statistics.median(r.solve_seconds for r in results),

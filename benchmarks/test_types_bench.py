@@ -34,12 +34,12 @@ SMALL_ROUNDS, LARGE_ROUNDS = 20, 3
 
 def _timed(benchmark, problem: Problem, rounds: int) -> Result:
     """Benchmark ``solve(problem, "milp")`` from an empty structure cache; record status, gap and times."""
-    from solvers.milp.compiled import STRUCTURES
+    from solvers import SOLVERS
 
     results: list[Result] = []
 
     def run() -> Result:
-        STRUCTURES.clear()
+        SOLVERS["milp"].solver.structures.clear()
         results.append(solve(problem, "milp"))
         return results[-1]
 

@@ -59,10 +59,10 @@ TREE = "working tree"
 STAGES = {
     "encode_s": (("pollux_opt.model.allocate", "to_problem"),),
     "fit_s": (("pollux_opt.model", "fit_throughput"),),
-    "solve_s": (("solvers.milp", "solve_milp"),),
+    "solve_s": (("solvers.milp.solve", "MilpSolver.__call__"),),
     "highs_mip_s": (("solvers.milp.highs", "_solve_mip"),),
-    "highs_s": (("solvers.milp.highs", "_HighsCall.run"),),
-    "policy_jobs_s": (("pollux_opt.scheduling.policies.goodput", "_AllocatorPolicy.allocator_jobs"),
+    "highs_s": (("solvers.milp.highs_model", "HighsModel.run"),),
+    "policy_jobs_s": (("pollux_opt.scheduling.policies.goodput", "AllocatorPolicy.allocator_jobs"),
                       ("pollux_opt.scheduling.policies.fair_jct", "FairJctPolicy.allocator_jobs")),
     "work_rates_s": (("pollux_opt.scheduling.policies.fair_jct", "_rates"),),
 }

@@ -26,7 +26,7 @@ The ``*_quick.csv`` files are smoke runs and are not reported.  The simulation
 sections (comparison, sensitivity, scale, solvers, allocator speed) are in
 ``results_sim.py``, the sections on real jobs in ``results_real.py``,
 fair-jct's in ``results_fair_jct.py``, the heterogeneous cluster's in
-``results_hetero.py``, the simulation's speed (``encode_speed.csv``,
+``results_typed.py``, the simulation's speed (``encode_speed.csv``,
 ``fit_speed.csv``: ``encode_speed.py``, ``fit_speed.py``) in
 ``results_sim_speed.py``, the shared formatting in ``results_format.py``.
 """
@@ -60,7 +60,7 @@ from results_format import (  # noqa: E402
     seconds,
 )
 from results_fair_jct import fair_jct_section  # noqa: E402
-from results_hetero import hetero_headline, hetero_section, solver_types_section  # noqa: E402
+from results_typed import solver_types_section, typed_headline, typed_section  # noqa: E402
 from results_sim import (  # noqa: E402
     compare_section,
     mean_jct,
@@ -130,11 +130,11 @@ OPTIONAL_COLUMNS = {
     "fair_jct_estimator.csv": ["workload", "variant", "application", "samples", "median_rel_error",
                                "p90_rel_error", "median_ratio"],
     "fair_jct_screen.csv": ["workload", "policy", "options", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index"],
-    "sim_hetero.csv": ["workload", "policy", "avg_jct_s", "p99_jct_s", "makespan_s", "worst_rho",
+    "sim_typed.csv": ["workload", "policy", "avg_jct_s", "p99_jct_s", "makespan_s", "worst_rho",
                        "gpu_hours_per_job", "round_s_median", "round_s_p95"],
     "solver_types.csv": ["code", "case", "solves", "wall_median_s", "wall_p95_s", "cpu_median_s",
                          "load_average_1min"],
-    "real_hetero.csv": ["sweep", "policy", "avg_jct_s", "max_jct_s", "makespan_s", "worst_rho", "restarts", "load1",
+    "real_typed.csv": ["sweep", "policy", "avg_jct_s", "max_jct_s", "makespan_s", "worst_rho", "restarts", "load1",
                         "wall_s", "step_ratio", "sweep_step_ratio"],
     "fair_jct_diagnosis.csv": ["run", "application", "jobs", "mean_jct_s", "share_of_mean", "wait_s", "restarts",
                                "restart_s", "mean_replicas", "max_replicas"],
@@ -167,9 +167,9 @@ class Results:
     fair_jct_estimator: pd.DataFrame | None = None
     fair_jct_screen: pd.DataFrame | None = None
     fair_jct_diagnosis: pd.DataFrame | None = None
-    hetero: pd.DataFrame | None = None
+    typed: pd.DataFrame | None = None
     solver_types: pd.DataFrame | None = None
-    real_hetero: pd.DataFrame | None = None
+    real_typed: pd.DataFrame | None = None
     encode_speed: pd.DataFrame | None = None
     fit_speed: pd.DataFrame | None = None
     fair_jct_speed: pd.DataFrame | None = None
@@ -236,9 +236,9 @@ def load_results(results_dir: Path) -> Results:
         fair_jct_estimator=tables["fair_jct_estimator.csv"],
         fair_jct_screen=tables["fair_jct_screen.csv"],
         fair_jct_diagnosis=tables["fair_jct_diagnosis.csv"],
-        hetero=tables["sim_hetero.csv"],
+        typed=tables["sim_typed.csv"],
         solver_types=tables["solver_types.csv"],
-        real_hetero=tables["real_hetero.csv"],
+        real_typed=tables["real_typed.csv"],
         encode_speed=tables["encode_speed.csv"],
         fit_speed=tables["fit_speed.csv"],
         fair_jct_speed=tables["fair_jct_speed.csv"],
@@ -283,7 +283,7 @@ def headline(results: Results) -> list[str]:
         [f"Simulating one {int(results.compare.jobs.max())}-job workload under Pollux, wall (mean, max)",
          f"{pm.wall_s:.0f} s, {pm.max_wall_s:.0f} s"],
     ]
-    typed = hetero_headline(results)
+    typed = typed_headline(results)
     if typed is not None:
         rows.insert(3, typed)
     if results.real is not None:
@@ -319,7 +319,7 @@ def render_doc(results: Results) -> str:
         *compare_section(results),
         *sensitivity_section(results),
         *fair_jct_section(results),
-        *hetero_section(results),
+        *typed_section(results),
         *scale_section(results),
         *solvers_section(results),
         *speed_section(results),
@@ -348,7 +348,7 @@ def render_doc(results: Results) -> str:
 
 def render_headline_block(results: Results) -> str:
     """The README's block, markers included."""
-    where = machines([results.compare, results.scale, results.hetero, results.real], MACHINE_NAME)
+    where = machines([results.compare, results.scale, results.typed, results.real], MACHINE_NAME)
     note = f"Measured on {where[0]}." if len(where) == 1 else f"Measured on these machines: {'; '.join(where)}."
     return "\n".join([HEADLINE_BEGIN, *headline(results), "", note, HEADLINE_END])
 

@@ -75,9 +75,17 @@ def _reweighted(problem, seed: int):
 
 
 def _clear_cache() -> None:
+    """Empty the MILP's structure cache: the registry's solver's, or the module's of a
+    reference copy that keeps it there (one that keeps none has nothing to clear)."""
+    from solvers import SOLVERS
+
+    solver = getattr(SOLVERS["milp"], "solver", None)
+    if solver is not None:
+        solver.structures.clear()
+        return
     try:
         from solvers.milp.compiled import STRUCTURES
-    except ImportError:  # a reference without a structure cache
+    except ImportError:
         return
     STRUCTURES.clear()
 

@@ -54,9 +54,9 @@ def _row(case: str, walls: list, cpus: list, **extra) -> dict:
 
 
 def _clear_cache() -> None:
-    from solvers.milp.compiled import STRUCTURES
+    from solvers import SOLVERS
 
-    STRUCTURES.clear()
+    SOLVERS["milp"].solver.structures.clear()
 
 
 def _repeated(case: str, problems: list, solver: str) -> dict:

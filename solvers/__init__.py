@@ -16,9 +16,10 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from .errors import InvalidProblem
+from .errors import InvalidProblem, OutOfTime
 from .milp.options import DEFAULT_MIP_GAP
 from .objective import GEOMETRIC_P, UtilityScale
+from .placement import evaluate, job_values, violations
 from .problem import (
     EPS,
     MAX_CPUS,
@@ -27,11 +28,8 @@ from .problem import (
     P_RANGE,
     WEIGHT_RANGE,
     Problem,
-    evaluate,
-    job_values,
     power_mean,
     utility,
-    violations,
 )
 from .result import Result, Status
 
@@ -40,6 +38,7 @@ __all__ = [
     "EPS",
     "GEOMETRIC_P",
     "InvalidProblem",
+    "OutOfTime",
     "MAX_CPUS",
     "MAX_REPLICAS",
     "MAX_SPEEDUP",
@@ -62,37 +61,51 @@ __all__ = [
 SolverFn = Callable[..., Result]
 
 
-#: Registry: solver name -> the function that runs it.  Each function takes the
-#: problem positionally and its options as keywords (see each solver's docstring).
-SOLVERS: dict[str, SolverFn] = {}
+class RegisteredSolver:
+    """A solver of the registry: ``attr`` of ``module``, imported on first use
+    (so that ``import solvers`` stays light).
+
+    ``attr`` names a solver function, or a solver class whose one instance
+    the registry keeps (created on first use) with what it keeps between
+    solves: the MILP's compiled model structures
+    (:class:`solvers.milp.solve.MilpSolver`).  Either takes the problem
+    positionally and its options as keywords (see its docstring).
+    """
+
+    def __init__(self, module: str, attr: str) -> None:
+        self.module, self.attr = module, attr
+        self._solver: SolverFn | None = None
+
+    @property
+    def solver(self) -> SolverFn:
+        """The solver function, or the registry's instance of the solver class."""
+        if self._solver is None:
+            import importlib
+
+            target = getattr(importlib.import_module(self.module, __name__), self.attr)
+            self._solver = target() if isinstance(target, type) else target
+        return self._solver
+
+    def __call__(self, problem: Problem, **options: Any) -> Result:
+        return self.solver(problem, **options)
+
+    def options(self) -> tuple[str, ...]:
+        """Names of the keyword options the solver accepts."""
+        params = inspect.signature(self.solver).parameters.values()
+        return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
-def _register(name: str, module: str, func: str) -> None:
-    def run(problem: Problem, **options: Any) -> Result:
-        import importlib
-
-        return getattr(importlib.import_module(module, __name__), func)(problem, **options)
-
-    run.__name__ = f"solve_{name}"
-    run.__qualname__ = run.__name__
-    run._target = (module, func)  # type: ignore[attr-defined]
-    SOLVERS[name] = run
-
-
-_register("milp", ".milp", "solve_milp")
-_register("evolutionary", ".evolutionary", "solve_evolutionary")
-_register("greedy", ".greedy", "solve_greedy")
+#: Registry: solver name -> the solver that runs it.
+SOLVERS: dict[str, RegisteredSolver] = {
+    "milp": RegisteredSolver(".milp.solve", "MilpSolver"),
+    "evolutionary": RegisteredSolver(".evolutionary", "solve_evolutionary"),
+    "greedy": RegisteredSolver(".greedy", "solve_greedy"),
+}
 
 
 def solver_options(name: str) -> tuple[str, ...]:
     """Names of the keyword options the solver ``name`` accepts."""
-    import importlib
-
-    fn = SOLVERS[name]
-    module, func = fn._target  # type: ignore[attr-defined]
-    target = getattr(importlib.import_module(module, __name__), func)
-    params = inspect.signature(target).parameters.values()
-    return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    return SOLVERS[name].options()
 
 
 def solve(problem: Problem, solver: str = "milp", **options: Any) -> Result:

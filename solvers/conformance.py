@@ -45,7 +45,8 @@ import numpy as np
 
 from . import SOLVERS, solve
 from .errors import InvalidProblem
-from .problem import Problem, evaluate, violations
+from .placement import evaluate, violations
+from .problem import Problem
 from .result import Result, Status
 from .testing import edge_problems, random_problem, random_typed_problem
 

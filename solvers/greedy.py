@@ -41,7 +41,9 @@ import numpy as np
 
 from .checks import check_problem, check_time_limit
 from .objective import EPS, UtilityScale
-from .problem import Problem, evaluate, violations
+from .packer import best_fit, roomiest, spread
+from .placement import evaluate, violations
+from .problem import Problem
 from .result import Result, Status
 
 __all__ = ["solve_greedy"]
@@ -204,21 +206,14 @@ class _Greedy:
         return bool(not np.isnan(self.shared.cur_speedup[j]))
 
     def _place(self, a: int, r: int, free: np.ndarray, eligible: np.ndarray, kind: int | None = None) -> np.ndarray:
-        """A row with r replicas on a nodes (of type ``kind``; best fit for one node, freest nodes otherwise)."""
+        """A row with r replicas on a nodes (of type ``kind``) as :mod:`solvers.packer` places them."""
         row = np.zeros_like(free)
-        if kind is not None:
-            mine = self.shared.type_nodes[kind]
-            eligible = eligible & mine
-            free = np.where(mine, free, 0)
+        mine = None if kind is None else self.shared.type_nodes[kind]
         if a == 1:
-            room = np.where(free >= r, free, np.iinfo(free.dtype).max)
-            row[int(np.argmin(room))] = r
+            row[best_fit(free, r, mine)] = r
             return row
-        nodes = np.flatnonzero(eligible)
-        nodes = nodes[np.argsort(-free[nodes], kind="stable")[:a]]
-        extra = free[nodes] - 1
-        before = np.cumsum(extra) - extra
-        row[nodes] = 1 + np.clip(r - a - before, 0, extra)
+        nodes = roomiest(free, eligible if mine is None else eligible & mine)[:a]
+        row[nodes] = spread(free[nodes], r)
         return row
 
     # -------------------------------------------------------------------- loop

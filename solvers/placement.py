@@ -1,4 +1,4 @@
-"""A placement's value and feasibility under a :class:`~solvers.problem.Problem` (re-exported there).
+"""A placement's value and feasibility under a :class:`~solvers.problem.Problem`.
 
 :func:`job_values` and :func:`evaluate` compute the pinned objective of
 :mod:`solvers.problem`; :func:`violations` lists every constraint a
@@ -8,15 +8,11 @@ type of its nodes, and a job on nodes of two types is infeasible.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from .errors import InvalidProblem
 from .objective import power_mean
-
-if TYPE_CHECKING:
-    from .problem import Problem
+from .problem import Problem
 
 __all__ = ["evaluate", "job_values", "violations", "violations_and_values"]
 

@@ -34,7 +34,6 @@ import numpy as np
 from .domain import MAX_CPUS, MAX_REPLICAS, MAX_SPEEDUP, P_RANGE, WEIGHT_RANGE
 from .errors import InvalidProblem
 from .objective import EPS, GEOMETRIC_P, mean_from_utility_sum, power_mean, utility
-from .placement import evaluate, job_values, violations  # the placement checks, part of this module's API
 
 __all__ = [
     "EPS",
@@ -45,12 +44,9 @@ __all__ = [
     "P_RANGE",
     "WEIGHT_RANGE",
     "Problem",
-    "evaluate",
-    "job_values",
     "mean_from_utility_sum",
     "power_mean",
     "utility",
-    "violations",
 ]
 
 #: Fields converted to arrays, with their dtypes.

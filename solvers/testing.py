@@ -30,7 +30,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .problem import Problem, evaluate, violations
+from .placement import evaluate, violations
+from .problem import Problem
 
 __all__ = [
     "speedup_model",

@@ -94,7 +94,7 @@ def _solve_instance(args: argparse.Namespace, inst, deadline: float, step):
     import time
 
     from pollux_opt.model.allocate import allocate
-    from pollux_opt.model.validate import OutOfTime
+    from solvers import OutOfTime
 
     if time.monotonic() >= deadline:
         raise OutOfTime(f"reading and checking {args.instance!r} took the whole time limit")

@@ -34,7 +34,7 @@ def add_simulate_parser(sub) -> None:
                    help=f"replica slots per node (default {SIM_DEFAULT_CPUS_PER_NODE})")
     p.add_argument("--cluster", default=None,
                    help="a cluster of node types instead of --nodes/--cpus-per-node: a JSON file "
-                        "(docs/heterogeneity.md) or a preset (sia-64, aws-64)")
+                        "(docs/node-types.md) or a preset (sia-64, aws-64)")
     p.add_argument("--typed-profiles", default=None,
                    help="with --cluster: a folder of per-type profiles in Sia's artifact layout "
                         "(APP/placements-TYPE.csv); default: synthetic types built from the trace folder's "
@@ -76,7 +76,7 @@ def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: 
     synthetic types built from the trace folder; a one-type description with the
     trace folder's profiles as they are)."""
     from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_NODES
-    from pollux_opt.backends.sim.synthetic_types import build_hetero_profiles
+    from pollux_opt.backends.sim.synthetic_types import build_typed_profiles
     from pollux_opt.backends.sim.traces import default_trace_dir, load_profiles
     from pollux_opt.backends.sim.typed_profiles import load_typed_profiles
     from pollux_opt.model import Cluster
@@ -96,7 +96,7 @@ def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: 
         return typed, load_typed_profiles(typed_profiles, types=types.names)
     if len(types.names) == 1:
         return typed, load_profiles(profiles)
-    return typed, build_hetero_profiles(Path(profiles) if profiles else default_trace_dir(), types=types.names)
+    return typed, build_typed_profiles(Path(profiles) if profiles else default_trace_dir(), types=types.names)
 
 
 def simulate_one(args: dict) -> dict:

@@ -5,8 +5,8 @@ One concept per module: :mod:`~pollux_opt.model.cluster`,
 :mod:`~pollux_opt.model.allocation`, :mod:`~pollux_opt.model.throughput`
 (and its fit, :mod:`~pollux_opt.model.throughput_fit`),
 :mod:`~pollux_opt.model.efficiency`, :mod:`~pollux_opt.model.batch`,
-:mod:`~pollux_opt.model.goodput`, :mod:`~pollux_opt.model.shapes` (the
-shapes a job may take); :mod:`~pollux_opt.model.allocate` turns them
+:mod:`~pollux_opt.model.goodput`, :mod:`~pollux_opt.model.configs` (the
+configurations a job may take); :mod:`~pollux_opt.model.allocate` turns them
 into a :class:`solvers.Problem` and back, :mod:`~pollux_opt.model.instance`
 reads and writes instance files.
 """

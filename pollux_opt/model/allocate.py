@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 import solvers
-from solvers import InvalidProblem, Problem, Status
+from solvers import InvalidProblem, OutOfTime, Problem, Status
 
 from pollux_opt.model.allocation import Allocation
 from pollux_opt.model.batch import BatchConfig
@@ -19,22 +19,21 @@ from pollux_opt.model.cluster import Cluster
 from pollux_opt.model.domains import shown
 from pollux_opt.model.goodput import GoodputModel, SearchCache
 from pollux_opt.model.job import Job, restart_factor
-from pollux_opt.model.configs import (  # noqa: F401  (importable from here too)
-    _batch_config,
-    _candidate_pairs,
-    _job_configs,
-    _model_configs,
-    _model_table,
-    _placeable_table,
-    _table_configs,
-    _top_sums,
-    _type_model,
-    _type_tops,
+from pollux_opt.model.configs import (
+    batch_config,
+    candidate_pairs,
+    job_configs,
+    model_configs,
+    placeable_table,
+    resolve_shapes,
+    table_configs,
+    top_sums,
+    type_model,
+    type_tops,
 )
 from pollux_opt.model.options import Options
-from pollux_opt.model.shapes import resolve_shapes
 from pollux_opt.model.typed import TypedGoodput, TypedTable
-from pollux_opt.model.validate import OutOfTime, check_deadline
+from pollux_opt.model.validate import check_deadline
 
 __all__ = ["allocate", "to_problem"]
 
@@ -68,17 +67,17 @@ def _current_shape(job: Job, node_type: Mapping[str, str]) -> tuple[str, int, in
 def _configs_of(job: Job, tops, typed: bool, options: Options, cache: SearchCache | None,
                 sia: bool, current: tuple[str, int, int] | None) -> list:
     """``[(type index, (nodes, replicas, speedups)), ...]`` of one job on the cluster's
-    ``tops`` (:func:`~pollux_opt.model.configs._type_tops`; several only if ``typed``);
-    ``sia`` and ``current``: as in :func:`~pollux_opt.model.configs._job_configs`."""
+    ``tops`` (:func:`~pollux_opt.model.configs.type_tops`; several only if ``typed``);
+    ``sia`` and ``current``: as in :func:`~pollux_opt.model.configs.job_configs`."""
     if typed or isinstance(job.speedup, (TypedGoodput, TypedTable)):
-        return _job_configs(job, tops, options, cache, sia=sia, current=current)
+        return job_configs(job, tops, options, cache, sia=sia, current=current)
     top = tops[0][1]
     if isinstance(job.speedup, GoodputModel):
         held = current[1:] if current is not None else None
-        pairs = _candidate_pairs(job, top, options.max_nodes_per_job, sia=sia, held=held)
-        return [(0, _model_configs(job.speedup, pairs, job.base, job.fixed_batch_size,
-                                   options.spread_penalty, cache))]
-    return [(0, _table_configs(_placeable_table(job, top, options.max_nodes_per_job)))]
+        pairs = candidate_pairs(job, top, options.max_nodes_per_job, sia=sia, held=held)
+        return [(0, model_configs(job.speedup, pairs, job.base, job.fixed_batch_size,
+                                  options.spread_penalty, cache))]
+    return [(0, table_configs(placeable_table(job, top, options.max_nodes_per_job)))]
 
 
 def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadline: float | None = None,
@@ -90,7 +89,7 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
     type by type (``cfg_type``; ``node_type`` gives each node's type, in the
     order of ``cluster.types``); a one-type cluster gives the untyped problem.
     ``options.shapes`` chooses the goodput-model jobs' shapes
-    (:mod:`pollux_opt.model.shapes`; by default Sia's configurations on a
+    (:mod:`pollux_opt.model.configs`; by default Sia's configurations on a
     cluster of several types).
     ``cache`` (optional) keeps the goodput models' batch searches across
     calls (:class:`~pollux_opt.model.goodput.SearchCache`; the same problem
@@ -102,9 +101,9 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
     """
     node_index = {nid: i for i, nid in enumerate(cluster.node_ids)}
     caps = np.array([n.cpus for n in cluster.nodes], dtype=np.int64)
-    top = _top_sums(cluster)
-    tops = _type_tops(cluster) if cluster.typed else None
-    type_tops = tops or ((cluster.types[0], top),)
+    top = top_sums(cluster)
+    tops = type_tops(cluster) if cluster.typed else None
+    all_tops = tops or ((cluster.types[0], top),)
     sia_shapes = resolve_shapes(options.shapes, cluster.typed) == "sia"
     node_type = {n.id: n.type for n in cluster.nodes} if sia_shapes else {}
     seen: set[str] = set()
@@ -125,11 +124,11 @@ def to_problem(cluster: Cluster, jobs: Sequence[Job], options: Options, *, deadl
             current[j, node_index[nid]] = k
         sia = sia_shapes and isinstance(job.speedup, (GoodputModel, TypedGoodput))
         shape = _current_shape(job, node_type) if sia else None
-        by_type = _configs_of(job, type_tops, tops is not None, options, cache, sia, shape)
+        by_type = _configs_of(job, all_tops, tops is not None, options, cache, sia, shape)
         if sia and not any(c[0].size for _, c in by_type):
             # A replica range that holds none of Sia's counts (e.g. exactly 3): every shape.
             log.debug("job %s: no Sia configuration in its replica range; every shape is offered", job.id)
-            by_type = _configs_of(job, type_tops, tops is not None, options, cache, False, None)
+            by_type = _configs_of(job, all_tops, tops is not None, options, cache, False, None)
         for t, configs in by_type:
             cfg_job.append(np.full(configs[0].size, j, dtype=np.int64))
             cfg_type.append(np.full(configs[0].size, t, dtype=np.int64))
@@ -168,8 +167,8 @@ def _batch_configs(
     jobs: Sequence[Job], placement: np.ndarray, cluster: Cluster, options: Options,
     cache: SearchCache | None = None,
 ) -> dict[str, BatchConfig]:
-    top = _top_sums(cluster)
-    tops = dict(_type_tops(cluster)) if cluster.typed else {cluster.types[0]: top}
+    top = top_sums(cluster)
+    tops = dict(type_tops(cluster)) if cluster.typed else {cluster.types[0]: top}
     sia = resolve_shapes(options.shapes, cluster.typed) == "sia"
     node_type = {n.id: n.type for n in cluster.nodes} if sia else {}
     out = {}
@@ -178,14 +177,14 @@ def _batch_configs(
         if k == 0:
             continue
         type_name = cluster.nodes[int(np.flatnonzero(row)[0])].type
-        model, base = _type_model(job, type_name)
+        model, base = type_model(job, type_name)
         if model is None:
             continue
         pair = (int((row > 0).sum()), k)
         shape = _current_shape(job, node_type) if sia else None
         held = shape[1:] if shape is not None and shape[0] == type_name else None
-        pairs = _candidate_pairs(job, tops[type_name], options.max_nodes_per_job, model, sia=sia, held=held)
-        cached = _batch_config(model, pairs, base, job.fixed_batch_size, pair, cache)
+        pairs = candidate_pairs(job, tops[type_name], options.max_nodes_per_job, model, sia=sia, held=held)
+        cached = batch_config(model, pairs, base, job.fixed_batch_size, pair, cache)
         if cached is not None:  # computed by to_problem (same model, pairs and base)
             out[job.id] = cached
             continue

@@ -4,18 +4,45 @@ Used by :func:`pollux_opt.model.allocate.to_problem` to encode jobs, and to
 decode a placement's batch configuration from the same cached evaluation.
 On a typed cluster each node type gets its own pairs (on that type's nodes,
 under that type's batch limits) and its speedups on the job's common base.
+
+Which pairs: every one, or Sia's configuration set (Jayaram Subramanya et al.,
+SOSP 2023): on one node, a power-of-two replica count up to the node size
+(1, 2, 4, ..., and the full node); beyond one node, whole nodes only (2, 3,
+... nodes of the type, all their replicas).  The artifact lists them for 4-
+and 8-GPU nodes (``sia-simulator/sia.py``, ``CONFIGS_4GPU`` and
+``CONFIGS_8GPU``: 1, 2, 4 then 4 per node; 1, 2, 4, 8 then 8 per node);
+:func:`sia_configurations` is that rule for any node size and
+:func:`typed_configurations` lists it for every type.  With ``c`` replicas
+per node and ``n`` nodes that is ``floor(log2 c) + 1 (+1 if c is not a power
+of two) + (n - 1)`` configurations per type instead of every pair, which
+keeps Sia's integer program small.
+
+The allocator's :attr:`~pollux_opt.model.Options.shapes` chooses between
+every pair (``"all"``) and Sia's set (``"sia"``); ``"auto"``, the default, is
+Sia's set on a cluster of several node types and every pair on one type.
+Why Sia's set on several types: a job resized one or two replicas at a time
+restarts at every step, and on a typed cluster every round also weighs a
+move to another type; with Sia's set each resize is at least a doubling or a
+whole node (``docs/node-types.md``, section 7; the "Heterogeneous
+cluster" table of ``docs/results.md`` compares type-aware Pollux with both
+sets).  The set applies to jobs with goodput models; explicit speedup tables
+are used as given, as with ``spread_penalty``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from itertools import accumulate
 
 import numpy as np
 
+from solvers import MAX_CPUS, InvalidProblem
+
 from pollux_opt.model.batch import BatchChoice, BatchConfig
 from pollux_opt.model.cluster import Cluster
+from pollux_opt.model.domains import Integer, check, shown
 from pollux_opt.model.goodput import (
     DistinctAllocations,
     GoodputModel,
@@ -25,8 +52,13 @@ from pollux_opt.model.goodput import (
 )
 from pollux_opt.model.job import Job
 from pollux_opt.model.options import Options
-from pollux_opt.model.shapes import sia_shape_mask
 from pollux_opt.model.typed import TypedGoodput, TypedTable
+
+__all__ = [
+    "batch_config", "candidate_pairs", "job_configs", "model_configs", "model_table", "node_replica_pairs",
+    "placeable_table", "resolve_shapes", "sia_configurations", "sia_shape_mask", "table_configs", "top_sums",
+    "type_model", "type_tops", "typed_configurations",
+]
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +66,13 @@ log = logging.getLogger(__name__)
 #: interval with mostly unchanged (frozen, hashable) goodput models, and
 #: evaluating a model at every (nodes, replicas) pair dominates a round's cost.
 _SPEEDUP_CACHE_SIZE = 4096
+#: Replica slots of a node (the solvers' bound on a node's capacity) and node counts.
+_SLOTS = Integer(gt=0, le=MAX_CPUS)
+_NODES = Integer(gt=0)
 
 
 @memo_beside_search_cache(maxsize=_SPEEDUP_CACHE_SIZE)
-def _model_table(
+def model_table(
     model: GoodputModel,
     pairs: tuple[tuple[int, int], ...],
     base: tuple[int, int],
@@ -49,7 +84,7 @@ def _model_table(
     Returns ``({pair: speedup}, choice)``: the speedups of the feasible
     (speedup > 0) pairs, and the model's :class:`BatchChoice` at ``pairs``
     (arrays in the order of ``pairs``; None when there are none).  The choice
-    is kept so that decoding a placement (:func:`_batch_config`) reuses it
+    is kept so that decoding a placement (:func:`batch_config`) reuses it
     instead of optimizing again; ``GoodputModel.optimize`` treats every pair
     independently, so it equals a one-pair call.  ``cache``: the batch
     search's (:meth:`GoodputModel.optimize`), kept by the caller across rounds.
@@ -88,19 +123,19 @@ def _pair_index(pairs: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], int
     return {p: i for i, p in enumerate(pairs)}
 
 
-def _batch_config(model: GoodputModel, pairs: tuple[tuple[int, int], ...], base: tuple[int, int],
+def batch_config(model: GoodputModel, pairs: tuple[tuple[int, int], ...], base: tuple[int, int],
                   fixed_batch_size: int | None, pair: tuple[int, int],
                   cache: SearchCache | None = None) -> BatchConfig | None:
     """The cached best configuration of ``model`` at ``pair`` (None if not a feasible cached pair)."""
     if not pairs:
         return None
-    table, choice = _model_table(model, pairs, base, fixed_batch_size, cache)
+    table, choice = model_table(model, pairs, base, fixed_batch_size, cache)
     if pair not in table:
         return None
     return choice.config(_pair_index(pairs)[pair])
 
 
-def _top_sums(cluster: Cluster) -> tuple[int, ...]:
+def top_sums(cluster: Cluster) -> tuple[int, ...]:
     """``top[n - 1]``: the capacity of the cluster's ``n`` largest nodes together."""
     return tuple(accumulate(sorted((n.cpus for n in cluster.nodes), reverse=True)))
 
@@ -108,7 +143,7 @@ def _top_sums(cluster: Cluster) -> tuple[int, ...]:
 def _replica_range(job: Job, top: tuple[int, ...], max_nodes: int, model: GoodputModel | None = None
                    ) -> tuple[int, int, int]:
     """``(lo, hi, nodes)``: the replica counts and the node count a job may take
-    (``top`` from :func:`_top_sums`).
+    (``top`` from :func:`top_sums`).
 
     The upper end is what the job can use, never a node's size: its
     ``max_replicas``, the cluster's largest ``nodes`` nodes together, and for
@@ -128,7 +163,7 @@ def _replica_range(job: Job, top: tuple[int, ...], max_nodes: int, model: Goodpu
     return max(job.min_replicas, 1), hi, min(nodes, max(hi, 0))
 
 
-def _candidate_pairs(job: Job, top: tuple[int, ...], max_nodes: int, model: GoodputModel | None = None, *,
+def candidate_pairs(job: Job, top: tuple[int, ...], max_nodes: int, model: GoodputModel | None = None, *,
                      sia: bool = False, held: tuple[int, int] | None = None) -> tuple[tuple[int, int], ...]:
     """(num_nodes, num_replicas) pairs a goodput-model job may take on this cluster and options.
 
@@ -139,7 +174,7 @@ def _candidate_pairs(job: Job, top: tuple[int, ...], max_nodes: int, model: Good
     nodes (:func:`_sia_pairs`).
     """
     lo, hi, nodes = _replica_range(job, top, max_nodes, model)
-    pairs = _pairs(lo, hi, top[:nodes])
+    pairs = node_replica_pairs(lo, hi, top[:nodes])
     return _sia_pairs(pairs, top, held) if sia else pairs
 
 
@@ -147,7 +182,7 @@ def _candidate_pairs(job: Job, top: tuple[int, ...], max_nodes: int, model: Good
 def _sia_pairs(pairs: tuple[tuple[int, int], ...], top: tuple[int, ...], held: tuple[int, int] | None
                ) -> tuple[tuple[int, int], ...]:
     """``pairs`` reduced to Sia's configurations on nodes of capacity sums ``top`` and
-    ``held`` (:func:`~pollux_opt.model.shapes.sia_shape_mask`), cached: the goodput
+    ``held`` (:func:`sia_shape_mask`), cached: the goodput
     is then evaluated at those pairs only."""
     if not pairs:
         return pairs
@@ -156,15 +191,16 @@ def _sia_pairs(pairs: tuple[tuple[int, int], ...], top: tuple[int, ...], held: t
 
 
 @lru_cache(maxsize=_SPEEDUP_CACHE_SIZE)
-def _pairs(lo: int, hi: int, top: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """The pairs of :func:`_candidate_pairs` on nodes of capacity sums ``top``, cached:
+def node_replica_pairs(lo: int, hi: int, top: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Every ``(nodes, replicas)`` pair with ``lo <= replicas <= hi`` that the ``nodes``
+    largest nodes hold (``top``: :func:`top_sums`), in (nodes, replicas) order, cached:
     a scheduler asks for the same few ranges every round."""
     return tuple((n, k) for n in range(1, len(top) + 1) for k in range(max(n, lo), min(hi, top[n - 1]) + 1))
 
 
-def _placeable_table(job: Job, top: tuple[int, ...], max_nodes: int, table=None) -> dict[tuple[int, int], float]:
+def placeable_table(job: Job, top: tuple[int, ...], max_nodes: int, table=None) -> dict[tuple[int, int], float]:
     """The pairs of an explicit speedup table (default: the job's own) the job may take
-    (as :func:`_candidate_pairs` enumerates them), found by checking the table's own
+    (as :func:`candidate_pairs` enumerates them), found by checking the table's own
     pairs: the cost grows with the table, not with the cluster."""
     lo, hi, nodes = _replica_range(job, top, max_nodes)
     table = job.speedup if table is None else table
@@ -173,7 +209,7 @@ def _placeable_table(job: Job, top: tuple[int, ...], max_nodes: int, table=None)
     }
 
 
-def _table_configs(table: dict[tuple[int, int], float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def table_configs(table: dict[tuple[int, int], float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(nodes int64[C], replicas int64[C], speedup float64[C]) of a speedup table, in (nodes, replicas) order."""
     items = sorted(table.items())
     return (
@@ -184,7 +220,7 @@ def _table_configs(table: dict[tuple[int, int], float]) -> tuple[np.ndarray, np.
 
 
 @memo_beside_search_cache(maxsize=_SPEEDUP_CACHE_SIZE)
-def _model_configs(
+def model_configs(
     model: GoodputModel,
     pairs: tuple[tuple[int, int], ...],
     base: tuple[int, int],
@@ -195,17 +231,17 @@ def _model_configs(
     """(nodes int64[C], replicas int64[C], speedup float64[C]) of a goodput model's feasible pairs
     (read-only arrays), cached: a scheduler's rounds encode mostly unchanged models.
 
-    ``pairs`` come from :func:`_candidate_pairs`, in (nodes, replicas) order,
-    as :func:`_table_configs` orders a table.  Each speedup is discounted by
+    ``pairs`` come from :func:`candidate_pairs`, in (nodes, replicas) order,
+    as :func:`table_configs` orders a table.  Each speedup is discounted by
     ``1 - spread_penalty (N - 1)``: among spreads a goodput model cannot tell
     apart, fewer nodes win."""
     if pairs:
         nn, kk = _pair_arrays(pairs)
-        spd, keep = _feasible_speedups(_model_table(model, pairs, base, fixed_batch_size, cache)[1])
+        spd, keep = _feasible_speedups(model_table(model, pairs, base, fixed_batch_size, cache)[1])
         nodes = nn[keep]
         configs = (nodes, kk[keep], spd[keep] * (1.0 - spread_penalty * (nodes - 1)))
     else:
-        configs = _table_configs({})
+        configs = table_configs({})
     for a in configs:
         a.flags.writeable = False
     return configs
@@ -220,12 +256,12 @@ def _pair_arrays(pairs: tuple[tuple[int, int], ...]) -> tuple[np.ndarray, np.nda
     return nn, kk
 
 
-def _type_tops(cluster: Cluster) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """``((type, top), ...)``: :func:`_top_sums` of each node type's nodes, in type order."""
-    return tuple((t, _top_sums(Cluster(cluster.of_type(t)))) for t in cluster.types)
+def type_tops(cluster: Cluster) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``((type, top), ...)``: :func:`top_sums` of each node type's nodes, in type order."""
+    return tuple((t, top_sums(Cluster(cluster.of_type(t)))) for t in cluster.types)
 
 
-def _type_model(job: Job, type_name: str) -> tuple[GoodputModel | None, tuple[int, int]]:
+def type_model(job: Job, type_name: str) -> tuple[GoodputModel | None, tuple[int, int]]:
     """The goodput model of ``job`` on ``type_name`` and its base there (None: a table, or no model there)."""
     if isinstance(job.speedup, TypedGoodput):
         model = job.speedup.model(type_name)
@@ -240,7 +276,7 @@ def _type_ratio(job: Job, model: GoodputModel, pairs, base, types: tuple[str, ..
     speedups on the common base; None where the type's base is infeasible."""
     if not isinstance(job.speedup, TypedGoodput):
         return 1.0
-    choice = _model_table(model, pairs, base, job.fixed_batch_size, cache)[1] if pairs else None
+    choice = model_table(model, pairs, base, job.fixed_batch_size, cache)[1] if pairs else None
     if choice is None or not choice.feasible[-1]:
         return None
     ref = float(choice.goodput[-1])
@@ -248,36 +284,106 @@ def _type_ratio(job: Job, model: GoodputModel, pairs, base, types: tuple[str, ..
     return ref / common
 
 
-def _job_configs(job: Job, tops, options: Options, cache: SearchCache | None = None, *, sia: bool = False,
+def job_configs(job: Job, tops, options: Options, cache: SearchCache | None = None, *, sia: bool = False,
                  current: tuple[str, int, int] | None = None
                  ) -> list[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """``[(type index, (nodes, replicas, speedups)), ...]``: the job's configurations on each node type
-    (``cache``: as in :func:`_model_table`; ``sia`` and ``current``, the job's
-    (type, nodes, replicas): as ``sia`` and ``held`` in :func:`_candidate_pairs`)."""
+    (``cache``: as in :func:`model_table`; ``sia`` and ``current``, the job's
+    (type, nodes, replicas): as ``sia`` and ``held`` in :func:`candidate_pairs`)."""
     out = []
     types = tuple(t for t, _ in tops)
     for i, (t, top) in enumerate(tops):
-        model, base = _type_model(job, t)
+        model, base = type_model(job, t)
         if isinstance(job.speedup, TypedTable):
             table = job.speedup.table(t)
             if table is not None:
-                out.append((i, _table_configs(_placeable_table(job, top, options.max_nodes_per_job, table))))
+                out.append((i, table_configs(placeable_table(job, top, options.max_nodes_per_job, table))))
             continue
         if model is None and isinstance(job.speedup, TypedGoodput):
             continue  # no model on this type: the job does not run there
         if model is None:
-            out.append((i, _table_configs(_placeable_table(job, top, options.max_nodes_per_job))))
+            out.append((i, table_configs(placeable_table(job, top, options.max_nodes_per_job))))
             continue
         held = current[1:] if current is not None and current[0] == t else None
-        pairs = _candidate_pairs(job, top, options.max_nodes_per_job, model, sia=sia, held=held)
+        pairs = candidate_pairs(job, top, options.max_nodes_per_job, model, sia=sia, held=held)
         ratio = _type_ratio(job, model, pairs, base, types, cache) if pairs else 1.0
         if ratio is None:
             log.debug("job %s: no feasible base on type %s; the type is left out", job.id, t)
             continue
-        nodes, reps, spd = _model_configs(model, pairs, base, job.fixed_batch_size, options.spread_penalty, cache)
+        nodes, reps, spd = model_configs(model, pairs, base, job.fixed_batch_size, options.spread_penalty, cache)
         if isinstance(job.speedup, TypedGoodput):
             ratio *= job.speedup.factor(t)
         out.append((i, (nodes, reps, spd if ratio == 1.0 else spd * ratio)))
     return out
 
 
+def sia_configurations(replicas_per_node: int, num_nodes: int) -> tuple[tuple[int, int], ...]:
+    """Sia's ``(nodes, replicas)`` configurations of one node type, smallest first.
+
+    One node: 1, 2, 4, ... (powers of two below ``replicas_per_node``) and
+    ``replicas_per_node`` itself; then ``(n, n * replicas_per_node)`` for
+    n = 2 .. ``num_nodes``.
+
+    Raises:
+        InvalidProblem: a count that is not a positive integer.
+    """
+    c = check("replicas_per_node", replicas_per_node, _SLOTS)
+    n = check("num_nodes", num_nodes, _NODES)
+    one = []
+    k = 1
+    while k < c:
+        one.append((1, k))
+        k *= 2
+    one.append((1, c))
+    return tuple(one) + tuple((m, m * c) for m in range(2, n + 1))
+
+
+def resolve_shapes(shapes: str, typed: bool) -> str:
+    """``"all"`` or ``"sia"``: the option's value, with ``"auto"`` resolved for a
+    cluster that is ``typed`` (several node types) or not."""
+    if shapes == "auto":
+        return "sia" if typed else "all"
+    return shapes
+
+
+def sia_shape_mask(nodes: np.ndarray, replicas: np.ndarray, top: tuple[int, ...],
+                   current: tuple[int, int] | None = None) -> np.ndarray:
+    """bool[C]: which of the configurations ``(nodes[c], replicas[c])`` of one node
+    type are Sia's (:func:`sia_configurations`), or the job's ``current``
+    (nodes, replicas) on that type (a running job may always stay as it is).
+
+    ``top`` is the type's :func:`top_sums`; the
+    node size is its largest node's (as Sia's policy reads it), so on a type
+    of unequal nodes a multi-node configuration needs that many nodes of the
+    largest size.
+    """
+    nodes = np.asarray(nodes, dtype=np.int64)
+    replicas = np.asarray(replicas, dtype=np.int64)
+    mask = np.zeros(nodes.shape, dtype=bool)
+    for n, k in sia_configurations(int(top[0]), len(top)) + ((current,) if current is not None else ()):
+        mask |= (nodes == n) & (replicas == k)
+    return mask
+
+
+def typed_configurations(types: Mapping[str, tuple[int, int]]) -> tuple[tuple[str, int, int], ...]:
+    """``(type, nodes, replicas)`` of every type, in the mapping's order.
+
+    Args:
+        types: ``{type: (num_nodes, replicas_per_node)}``, e.g. from
+            :class:`pollux_opt.model.cluster_types.ClusterTypes` (count, replicas_per_node).
+
+    Raises:
+        InvalidProblem: no types, or a bad count (naming the type).
+    """
+    if not types:
+        raise InvalidProblem("types must name at least one node type, got {}")
+    out = []
+    for name, shape in types.items():
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or len(shape) != 2:
+            raise InvalidProblem(f"types[{name!r}] must be (num_nodes, replicas_per_node), got {shown(shape)}")
+        try:
+            configs = sia_configurations(shape[1], shape[0])
+        except InvalidProblem as exc:
+            raise InvalidProblem(f"types[{name!r}]: {exc}") from None
+        out.extend((name, nodes, k) for nodes, k in configs)
+    return tuple(out)

@@ -180,7 +180,7 @@ def parse_instance(data: Any, *, deadline: float | None = None) -> Instance:
 
     Raises:
         InvalidProblem: naming the offending field and its value.
-        pollux_opt.model.validate.OutOfTime: (an :class:`InvalidProblem`) ``deadline`` passed.
+        solvers.OutOfTime: (an :class:`InvalidProblem`) ``deadline`` passed.
     """
     if not isinstance(data, dict):
         raise InvalidProblem(f"instance must be a JSON object, got {type(data).__name__}")

@@ -8,8 +8,7 @@ from typing import Mapping
 # The relative MIP gap at which the exact solver stops is the solvers' own default.
 from solvers import DEFAULT_MIP_GAP, MAX_REPLICAS, P_RANGE, InvalidProblem
 
-from pollux_opt.model.domains import Boolean, Integer, Real, Text, check_fields, domain_field, shown
-from pollux_opt.model.shapes import SHAPES
+from pollux_opt.model.domains import Boolean, Choice, Integer, Real, Text, check_fields, domain_field, shown
 
 __all__ = [
     "DEFAULT_MAX_NODES_PER_JOB",
@@ -42,6 +41,8 @@ DEFAULT_SPREAD_PENALTY = 1e-3
 MIN_SPREAD_DISCOUNT = 0.5
 #: Seeds lie in [0, 2**63): numpy's and JAX's generators take a 64-bit seed.
 SEED_LIMIT = 2**63
+#: The values of :attr:`Options.shapes`.
+SHAPES = Choice(("auto", "all", "sia"))
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Options:
             (default): ``DEFAULT_SPREAD_PENALTY``, lowered where needed so that
             the widest spread keeps ``MIN_SPREAD_DISCOUNT`` of its speedup.
         shapes: the (nodes, replicas) shapes a goodput-model job may take
-            (:mod:`pollux_opt.model.shapes`): ``"all"`` pairs, Sia's
+            (:mod:`pollux_opt.model.configs`): ``"all"`` pairs, Sia's
             configurations (``"sia"``: powers of two on one node, whole nodes
             beyond), or ``"auto"`` (default): Sia's on a cluster of several
             node types, all on one.  Explicit speedup tables are used as given.

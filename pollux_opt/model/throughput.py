@@ -60,7 +60,10 @@ from solvers import InvalidProblem
 
 from pollux_opt.model.validate import as_allocation, as_counts, broadcast_args
 
-__all__ = ["GAMMA_MIN", "GAMMA_MAX", "PARAM_NAMES", "ThroughputParams", "sync_time", "step_time"]
+__all__ = [
+    "GAMMA_MAX", "GAMMA_MIN", "I_AA", "I_AC", "I_AN", "I_AR", "I_BC", "I_BN", "I_BR", "I_GAMMA", "I_KAPPA",
+    "PARAM_NAMES", "ThroughputParams", "step_time", "sync_time",
+]
 
 #: Bounds of the overlap exponent gamma (Pollux, section 3.2: gamma in [1, 10]).
 GAMMA_MIN = 1.0
@@ -68,8 +71,8 @@ GAMMA_MAX = 10.0
 
 #: The parameters in the order of :meth:`ThroughputParams.as_array` (``theta``).
 PARAM_NAMES = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma", "alpha_a", "kappa")
-#: Positions of the parameters in ``theta`` (package-internal).
-_AC, _BC, _AN, _BN, _AR, _BR, _GAMMA, _AA, _KAPPA = range(len(PARAM_NAMES))
+#: Positions of the parameters in ``theta`` (``I_AC`` is ``alpha_c``'s, and so on).
+I_AC, I_BC, I_AN, I_BN, I_AR, I_BR, I_GAMMA, I_AA, I_KAPPA = range(len(PARAM_NAMES))
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class ThroughputParams:
     def as_array(self) -> np.ndarray:
         """float64[9] in the order alpha_c, beta_c, alpha_n, beta_n, alpha_r, beta_r,
         gamma, alpha_a (``alpha_c`` where ``alpha_a`` is None), kappa."""
-        return np.array([getattr(self, name) for name in PARAM_NAMES[:_AA]] + [self.accum_alpha, self.kappa])
+        return np.array([getattr(self, name) for name in PARAM_NAMES[:I_AA]] + [self.accum_alpha, self.kappa])
 
     @property
     def accum_alpha(self) -> float:
@@ -137,7 +140,7 @@ class ThroughputParams:
     def to_dict(self) -> dict[str, float]:
         """The parameters by name (``alpha_a`` only when set, ``kappa`` only when
         > 0): JSON-ready."""
-        out = {name: float(getattr(self, name)) for name in PARAM_NAMES[:_AA]}
+        out = {name: float(getattr(self, name)) for name in PARAM_NAMES[:I_AA]}
         if self.alpha_a is not None:
             out["alpha_a"] = float(self.alpha_a)
         if self.kappa > 0:
@@ -148,24 +151,24 @@ class ThroughputParams:
 def unchecked_sync_time(theta, nodes, replicas):
     """Unchecked t_sync (seconds); ``theta`` float[9] (see :data:`PARAM_NAMES`), counts as float arrays."""
     multi_node = nodes > 1
-    alpha = np.where(multi_node, theta[_AR], theta[_AN])
-    beta = np.where(multi_node, theta[_BR], theta[_BN])
+    alpha = np.where(multi_node, theta[I_AR], theta[I_AN])
+    beta = np.where(multi_node, theta[I_BR], theta[I_BN])
     t = alpha + beta * np.maximum(replicas - 2.0, 0.0)
     return np.where(replicas > 1, t, 0.0)
 
 
 def unchecked_step_time(theta, nodes, replicas, local_bsz, accum_steps):
     """Unchecked optimizer step time T (seconds); arguments broadcast."""
-    slowdown = 1.0 + theta[_KAPPA] * (replicas > nodes)
-    per_sample = theta[_BC] * local_bsz
-    t_c = (theta[_AC] + per_sample) * slowdown
-    t_a = (theta[_AA] + per_sample) * slowdown
+    slowdown = 1.0 + theta[I_KAPPA] * (replicas > nodes)
+    per_sample = theta[I_BC] * local_bsz
+    t_c = (theta[I_AC] + per_sample) * slowdown
+    t_a = (theta[I_AA] + per_sample) * slowdown
     t_s = unchecked_sync_time(theta, nodes, replicas)
     # (a**g + b**g)**(1/g) = big * (1 + (small/big)**g)**(1/g): no overflow or
     # underflow for gamma up to 10 and any time scale; big >= t_c > 0.
     big = np.maximum(t_c, t_s)
     ratio = np.minimum(t_c, t_s) / big
-    gamma = theta[_GAMMA]
+    gamma = theta[I_GAMMA]
     return accum_steps * t_a + big * (1.0 + ratio**gamma) ** (1.0 / gamma)
 
 

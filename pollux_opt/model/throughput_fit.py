@@ -14,18 +14,11 @@ References:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import numpy as np
 
-from solvers import InvalidProblem
-
 from pollux_opt.model.throughput import (
-    _AA, _AC, _AN, _AR, _BC, _BN, _BR, _GAMMA, _KAPPA,
-    GAMMA_MAX,
-    GAMMA_MIN,
-    PARAM_NAMES,
-    ThroughputParams,
+    GAMMA_MAX, GAMMA_MIN, I_AA, I_AC, I_AN, I_AR, I_BC, I_BN, I_BR, I_GAMMA, I_KAPPA, PARAM_NAMES, ThroughputParams,
 )
 from pollux_opt.model.throughput_priors import (
     COLOCATION_PRIOR_WEIGHT,
@@ -33,10 +26,10 @@ from pollux_opt.model.throughput_priors import (
     INTER_NODE_PRIOR_FACTOR,
     RETROGRESSION_PRIOR_WEIGHT,
     FitLayout,
+    FitRows,
     fit_layout,
 )
 from pollux_opt.model.throughput_lsq import BatchProblem, least_squares_trf
-from pollux_opt.model.validate import as_allocation, as_counts, as_numeric, first_bad
 
 __all__ = [
     "COLOCATION_PRIOR_WEIGHT",
@@ -70,17 +63,6 @@ COMPUTE_INIT_FRACTION = 1e-3
 KAPPA_INIT = 0.1
 
 
-def _measurement(name: str, value, n: int | None) -> np.ndarray:
-    arr = as_numeric(name, value)
-    if arr.ndim != 1:
-        raise InvalidProblem(f"{name} must be a 1-D array, got shape {arr.shape}")
-    if n is not None and arr.shape[0] != n:
-        raise InvalidProblem(
-            f"{name} must have the same length as num_nodes ({n}), got length {arr.shape[0]}"
-        )
-    return arr
-
-
 def _initial_guess(nodes, replicas, m, s, step, sync, sync_ok) -> np.ndarray:
     """float[9] starting point (before gamma multi-start), from linear regressions."""
     theta = np.zeros(len(PARAM_NAMES))
@@ -93,11 +75,11 @@ def _initial_guess(nodes, replicas, m, s, step, sync, sync_ok) -> np.ndarray:
         a, b = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]), y, rcond=None)[0]
     else:
         a, b = median_c / 2.0, median_c / (2.0 * x[0])
-    theta[_AC] = max(a, COMPUTE_INIT_FRACTION * median_c)
-    theta[_BC] = max(b, COMPUTE_INIT_FRACTION * median_c / float(np.median(x)))
-    theta[_AA] = theta[_AC]
-    theta[_KAPPA] = KAPPA_INIT
-    for locality, ia, ib in ((replicas > 1) & (nodes == 1), _AN, _BN), ((nodes > 1), _AR, _BR):
+    theta[I_AC] = max(a, COMPUTE_INIT_FRACTION * median_c)
+    theta[I_BC] = max(b, COMPUTE_INIT_FRACTION * median_c / float(np.median(x)))
+    theta[I_AA] = theta[I_AC]
+    theta[I_KAPPA] = KAPPA_INIT
+    for locality, ia, ib in ((replicas > 1) & (nodes == 1), I_AN, I_BN), ((nodes > 1), I_AR, I_BR):
         obs = locality & sync_ok
         if not obs.any():
             theta[ia] = SYNC_INIT_FRACTION * median_c
@@ -113,43 +95,6 @@ def _initial_guess(nodes, replicas, m, s, step, sync, sync_ok) -> np.ndarray:
     return theta
 
 
-@dataclass(frozen=True)
-class _FitRows:
-    """Checked measurement rows of :func:`fit_throughput`, as float64[R] arrays."""
-
-    nodes: np.ndarray
-    replicas: np.ndarray
-    m: np.ndarray
-    s: np.ndarray
-    step: np.ndarray
-    sync: np.ndarray
-    #: K >= 2 and a measured (finite, > 0) sync time.
-    sync_ok: np.ndarray
-
-    @classmethod
-    def checked(cls, num_nodes, num_replicas, local_bsz, step_time, sync_time, accum_steps) -> "_FitRows":
-        nodes = _measurement("num_nodes", num_nodes, None)
-        n = nodes.shape[0]
-        if n < 1:
-            raise InvalidProblem("too few measurements: need at least 1 row, got num_nodes of length 0")
-        replicas = _measurement("num_replicas", num_replicas, n)
-        m = _measurement("local_bsz", local_bsz, n)
-        step = _measurement("step_time", step_time, n).astype(np.float64)
-        sync = _measurement("sync_time", sync_time, n).astype(np.float64)
-        s = np.zeros(n) if accum_steps is None else _measurement("accum_steps", accum_steps, n)
-        nodes, replicas = (a.astype(np.float64) for a in as_allocation(nodes, replicas))
-        m = as_counts("local_bsz", m, 1).astype(np.float64)
-        s = as_counts("accum_steps", s, 0).astype(np.float64)
-        bad = ~np.isfinite(step) | (step <= 0)
-        if bad.any():
-            raise InvalidProblem(f"step_time must be finite and > 0, got {first_bad(step, bad)}")
-        bad = (sync < 0) | np.isinf(sync)
-        if bad.any():
-            raise InvalidProblem(f"sync_time must be >= 0 and finite (or nan), got {first_bad(sync, bad)}")
-        sync_ok = (replicas > 1) & np.isfinite(sync) & (sync > 0)
-        return cls(nodes, replicas, m, s, step, sync, sync_ok)
-
-
 class _Residuals:
     """Residuals of the free parameters: log step times, log sync times, then the priors.
 
@@ -162,7 +107,7 @@ class _Residuals:
     finite-difference Jacobian in one batch.
     """
 
-    def __init__(self, rows: _FitRows, layout: FitLayout) -> None:
+    def __init__(self, rows: FitRows, layout: FitLayout) -> None:
         free = layout.free
         slots = free + list(layout.fixed)
         self._fixed = np.array(list(layout.fixed.values()), dtype=np.float64)
@@ -178,15 +123,15 @@ class _Residuals:
         self._colocated_rows = (replicas > nodes).astype(np.float64)
         multi = nodes > 1
         # Columns of theta holding each row's sync latency and retrogression (alpha_r or alpha_n, ...).
-        self._alpha_col = np.where(multi, _AR, _AN)
-        self._beta_col = np.where(multi, _BR, _BN)
+        self._alpha_col = np.where(multi, I_AR, I_AN)
+        self._beta_col = np.where(multi, I_BR, I_BN)
         self._extra = np.maximum(replicas - 2.0, 0.0)
         self._synced = replicas > 1
         self._all_synced = bool(self._synced.all())
         self._sync_ok = np.flatnonzero(ok)
         self._rows, self._sync_rows = rows.nodes.shape[0], int(ok.sum())
         self._log_times = np.concatenate([np.log(rows.step), np.log(rows.sync[ok])])
-        self._retro = [(ia, ib) for ia, ib in ((_AN, _BN), (_AR, _BR)) if ib in free]
+        self._retro = [(ia, ib) for ia, ib in ((I_AN, I_BN), (I_AR, I_BR)) if ib in free]
         self._colocated = layout.colocated
         self._size = self._rows + self._sync_rows + len(self._retro) + int(self._colocated)
         self._unscaled = bool((self._scale == 1.0).all())  # x * 1.0 is x, to the bit
@@ -228,10 +173,10 @@ class _Residuals:
     def _times(self, theta: np.ndarray) -> np.ndarray:
         """float[B, R + S]: :func:`~pollux_opt.model.throughput.unchecked_step_time` of every row,
         then the sync time of the rows with a measured one."""
-        bm = theta[:, _BC, None] * self._m
-        t_c = theta[:, _AC, None] + bm
+        bm = theta[:, I_BC, None] * self._m
+        t_c = theta[:, I_AC, None] + bm
         if self._colocated:  # else kappa is 0 and the slowdown exactly 1
-            slowdown = 1.0 + theta[:, _KAPPA, None] * self._colocated_rows
+            slowdown = 1.0 + theta[:, I_KAPPA, None] * self._colocated_rows
             t_c = t_c * slowdown
         t_s = self._sync(theta)
         big = np.maximum(t_c, t_s)
@@ -239,12 +184,12 @@ class _Residuals:
         out = np.empty((theta.shape[0], self._rows + self._sync_rows))
         step = out[:, :self._rows]
         if not self._accumulated:  # 0 * t_a + c is c, to the bit (t_a is finite)
-            step[...] = self._combined(big, ratio, theta[:, _GAMMA])
+            step[...] = self._combined(big, ratio, theta[:, I_GAMMA])
         else:
-            t_a = theta[:, _AA, None] + bm
+            t_a = theta[:, I_AA, None] + bm
             if self._colocated:
                 t_a = t_a * slowdown
-            np.add(self._s * t_a, self._combined(big, ratio, theta[:, _GAMMA]), out=step)
+            np.add(self._s * t_a, self._combined(big, ratio, theta[:, I_GAMMA]), out=step)
         out[:, self._rows:] = t_s[:, self._sync_ok]
         return out
 
@@ -258,23 +203,23 @@ class _Residuals:
         for col, (ia, ib) in enumerate(self._retro, start=times):
             out[:, col] = RETROGRESSION_PRIOR_WEIGHT * theta[:, ib] / (theta[:, ia] + theta[:, ib])
         if self._colocated:  # Optimistic co-location prior: kappa -> 0 where the data allow.
-            out[:, -1] = COLOCATION_PRIOR_WEIGHT * theta[:, _KAPPA]
+            out[:, -1] = COLOCATION_PRIOR_WEIGHT * theta[:, I_KAPPA]
         return out
 
 
-def _multistart_least_squares(rows: _FitRows, free: list[int], residuals: _Residuals):
+def _multistart_least_squares(rows: FitRows, free: list[int], residuals: _Residuals):
     """Best :func:`scipy.optimize.least_squares` result over the gamma starts."""
-    floor_params = {_AC, _BC, _AN, _AR}
+    floor_params = {I_AC, I_BC, I_AN, I_AR}
     lower = np.array(
-        [GAMMA_MIN if i == _GAMMA else PARAM_FLOOR_S if i in floor_params else 0.0 for i in free]
+        [GAMMA_MIN if i == I_GAMMA else PARAM_FLOOR_S if i in floor_params else 0.0 for i in free]
     )
-    upper = np.array([GAMMA_MAX if i == _GAMMA else np.inf for i in free])
+    upper = np.array([GAMMA_MAX if i == I_GAMMA else np.inf for i in free])
     init = _initial_guess(rows.nodes, rows.replicas, rows.m, rows.s, rows.step, rows.sync, rows.sync_ok)
-    starts = GAMMA_STARTS if _GAMMA in free else (GAMMA_PRIOR,)
+    starts = GAMMA_STARTS if I_GAMMA in free else (GAMMA_PRIOR,)
     problem = BatchProblem(residuals.batch, lower, upper)
     best = None
     for gamma0 in starts:
-        init[_GAMMA] = gamma0
+        init[I_GAMMA] = gamma0
         x0 = np.clip(init[free], lower, upper)
         result = least_squares_trf(problem, x0, lower, upper)
         if not result.success:
@@ -347,14 +292,14 @@ def fit_throughput(
     Raises:
         InvalidProblem: on empty or mismatched arrays or out-of-range values.
     """
-    rows = _FitRows.checked(num_nodes, num_replicas, local_bsz, step_time, sync_time, accum_steps)
+    rows = FitRows.checked(num_nodes, num_replicas, local_bsz, step_time, sync_time, accum_steps)
     layout = fit_layout(rows)
     expand = layout.expander()
     best = _multistart_least_squares(rows, layout.free, _Residuals(rows, layout))
     theta = expand(best.x)
     params = ThroughputParams(
-        *(float(v) for v in theta[:_AA]), alpha_a=float(theta[_AA]) if layout.accumulated else None,
-        kappa=float(theta[_KAPPA]),
+        *(float(v) for v in theta[:I_AA]), alpha_a=float(theta[I_AA]) if layout.accumulated else None,
+        kappa=float(theta[I_KAPPA]),
     )
     logger.debug(
         "fitted %s from %d rows (%d sync), cost %.3g; priors: %s",

@@ -1,7 +1,7 @@
 """A job's goodput models on a heterogeneous cluster: one per node type, one speedup base.
 
 A job has one throughput model per node type (fitted to its measurements on
-that type, or projected from another type, :mod:`pollux_opt.model.hetero`)
+that type, or projected from another type, :mod:`pollux_opt.model.projection`)
 and one statistical efficiency (its gradient noise scale does not depend on
 the device), so its per-type :class:`~pollux_opt.model.GoodputModel` s share
 their :class:`~pollux_opt.model.GradientStats` and differ in throughput and
@@ -11,8 +11,8 @@ Speedups on every type are divided by one number so that they compare across
 types: with per-type weights (a scheduler gives each type's GPUs in the
 cluster), the weighted mean of the job's goodputs at its base shape on each
 type, the goodput of a fair share of the whole cluster; without, the lowest of
-them (:func:`pollux_opt.model.hetero.speedup_base`).  With one type either is
-the base of the single-type model (see ``docs/heterogeneity.md``, section 1).
+them (:func:`speedup_base`).  With one type either is
+the base of the single-type model (see ``docs/node-types.md``, section 1).
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ from functools import lru_cache
 
 from solvers import InvalidProblem
 
-from pollux_opt.model.domains import shown
+from pollux_opt.model.domains import Real, check, shown
 from pollux_opt.model.goodput import GoodputModel
-from pollux_opt.model.hetero import speedup_base
 
-__all__ = ["TypedGoodput", "TypedTable"]
+__all__ = ["TypedGoodput", "TypedTable", "speedup_base"]
 
 #: Cached base goodputs: a scheduler asks for the same models' bases every round.
 _CACHE_SIZE = 4096
+#: A goodput, samples/s x efficiency.
+_POSITIVE = Real(gt=0)
 
 
 @dataclass(frozen=True)
@@ -183,3 +184,22 @@ def _base_goodput(typed: TypedGoodput, fixed_batch_size: int | None, types: tupl
         weight = dict(typed.weights)
         return sum(weight[t] * g for t, g in at_share.items()) / sum(weight[t] for t in at_share)
     return speedup_base(at_share)[1]
+
+
+def speedup_base(goodput_at_share: Mapping[str, float]) -> tuple[str, float]:
+    """``(type, goodput)`` of the lowest fair-share goodput over the types: the speedup base.
+
+    ``goodput_at_share[t]`` is the job's goodput (samples/s x efficiency) at its
+    fair-share shape on type ``t``.  Dividing every type's goodputs by the
+    lowest keeps all speedups comparable and >= 1 at the fair share on any
+    type, like Sia's minimum normalisation; with one type it is that type's
+    fair-share goodput, the base of the single-type model.
+
+    Raises:
+        InvalidProblem: no types, or a non-positive goodput.
+    """
+    if not goodput_at_share:
+        raise InvalidProblem("goodput_at_share must name at least one type, got {}")
+    values = {t: float(check(f"goodput_at_share[{t!r}]", v, _POSITIVE)) for t, v in goodput_at_share.items()}
+    t = min(values, key=lambda name: (values[name], name))
+    return t, values[t]

@@ -14,11 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from solvers import InvalidProblem
+from solvers import InvalidProblem, OutOfTime
 
 __all__ = [
     "DEADLINE_EVERY",
-    "OutOfTime",
     "as_allocation",
     "as_count",
     "as_counts",
@@ -33,10 +32,6 @@ __all__ = [
 #: How often (in items: jobs) a long loop looks at its deadline: a clock read
 #: per item would cost more than the check it guards.
 DEADLINE_EVERY = 1000
-
-
-class OutOfTime(InvalidProblem):
-    """A step passed its deadline before it had an answer (reading or encoding an instance)."""
 
 
 def read_utf8(path: str | os.PathLike, what: str) -> str:

@@ -10,25 +10,22 @@ JobParts`` (one required parameter), or a user's own training loop,
 (:func:`entry_protocol`).  Relative script paths are relative to the import
 directory: a workload file's own directory, or ``--import DIR``.
 
-Trust model: the one of :mod:`pollux_opt.runtime.spec`.  A workload file that
-names an entry is code (the entry's module is imported when the workload is
-read, and it is declared, so a resumed ``job.json`` may name it); a module of
-Python's standard library is refused.
+Trust model: the one of :mod:`pollux_opt.runtime.trust`.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import keyword
-import sys
-import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from solvers import InvalidProblem
 
-__all__ = ["ENTRY_REQUIRED_FIELDS", "LOOP", "BUILDER", "entry_protocol", "entry_spec", "import_from", "parse_entry"]
+from pollux_opt.runtime.spec import JobSpec
+from pollux_opt.runtime.trust import declare_builder_modules, import_from, stdlib_refusal
+
+__all__ = ["ENTRY_REQUIRED_FIELDS", "LOOP", "BUILDER", "entry_protocol", "entry_spec", "parse_entry"]
 
 #: The two protocols of an entry function.
 BUILDER, LOOP = "builder", "loop"
@@ -36,7 +33,6 @@ BUILDER, LOOP = "builder", "loop"
 ENTRY_REQUIRED_FIELDS = ("init_batch_size", "max_batch_size")
 #: Spec fields of which a workload job with an entry must give at least one (its completion).
 _COMPLETION_FIELDS = ("epochs", "progress_target", "target")
-_lock = threading.Lock()
 
 
 def parse_entry(entry: Any, import_dir: str | Path, *, where: str = "entry") -> tuple[str, str, str]:
@@ -45,8 +41,6 @@ def parse_entry(entry: Any, import_dir: str | Path, *, where: str = "entry") -> 
     Raises:
         InvalidProblem: not of either shape, a missing script, or a standard-library module.
     """
-    from pollux_opt.runtime.spec import stdlib_refusal
-
     target, _, func = entry.rpartition(":") if isinstance(entry, str) else ("", "", "")
     if not target or not func.isidentifier():
         raise InvalidProblem(f"{where}: entry must be 'script.py:function' or 'package.module:function', got {entry!r}")
@@ -65,26 +59,6 @@ def parse_entry(entry: Any, import_dir: str | Path, *, where: str = "entry") -> 
     if refusal is not None:
         raise InvalidProblem(f"{where}: {refusal}")
     return module, func, directory
-
-
-def _from_dir(module, directory: str) -> bool:
-    origin = getattr(module, "__file__", None)
-    return origin is not None and Path(origin).resolve().is_relative_to(directory)
-
-
-def import_from(module: str, directory: str) -> Any:
-    """Import ``module`` with ``directory`` first on ``sys.path``; a module of that
-    name imported from elsewhere before (another job's ``train.py`` in a warm
-    worker) is imported afresh."""
-    with _lock:
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
-        top = module.split(".")[0]
-        loaded = sys.modules.get(top)
-        if loaded is not None and not _from_dir(loaded, directory):
-            for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
-                del sys.modules[name]
-        return importlib.import_module(module)
 
 
 def entry_protocol(fn: Callable) -> str:
@@ -108,8 +82,6 @@ def entry_spec(entry: str, import_dir: str | Path, *, name: str, fields: Mapping
     Raises:
         InvalidProblem: a bad entry, a missing module, function or field, each with its own message.
     """
-    from pollux_opt.runtime.spec import JobSpec, declare_builder_modules
-
     module, func, directory = parse_entry(entry, import_dir, where=where)
     for taken in ("builder", "import_dir"):
         if taken in fields:

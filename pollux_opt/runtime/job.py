@@ -20,7 +20,8 @@ from pollux_opt.runtime.journal import JOB_FILE, STEP_COLUMNS, JobJournal
 from pollux_opt.runtime.lazy_torch import check_torch
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.report import JobReport, JobState, RuntimeOptions
-from pollux_opt.runtime.spec import JobSpec, check_declared_builder, workdir_path
+from pollux_opt.runtime.spec import JobSpec, workdir_path
+from pollux_opt.runtime.trust import check_declared_builder
 
 __all__ = ["STEP_COLUMNS", "WAIT_POLL_S", "ElasticJob"]
 

@@ -13,7 +13,8 @@ from typing import Callable
 
 from solvers import InvalidProblem
 
-from pollux_opt.runtime.spec import JobSpec, builder_module, declare_builder_modules
+from pollux_opt.runtime.spec import JobSpec
+from pollux_opt.runtime.trust import builder_module, declare_builder_modules
 from pollux_opt.runtime.builtin_jobs import BUILTIN_JOBS
 
 __all__ = ["get_job", "job_names", "register_job", "training_job"]

@@ -258,13 +258,13 @@ class JobReport:
         one shared gradient statistic; None where the job has measured no type.
 
         A type's own fit once the job has measured there; an unmeasured type
-        gets the fit of a measured one (:func:`pollux_opt.model.hetero.projection_plan`:
+        gets the fit of a measured one (:func:`pollux_opt.model.projection.projection_plan`:
         the type measured at the most replica counts beyond one, else the one
         with the most measured configurations) at speed ratio 1, the optimistic
         assumption its first measurement replaces.  The declared speed of a
         type (its ``cpu_quota``) is never used.
         """
-        from pollux_opt.model.hetero import project_params, projection_plan
+        from pollux_opt.model.projection import project_params, projection_plan
 
         if not self.type_measurements:
             return None

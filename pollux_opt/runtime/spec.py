@@ -10,29 +10,8 @@ synchronisation, gradient statistics, learning-rate scaling, checkpoints.
 The builder is referenced by its import path (``"package.module:function"``)
 because it runs in other processes (the spawned workers and the fresh
 verification process), and because a job must be resumable from its work
-directory alone.
-
-Trust model.  A builder is code that the runtime imports and calls, and so
-everything that names one is code too: a workload file (a job's ``spec`` may
-set ``builder``, and its ``imports`` are imported when it is read), a run
-directory's ``config.json`` (which holds the workload) and a job's
-``job.json`` (a resumed job runs the builder it names).  Run only workloads,
-and resume only run and work directories, that you would run as a Python
-script.  Within that, two rules keep a file from calling an arbitrary function:
-
-* A builder in Python's standard library (a module whose top-level package is
-  in ``sys.stdlib_module_names``: ``builtins``, ``os``, ``subprocess``, ...)
-  is refused everywhere, in every process (:class:`JobSpec` and
-  :func:`resolve_builder`), with :func:`stdlib_refusal`'s message.
-* A builder named by a file (a workload job's ``spec``, a ``job.json``
-  resumed with :meth:`ElasticJob.from_workdir
-  <pollux_opt.runtime.job.ElasticJob.from_workdir>`) must be a function of
-  the built-in jobs (:data:`BUILTIN_JOBS_MODULE`) or of a module this
-  process's code declared: one that registered a job
-  (:func:`~pollux_opt.runtime.registry.register_job`, ``@training_job``) or
-  passed a builder function object to :class:`JobSpec`, one a workload lists
-  in ``imports``, or one passed to :func:`declare_builder_modules`
-  (:func:`check_declared_builder`).
+directory alone.  Which builders a file may name is the trust model of
+:mod:`pollux_opt.runtime.trust`.
 """
 
 from __future__ import annotations
@@ -42,11 +21,9 @@ import importlib
 import json
 import math
 import re
-import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 from solvers import InvalidProblem
 
@@ -62,15 +39,9 @@ from pollux_opt.model.domains import (
     check_fields,
     domain_field,
 )
+from pollux_opt.runtime.trust import declare_builder_modules, import_from, refuse_stdlib
 
-__all__ = [
-    "BUILTIN_JOBS_MODULE", "LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "builder_module",
-    "check_declared_builder", "declare_builder_modules", "declared_builder_modules", "resolve_builder",
-    "stdlib_refusal",
-]
-
-#: The module of the project's built-in jobs, whose builders any workload may name.
-BUILTIN_JOBS_MODULE = "pollux_opt.runtime.builtin_jobs"
+__all__ = ["LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "resolve_builder"]
 
 #: Learning-rate scaling rules a job may declare, as functions of the batch
 #: scale S = M / M0 and the AdaScale gain r (Johnson et al., "AdaScale SGD",
@@ -83,38 +54,13 @@ LR_SCALING_RULES = ("adascale", "sqrt", "linear", "none")
 _BUILDER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
-def builder_module(path: str) -> str:
-    """The module part of a builder path ``"package.module:function"``."""
-    return path.partition(":")[0]
-
-
-def stdlib_refusal(what: str, module: str) -> str | None:
-    """The message refusing ``what`` (``"builder 'os:system'"``) if ``module`` is in
-    Python's standard library (its top-level package is in ``sys.stdlib_module_names``),
-    else None."""
-    top = module.split(".")[0]
-    if top not in sys.stdlib_module_names:
-        return None
-    return (
-        f"{what} is refused: module {top!r} is part of Python's standard library; a builder "
-        "must be a function of the built-in jobs or of a module your code or workload declares"
-    )
-
-
-def _refuse_stdlib(path: str) -> str:
-    message = stdlib_refusal(f"builder {path!r}", builder_module(path))
-    if message is not None:
-        raise InvalidProblem(message)
-    return path
-
-
 def _builder_path(builder: str | Callable[..., Any]) -> str:
     if isinstance(builder, str):
         if not _BUILDER_RE.match(builder):
             raise InvalidProblem(
                 f"builder must be an import path 'package.module:function', got {builder!r}"
             )
-        return _refuse_stdlib(builder)
+        return refuse_stdlib(builder)
     if not callable(builder):
         raise InvalidProblem(f"builder must be a callable or an import path, got {builder!r}")
     module = getattr(builder, "__module__", None)
@@ -124,22 +70,20 @@ def _builder_path(builder: str | Callable[..., Any]) -> str:
             "builder must be a top-level function that worker processes can import by name, "
             f"got {builder!r} (qualname {qualname!r})"
         )
-    path = _refuse_stdlib(f"{module}:{qualname}")
+    path = refuse_stdlib(f"{module}:{qualname}")
     declare_builder_modules([module])  # a function object this process's code passes is its own code
     return path
 
 
 def resolve_builder(path: str, import_dir: str | None = None) -> Callable[["BuildContext"], "JobParts"]:
     """Import the builder function named by ``"package.module:function"``
-    (from ``import_dir`` first, if given: :func:`~pollux_opt.runtime.entry.import_from`).
+    (from ``import_dir`` first, if given: :func:`~pollux_opt.runtime.trust.import_from`).
 
     Raises:
-        InvalidProblem: a standard-library module (see the module docstring), or not a callable.
+        InvalidProblem: a standard-library module (:mod:`pollux_opt.runtime.trust`), or not a callable.
     """
-    module_name, _, attr = _refuse_stdlib(path).partition(":")
+    module_name, _, attr = refuse_stdlib(path).partition(":")
     if import_dir is not None:
-        from pollux_opt.runtime.entry import import_from
-
         obj: Any = import_from(module_name, import_dir)
     else:
         obj = importlib.import_module(module_name)
@@ -148,66 +92,6 @@ def resolve_builder(path: str, import_dir: str | None = None) -> Callable[["Buil
     if not callable(obj):
         raise InvalidProblem(f"builder {path!r} does not name a callable, got {obj!r}")
     return obj
-
-
-#: Modules whose builders a file may name (see the module docstring); guarded by ``_lock``.
-_MODULES: set[str] = {BUILTIN_JOBS_MODULE}
-_lock = threading.Lock()
-#: A dotted module name, as a workload's ``imports`` lists them.
-_MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-
-
-def declare_builder_modules(modules: Iterable[str], *, import_them: bool = False) -> None:
-    """Let files name builders of ``modules`` (importing each first if ``import_them``).
-
-    Raises:
-        InvalidProblem: not a module name, a standard-library module, or (with
-            ``import_them``) one that cannot be imported.
-    """
-    if isinstance(modules, str):
-        raise InvalidProblem(f"imports must be a list of module names, got {modules!r}")
-    for name in modules:
-        if not isinstance(name, str) or not _MODULE_RE.fullmatch(name):
-            raise InvalidProblem(f"imports entry must be a dotted module name, got {name!r}")
-        message = stdlib_refusal(f"imports entry {name!r}", name)
-        if message is not None:
-            raise InvalidProblem(message)
-        if import_them:
-            try:
-                importlib.import_module(name)
-            except ImportError as exc:
-                raise InvalidProblem(f"imports entry {name!r} cannot be imported: {exc}") from None
-        with _lock:
-            _MODULES.add(name)
-
-
-def declared_builder_modules() -> frozenset[str]:
-    """The modules whose builders a file may name, now."""
-    with _lock:
-        return frozenset(_MODULES)
-
-
-def check_declared_builder(path: Any, *, where: str) -> str:
-    """``path`` if it is a builder of a declared module (see the module docstring).
-
-    Args:
-        path: the builder's import path ``"package.module:function"``.
-        where: what named it, for the message (``"workload job 'a'"``, ``"job.json in '...'"``).
-
-    Raises:
-        InvalidProblem: a standard-library module, or one not declared.
-    """
-    module = builder_module(path) if isinstance(path, str) else None
-    message = stdlib_refusal(f"builder {path!r}", module) if module is not None else None
-    if message is not None:
-        raise InvalidProblem(f"{where}: {message}")
-    declared = declared_builder_modules()
-    if module not in declared:
-        raise InvalidProblem(
-            f"{where}: builder {path!r} is not from a declared module; list its module in the workload's "
-            f"'imports', or register the job from Python (declared: {sorted(declared)})"
-        )
-    return path
 
 
 def _canonical_config(config: Mapping[str, Any] | None) -> dict[str, Any]:

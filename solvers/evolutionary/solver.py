@@ -18,7 +18,8 @@ import numpy as np
 
 from ..checks import check_problem, check_time_limit
 from ..errors import InvalidProblem
-from ..problem import Problem, evaluate, violations
+from ..placement import evaluate, violations
+from ..problem import Problem
 from ..result import Result, Status
 from .encoding import JOB_BUCKET, NODE_BUCKET, TABLE_BUCKET, PaddedProblem, pad_problem, round_up
 from .repair import FLOAT32_EXACT

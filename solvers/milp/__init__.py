@@ -25,11 +25,13 @@ The stages, one module each, in the order :func:`solve_milp` runs them:
   same rules and kept per structure between solves;
 * :mod:`~solvers.milp.warmstart`: placements to warm-start values, and
   solutions back to placements;
-* :mod:`~solvers.milp.highs`: the HiGHS adapter, with
-  :mod:`~solvers.milp.fixing` (its runs with some choices fixed: packing the
-  LP's integral choices, the LP dive) and :mod:`~solvers.milp.greedy_pack`
-  (typed rounds: a greedy packing of those choices, tried first);
-* :mod:`~solvers.milp.solve`: :func:`solve_milp`, the rounds and the result;
+* :mod:`~solvers.milp.highs`: the HiGHS adapter, its stages run on
+  :mod:`~solvers.milp.highs_model` (one HiGHS instance holding the model, its
+  runs whole or with some choices fixed: packing the LP's integral choices,
+  the LP dive) and :mod:`~solvers.milp.greedy_pack` (typed rounds: a greedy
+  packing of those choices, tried first);
+* :mod:`~solvers.milp.solve`: :class:`MilpSolver` (the registry's solver, with its
+  structure cache) and :func:`solve_milp`, the rounds and the result;
 * :mod:`~solvers.milp.export`: :func:`write_model`, the model as an LP or
   MPS file for other MILP solvers.
 """
@@ -38,25 +40,26 @@ from __future__ import annotations
 
 from .bound import Relaxation, relax
 from .export import MODEL_FORMATS, write_model
-from .highs import HIGHS_STATUS
+from .highs import highs_status
 from .model import build_model
 from .options import DEFAULT_MIP_GAP, FORMULATIONS, OptionTable, option_table, prune_dominated
-from .solve import solve_milp
+from .solve import MilpSolver, solve_milp
 from .strategy import AUTO_LARGE_OPTIONS, ExactFormulation, Formulation, RestrictedFormulation, choose_formulation
 
 __all__ = [
     "AUTO_LARGE_OPTIONS",
     "DEFAULT_MIP_GAP",
     "FORMULATIONS",
-    "HIGHS_STATUS",
     "MODEL_FORMATS",
     "ExactFormulation",
     "Formulation",
+    "MilpSolver",
     "OptionTable",
     "Relaxation",
     "RestrictedFormulation",
     "build_model",
     "choose_formulation",
+    "highs_status",
     "option_table",
     "prune_dominated",
     "relax",

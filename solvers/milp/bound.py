@@ -261,7 +261,7 @@ def _dual_prices(problem: Problem, e: _Entries, cap: np.ndarray, count: np.ndarr
     """
     import highspy
 
-    from .highs import new_highs
+    from .highs_model import new_highs
 
     types, jobs_n = problem.num_types, e.starts.size
     job = np.repeat(np.arange(jobs_n), e.counts)

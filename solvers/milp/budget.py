@@ -14,13 +14,14 @@ import math
 import time
 from dataclasses import dataclass
 
+from ..errors import OutOfTime
+
 __all__ = [
     "FALLBACK_RESERVE",
     "MAX_ARCS",
     "MAX_COLUMNS",
     "MODEL_SECONDS_PER_COLUMN",
     "Budget",
-    "OutOfTime",
     "TooLarge",
 ]
 
@@ -56,10 +57,6 @@ FALLBACK_RESERVE = 0.1
 FINISH_SECONDS_PER_CONFIG = 3e-6
 #: Most of a time limit kept back for that finish (the rest goes to the stages and the greedy).
 MAX_FINISH_SHARE = 0.5
-
-
-class OutOfTime(Exception):
-    """The solve's deadline passed during a stage."""
 
 
 class TooLarge(Exception):

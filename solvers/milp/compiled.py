@@ -37,7 +37,6 @@ from .packing import PackingGraph
 
 __all__ = [
     "STRUCTURE_CACHE_SIZE",
-    "STRUCTURES",
     "VARIABLES",
     "CompiledModel",
     "StructureCache",
@@ -49,7 +48,7 @@ __all__ = [
 #: Names of the model's variable components (see :mod:`solvers.milp.model`).
 VARIABLES = ("y", "k", "z", "g", "h", "f")
 
-#: Structures kept by :data:`STRUCTURES`.  A scheduler's consecutive rounds
+#: Structures a :class:`~solvers.milp.solve.MilpSolver` keeps by default.  A scheduler's consecutive rounds
 #: repeat a few recent structures (same jobs, same placement, same offer);
 #: the largest benchmark model (2048 CPUs, 1000 jobs, ~20 000 columns) takes
 #: about 2 MiB compiled, so the cache stays under ~100 MiB even then.
@@ -379,22 +378,16 @@ class StructureCache:
             self.hits = self.misses = 0
 
 
-#: The process's structure cache (each worker process of a simulation sweep has its own).
-STRUCTURES = StructureCache(STRUCTURE_CACHE_SIZE)
-
-
 def compiled_model(
-    problem: Problem, table: OptionTable, graph: PackingGraph, cache: StructureCache | None = None
+    problem: Problem, table: OptionTable, graph: PackingGraph, cache: StructureCache
 ) -> tuple[CompiledModel, bool]:
     """The compiled model of one round, and whether its structure came from ``cache``.
 
     On a miss the arrays are assembled from the rules (:func:`assemble`) and
-    stored under the structure's key.  ``cache``
-    defaults to :data:`STRUCTURES`; ``StructureCache(0)`` compiles every round.
+    stored under the structure's key.  ``StructureCache(0)`` compiles every round.
     """
     from pyomo.common.gc_manager import PauseGC
 
-    cache = STRUCTURES if cache is None else cache
     with PauseGC():  # many small lists: full collections would cost more than building them
         structure = ModelStructure.of(problem, table, graph)
     coefs = objective_coefficients(problem, table, graph)

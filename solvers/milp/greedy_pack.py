@@ -7,14 +7,16 @@ model, so it is optimal (:func:`solvers.milp.highs.run_highs`).  Finding one
 is a small bin-packing problem per node type, which :func:`pack_choices`
 tries greedily before HiGHS solves it as a MIP: kept jobs stay where they
 run; multi-node jobs go first, most replicas first, each on the fewest
-nodes of most room that hold it (one replica each, the rest filling the
-roomiest first; with interference avoidance a node hosts at most one
-multi-node job); then single-node jobs, most replicas first, each on the
-first node of least room that fits it (best fit decreasing).  If that
+nodes of most room that hold it (with interference avoidance a node hosts
+at most one multi-node job); then single-node jobs, most replicas first,
+each on the first node of least room that fits it (best fit decreasing).
+A job's replicas go where :mod:`solvers.packer` puts them, as in the greedy
+solver's steps; what is this module's own is the choices it packs (the LP's,
+fixed) and the order it packs them in.  If that
 fails, single-node jobs go first.  When both fail, the packing MIP runs.
 
 :func:`repair_choices` serves the LP dive of the large formulation when
-fixing the LP's whole choices leaves no room (:func:`solvers.milp.fixing.dive`):
+fixing the LP's whole choices leaves no room (:meth:`solvers.milp.highs_model.HighsModel.dive`):
 it rounds a fractional LP answer to each job's choice of largest value and
 packs it the same way, giving a job without room the option that loses
 least worth (on a free node, or where a single-node job shrinks to a
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..packer import best_fit, roomiest, spread
 from ..problem import Problem
 from .options import OptionTable
 from .packing import PackingGraph
@@ -76,8 +79,7 @@ def _place_single(problem: Problem, table: OptionTable, o: int, placement, room)
 
 def _single_node(problem: Problem, table: OptionTable, o: int, room) -> int:
     """The first node of least room that fits single-node option ``o`` (-1 if none)."""
-    fits = np.flatnonzero((room >= table.reps[o]) & (problem.node_type == table.type[o]))
-    return int(fits[np.argmin(room[fits])]) if fits.size else -1
+    return best_fit(room, int(table.reps[o]), problem.node_type == table.type[o])
 
 
 def _place_multi(problem: Problem, table: OptionTable, o: int, placement, room, slot_free) -> bool:
@@ -86,15 +88,12 @@ def _place_multi(problem: Problem, table: OptionTable, o: int, placement, room, 
     usable = (room > 0) & (problem.node_type == table.type[o])
     if problem.interference_avoidance:
         usable &= slot_free
-    nodes = np.flatnonzero(usable)
-    nodes = nodes[np.argsort(-room[nodes], kind="stable")]  # roomiest first, then by index
+    nodes = roomiest(room, usable)
     count = max(lo, int(np.searchsorted(np.cumsum(room[nodes]), k)) + 1)  # fewest nodes whose room holds K
     if count > min(hi, k, nodes.size):
         return False
     chosen = nodes[:count]
-    extra = np.minimum(room[chosen] - 1, k - count)  # beyond one replica each, the roomiest filled first
-    before = np.concatenate([[0], np.cumsum(extra)[:-1]])
-    share = 1 + np.minimum(extra, np.maximum(k - count - before, 0))
+    share = spread(room[chosen], k)
     if int(share.sum()) != k:
         return False
     placement[table.job[o], chosen] += share

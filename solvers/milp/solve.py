@@ -13,7 +13,7 @@ warm-started from the current placement (a later round from the best one
 so far; typed problems without a warm start, first trying to pack the
 LP's choices when they are integral, see
 :func:`~solvers.milp.highs.run_highs`).  (4) HiGHS statuses map to
-:class:`solvers.Status` through :data:`~solvers.milp.highs.HIGHS_STATUS`.  The objective reported is
+:class:`solvers.Status` through :func:`~solvers.milp.highs.highs_status`.  The objective reported is
 recomputed from the placement with :func:`solvers.evaluate`.
 
 Limits (:mod:`solvers.milp.budget`).  Every stage checks the deadline, and
@@ -30,35 +30,28 @@ import functools
 import logging
 import math
 import time
+from typing import Any
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..objective import power_mean
-from ..placement import violations_and_values
-from ..problem import Problem, job_values
+from ..placement import job_values, violations_and_values
+from ..problem import Problem
 from ..result import Result, Status
 from .bound import Relaxation, relax
-from .budget import MODEL_SECONDS_PER_COLUMN, Budget, OutOfTime, TooLarge
-from .highs import (
-    MIN_TIME_LIMIT,
-    SMALL_TYPED_OPTIONS,
-    HighsRun,
-    load_status_table,
-    result_status,
-    run_highs,
-    silence_banner,
-    stopped_early,
-)
-from .compiled import compiled_model
-from .fixing import TYPED_DIVE_GAP
+from ..errors import OutOfTime
+from .budget import MODEL_SECONDS_PER_COLUMN, Budget, TooLarge
+from .highs import SMALL_TYPED_OPTIONS, highs_status, result_status, run_highs, stopped_early
+from .highs_model import MIN_TIME_LIMIT, TYPED_DIVE_GAP, HighsRun, silence_banner
+from .compiled import STRUCTURE_CACHE_SIZE, StructureCache, compiled_model
 from .options import DEFAULT_MIP_GAP, UTILITY_RTOL, OptionTable, check_options, option_table
 from .greedy_pack import pack_choices, repair_choices
 from .packing import PackingGraph, packing_graph
 from .strategy import Formulation, choose_formulation
 from .warmstart import decode_placement, start_placement, warm_start_values
 
-__all__ = ["MAX_ROUNDS", "solve_milp", "utility_sum"]
+__all__ = ["MAX_ROUNDS", "MilpSolver", "solve_milp", "utility_sum"]
 
 log = logging.getLogger(__name__)
 
@@ -82,71 +75,97 @@ SMALL_TYPED_COLUMNS = 2000
 MAX_ROUNDS = 4
 
 
-def solve_milp(
-    problem: Problem,
-    *,
-    time_limit: float | None = None,
-    mip_gap: float = DEFAULT_MIP_GAP,
-    formulation: str = "auto",
-    threads: int | None = None,
-    verbose: bool = False,
-    seed: int | None = None,
-) -> Result:
-    """Solve ``problem`` with the arc-flow MILP (see the module docstring).
+class MilpSolver:
+    """The "milp" solver with the cache of compiled model structures its solves share.
 
-    Args:
-        problem: the allocation problem.
-        time_limit: wall-clock seconds for the whole solve, build included
-            (None: no limit).  On expiry the best feasible placement found
-            (at least the warm start: the current placement, less what is no
-            longer allowed) is returned with ``Status.TIME_LIMIT``.
-        mip_gap: relative gap (on the utility sum) at which a solve stops.
-        formulation: ``"exact"``, ``"large"``
-            (:class:`~solvers.milp.strategy.RestrictedFormulation`: each job
-            restricted to its few best options by reduced cost; a feasible
-            answer with an honest bound, ``Status.FEASIBLE`` unless the bound
-            proves it within ``mip_gap``), or ``"auto"``: large from
-            ``AUTO_LARGE_OPTIONS`` options (the size of the exact model) on,
-            exact below (:func:`~solvers.milp.strategy.choose_formulation`).
-        threads: HiGHS threads (None: HiGHS default).
-        verbose: stream the HiGHS log to stdout.
-        seed: HiGHS ``random_seed`` (None: HiGHS default).
+    Attributes:
+        structures: the compiled structures kept between solves
+            (:class:`~solvers.milp.compiled.StructureCache`, least recently used
+            dropped first): a later round of the same structure (same jobs,
+            options offered, placement and capacities; other speedups or
+            weights) only writes its objective coefficients into the cached
+            columns.
 
-    Returns:
-        A :class:`Result`; ``objective`` is recomputed from the placement and
-        ``bound`` is a proven upper bound on the optimum, both on the
-        power-mean scale.  ``stats["formulation"]`` names the formulation used,
-        ``stats["fallback"]`` the answer's source when no round finished
-        (``"warm start"`` or ``"greedy"``; absent otherwise), and
-        ``stats["highs_overrun_seconds"]`` how long HiGHS ran past the time
-        limit (absent when it did not: its presolve and root node do not
-        always read the clock).
-
-    Raises:
-        InvalidProblem: if ``problem`` is not a :class:`Problem`, ``time_limit``
-            is not a positive number, ``mip_gap`` is outside [0, 1) or
-            ``formulation`` is unknown.
+    The registry (:data:`solvers.SOLVERS`) keeps one per process, created by
+    the first ``solve(problem, "milp")``, so repeated solves of a process share
+    its structures (each worker process of a simulation sweep has its own);
+    :func:`solve_milp` solves once with one of its own.
     """
-    check_options(problem, time_limit, mip_gap, formulation)
-    load_status_table()
-    import highspy  # noqa: F401
-    import pyomo.environ  # noqa: F401  (one-off import cost stays out of build_seconds)
-    from pyomo.common.dependencies import scipy as pyomo_scipy
 
-    # Pyomo imports scipy (scipy.stats too) lazily, at the first model compiled:
-    # one to ten seconds on a loaded machine, which would eat the first time limit.
-    pyomo_scipy.sparse.csc_array  # noqa: B018  (resolves the deferred import)
+    def __init__(self, structure_cache_size: int = STRUCTURE_CACHE_SIZE) -> None:
+        self.structures = StructureCache(structure_cache_size)
 
-    silence_banner()  # the one-off HiGHS banner, too
-    t0 = time.perf_counter()
-    budget = Budget.starting_now(time_limit, problem.num_configs)
-    table = option_table(problem)
-    chosen = choose_formulation(problem, formulation, table)
-    rel = _finite(relax(problem, table, budget.deadline))
-    highs_options = {"mip_gap": mip_gap, "threads": threads, "verbose": verbose, "seed": seed}
-    rounds = _solve_rounds(problem, chosen, table, rel, t0, budget, highs_options)
-    status = _status(rounds, rel, mip_gap)
-    return _result(problem, chosen, table, rel, rounds, status)
+    def __call__(
+        self,
+        problem: Problem,
+        *,
+        time_limit: float | None = None,
+        mip_gap: float = DEFAULT_MIP_GAP,
+        formulation: str = "auto",
+        threads: int | None = None,
+        verbose: bool = False,
+        seed: int | None = None,
+    ) -> Result:
+        """Solve ``problem`` with the arc-flow MILP (see the module docstring).
+
+        Args:
+            problem: the allocation problem.
+            time_limit: wall-clock seconds for the whole solve, build included
+                (None: no limit).  On expiry the best feasible placement found
+                (at least the warm start: the current placement, less what is no
+                longer allowed) is returned with ``Status.TIME_LIMIT``.
+            mip_gap: relative gap (on the utility sum) at which a solve stops.
+            formulation: ``"exact"``, ``"large"``
+                (:class:`~solvers.milp.strategy.RestrictedFormulation`: each job
+                restricted to its few best options by reduced cost; a feasible
+                answer with an honest bound, ``Status.FEASIBLE`` unless the bound
+                proves it within ``mip_gap``), or ``"auto"``: large from
+                ``AUTO_LARGE_OPTIONS`` options (the size of the exact model) on,
+                exact below (:func:`~solvers.milp.strategy.choose_formulation`).
+            threads: HiGHS threads (None: HiGHS default).
+            verbose: stream the HiGHS log to stdout.
+            seed: HiGHS ``random_seed`` (None: HiGHS default).
+
+        Returns:
+            A :class:`Result`; ``objective`` is recomputed from the placement and
+            ``bound`` is a proven upper bound on the optimum, both on the
+            power-mean scale.  ``stats["formulation"]`` names the formulation used,
+            ``stats["fallback"]`` the answer's source when no round finished
+            (``"warm start"`` or ``"greedy"``; absent otherwise), and
+            ``stats["highs_overrun_seconds"]`` how long HiGHS ran past the time
+            limit (absent when it did not: its presolve and root node do not
+            always read the clock).
+
+        Raises:
+            InvalidProblem: if ``problem`` is not a :class:`Problem`, ``time_limit``
+                is not a positive number, ``mip_gap`` is outside [0, 1) or
+                ``formulation`` is unknown.
+        """
+        check_options(problem, time_limit, mip_gap, formulation)
+        highs_status()
+        import highspy  # noqa: F401
+        import pyomo.environ  # noqa: F401  (one-off import cost stays out of build_seconds)
+        from pyomo.common.dependencies import scipy as pyomo_scipy
+
+        # Pyomo imports scipy (scipy.stats too) lazily, at the first model compiled:
+        # one to ten seconds on a loaded machine, which would eat the first time limit.
+        pyomo_scipy.sparse.csc_array  # noqa: B018  (resolves the deferred import)
+
+        silence_banner()  # the one-off HiGHS banner, too
+        t0 = time.perf_counter()
+        budget = Budget.starting_now(time_limit, problem.num_configs)
+        table = option_table(problem)
+        chosen = choose_formulation(problem, formulation, table)
+        rel = _finite(relax(problem, table, budget.deadline))
+        highs_options = {"mip_gap": mip_gap, "threads": threads, "verbose": verbose, "seed": seed}
+        rounds = _solve_rounds(problem, chosen, table, rel, t0, budget, (highs_options, self.structures))
+        status = _status(rounds, rel, mip_gap)
+        return _result(problem, chosen, table, rel, rounds, status)
+
+
+def solve_milp(problem: Problem, **options: Any) -> Result:
+    """Solve ``problem`` once with a :class:`MilpSolver` of its own (``options`` as its call takes them)."""
+    return MilpSolver()(problem, **options)
 
 
 def utility_sum(problem: Problem, placement: np.ndarray, table: OptionTable | None = None) -> float:
@@ -206,9 +225,12 @@ def _solve_rounds(
     rel: Relaxation,
     t0: float,
     budget: Budget,
-    highs_options: dict,
+    highs: tuple[dict, StructureCache],
 ) -> _Rounds:
     """Solve rounds of offered options until one is certified, times out, or the formulation stops.
+
+    ``highs``: HiGHS's options for every run, and the structures the rounds
+    compile their models from (:attr:`MilpSolver.structures`).
 
     A round cut short by the deadline or the size limits ends the loop; the
     answer is then completed by :func:`_fall_back`.
@@ -218,7 +240,7 @@ def _solve_rounds(
     start = start_placement(problem, table, slots)
     out = _Rounds(None, -math.inf, rel.bound, False, None, 0, offered, 0.0, 0.0)
     try:
-        _run_rounds(problem, formulation, table, rel, (t0, budget, highs_options), out, start)
+        _run_rounds(problem, formulation, table, rel, (t0, budget, *highs), out, start)
     except OutOfTime:
         out.stopped, out.message = "time", f"time limit reached before round {out.count} was solved"
     except TooLarge as exc:
@@ -232,7 +254,7 @@ def _solve_rounds(
 
 def _run_rounds(problem, formulation, table, rel, limits: tuple, out: _Rounds, start: np.ndarray) -> None:
     """The round loop of :func:`_solve_rounds`, filling ``out``; raises OutOfTime or TooLarge."""
-    t0, budget, highs_options = limits
+    t0, budget, highs_options, structures = limits
     rc = rel.reduced_cost
     scale = max(abs(rel.bound), 1.0) if math.isfinite(rel.bound) else 1.0
     slots = formulation.slots(problem)
@@ -247,7 +269,7 @@ def _run_rounds(problem, formulation, table, rel, limits: tuple, out: _Rounds, s
         if columns > budget.max_columns:
             raise TooLarge(f"model over MAX_COLUMNS = {budget.max_columns} columns ({columns})")
         budget.check(columns * MODEL_SECONDS_PER_COLUMN)
-        form, _ = compiled_model(problem, table, graph)
+        form, _ = compiled_model(problem, table, graph, structures)
         budget.check()
         small = problem.typed and columns <= SMALL_TYPED_COLUMNS
         warm = None if problem.typed else functools.partial(warm_start_values, problem, table, graph, start)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pollux_opt import Cluster, Job
-from pollux_opt.model.allocate import _batch_config, _model_table
+from pollux_opt.model.configs import batch_config, model_table
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.scheduling.loop import Decision
 from pollux_opt.backends.sim import ParametricProfile, SimBackend, simulate
@@ -67,7 +67,7 @@ def test_optimize_keeps_shape_and_scalar():
 def test_model_table_matches_speedup_and_optimize():
     model = _model()
     pairs = tuple((n, k) for n in range(1, 5) for k in range(n, 17))
-    table, _ = _model_table(model, pairs, (1, 1), None)
+    table, _ = model_table(model, pairs, (1, 1), None)
     spd = model.speedup([p[0] for p in pairs], [p[1] for p in pairs])
     assert set(table) == {p for p, s in zip(pairs, spd) if s > 0}
     job = Job("a", model, max_replicas=16)
@@ -75,7 +75,7 @@ def test_model_table_matches_speedup_and_optimize():
         if s > 0:
             assert table[p] == pytest.approx(float(s), rel=1e-12)
             one = model.optimize(*p)
-            c = _batch_config(job.speedup, pairs, job.base, None, p)
+            c = batch_config(job.speedup, pairs, job.base, None, p)
             assert (c.local_bsz, c.accum_steps, c.batch_size) == (int(one.local_bsz), int(one.accum_steps), int(one.batch_size))
             assert c.goodput == pytest.approx(float(one.goodput), rel=1e-12)
 
@@ -117,14 +117,16 @@ def test_fit_cache_keeps_simulation_result(monkeypatch):
 
 
 def test_structure_cache_keeps_simulation_result(monkeypatch):
-    import solvers.milp.compiled as compiled
+    import solvers
+    from solvers.milp.compiled import STRUCTURE_CACHE_SIZE, StructureCache
 
+    milp = solvers.SOLVERS["milp"].solver  # the registry's solver, whose structures every round shares
     profiles = {"synth": ParametricProfile("synth", max_epochs=4, epoch_progress=300.0)}
     jobs = [WorkloadJob(f"j{i}", "synth", 20.0 * (i % 3), 2, 256) for i in range(6)]
-    monkeypatch.setattr(compiled, "STRUCTURES", compiled.StructureCache(compiled.STRUCTURE_CACHE_SIZE))
+    monkeypatch.setattr(milp, "structures", StructureCache(STRUCTURE_CACHE_SIZE))
     cached = simulate(jobs, profiles, "pollux", cluster=Cluster.uniform(2, 4), interval=60.0)
-    assert compiled.STRUCTURES.hits > 0  # consecutive rounds shared a structure
-    monkeypatch.setattr(compiled, "STRUCTURES", compiled.StructureCache(0))
+    assert milp.structures.hits > 0  # consecutive rounds shared a structure
+    monkeypatch.setattr(milp, "structures", StructureCache(0))
     fresh = simulate(jobs, profiles, "pollux", cluster=Cluster.uniform(2, 4), interval=60.0)
     assert cached.completed == fresh.completed == len(jobs)
     assert cached.avg_jct == fresh.avg_jct and cached.makespan == fresh.makespan

@@ -12,11 +12,11 @@ from pollux_opt import InvalidProblem
 from pollux_opt.backends.sim import default_trace_dir
 from pollux_opt.backends.sim.sia_settings import SiaSimSettings
 from pollux_opt.backends.sim.synthetic_types import (
-    build_hetero_profiles,
+    build_typed_profiles,
     speed_ratios,
     synthesize_app,
     synthesize_tables,
-    write_hetero_profiles,
+    write_typed_profiles,
 )
 from pollux_opt.backends.sim.typed_profiles import load_typed_profile, load_typed_profiles, profile_types, read_placements
 from pollux_opt.model.cluster_types import GPU_TYPES, memory_scaled_local_bsz
@@ -247,11 +247,11 @@ def test_larger_nodes_get_single_node_rows_and_reshaped_multi_node_rows():
 def test_written_layout_reads_back_as_the_in_memory_profiles(tmp_path):
     src = tmp_path / "src"
     make_adaptdl_folder(src)
-    written = write_hetero_profiles(src, tmp_path / "out")
+    written = write_typed_profiles(src, tmp_path / "out")
     assert [w.name for w in written] == ["toy"]
     assert profile_types(written[0]) == ("aws", "dgx-ext", "rtx")
     on_disk = load_typed_profile(written[0])
-    in_memory = build_hetero_profiles(src)["toy"]
+    in_memory = build_typed_profiles(src)["toy"]
     for t in ("aws", "rtx", "dgx-ext"):
         assert on_disk[t].max_local_bsz == in_memory[t].max_local_bsz
         pairs = ((on_disk[t].placements, in_memory[t].placements), (on_disk[t].scalability, in_memory[t].scalability))
@@ -259,7 +259,7 @@ def test_written_layout_reads_back_as_the_in_memory_profiles(tmp_path):
             pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True), check_dtype=False)
         assert on_disk[t].step_sync((2,), 16) == pytest.approx(in_memory[t].step_sync((2,), 16))
     with pytest.raises(InvalidProblem, match=r"profiles \['nope'\] not found"):
-        write_hetero_profiles(src, tmp_path / "out2", names=["nope"])
+        write_typed_profiles(src, tmp_path / "out2", names=["nope"])
 
 
 @needs_traces

@@ -9,10 +9,9 @@ import pytest
 
 from pollux_opt import Cluster, GoodputModel, InvalidProblem, Job, Node, Options, Status, allocate
 from pollux_opt.model import BatchLimits, GradientStats, ThroughputParams, parse_instance, to_problem
-from pollux_opt.model.allocate import _candidate_pairs, _top_sums
+from pollux_opt.model.configs import candidate_pairs, top_sums
 from pollux_opt.model.instance import load_instance
-from pollux_opt.model.validate import OutOfTime
-from solvers import MAX_CPUS, MAX_REPLICAS, P_RANGE, WEIGHT_RANGE
+from solvers import MAX_CPUS, MAX_REPLICAS, P_RANGE, WEIGHT_RANGE, OutOfTime
 
 TABLE = {(1, 1): 1.0, (1, 2): 1.8, (2, 2): 1.6}
 
@@ -134,10 +133,10 @@ def test_goodput_model_pairs_stop_at_what_the_job_can_use(fixed):
     model = _model(max_batch_size=1024, min_local_bsz=8)
     usable = 1024 // 8 if fixed is None else fixed
     job = Job("a", model, max_replicas=10**9, fixed_batch_size=fixed)
-    pairs = _candidate_pairs(job, _top_sums(Cluster.uniform(2, 10**7)), 16)
+    pairs = candidate_pairs(job, top_sums(Cluster.uniform(2, 10**7)), 16)
     assert max(k for _, k in pairs) == usable
     assert len(pairs) == 2 * usable - 1
-    small = _candidate_pairs(Job("b", model, max_replicas=2), _top_sums(Cluster((Node("n0", 100_000),))), 16)
+    small = candidate_pairs(Job("b", model, max_replicas=2), top_sums(Cluster((Node("n0", 100_000),))), 16)
     assert small == ((1, 1), (1, 2))
 
 

@@ -119,8 +119,8 @@ def test_allocate_with_a_cache_gives_the_same_allocation_every_round():
         cached = allocate(cluster, jobs, cache=cache)
         # The speedup memos leave the search cache out of their key: clear them, so that
         # the plain round computes its tables itself.
-        configs._model_table.cache_clear()
-        configs._model_configs.cache_clear()
+        configs.model_table.cache_clear()
+        configs.model_configs.cache_clear()
         plain = allocate(cluster, jobs)
         assert cached.placement == plain.placement
         assert cached.batch == plain.batch

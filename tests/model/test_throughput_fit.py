@@ -10,17 +10,24 @@ from scipy.optimize._numdiff import approx_derivative
 
 from pollux_opt.model import fit_throughput, throughput_fit, throughput_lsq
 from pollux_opt.model.throughput import (
-    _AA, _AN, _AR, _BN, _BR, _GAMMA, _KAPPA,
     GAMMA_MAX,
     GAMMA_MIN,
+    I_AA,
+    I_AN,
+    I_AR,
+    I_BN,
+    I_BR,
+    I_GAMMA,
+    I_KAPPA,
     unchecked_step_time,
     unchecked_sync_time,
 )
-from pollux_opt.model.throughput_fit import PARAM_FLOOR_S, _FitRows, _Residuals
+from pollux_opt.model.throughput_fit import PARAM_FLOOR_S, _Residuals
 from pollux_opt.model.throughput_lsq import BatchProblem, least_squares_trf
 from pollux_opt.model.throughput_priors import (
     COLOCATION_PRIOR_WEIGHT,
     RETROGRESSION_PRIOR_WEIGHT,
+    FitRows,
     fit_layout,
 )
 
@@ -57,16 +64,16 @@ def _formula_residuals(rows, layout, x):
     r_step = np.log(unchecked_step_time(theta, rows.nodes, rows.replicas, rows.m, rows.s)) - np.log(rows.step)
     r_sync = np.log(unchecked_sync_time(theta, rows.nodes[ok], rows.replicas[ok])) - np.log(rows.sync[ok])
     prior = [RETROGRESSION_PRIOR_WEIGHT * theta[ib] / (theta[ia] + theta[ib])
-             for ia, ib in ((_AN, _BN), (_AR, _BR)) if ib in layout.free]
+             for ia, ib in ((I_AN, I_BN), (I_AR, I_BR)) if ib in layout.free]
     if layout.colocated:
-        prior.append(COLOCATION_PRIOR_WEIGHT * theta[_KAPPA])
+        prior.append(COLOCATION_PRIOR_WEIGHT * theta[I_KAPPA])
     return np.concatenate([r_step, r_sync, prior])
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_residuals_match_the_formulas_bit_for_bit(kind):
     nodes, replicas, m, step, sync, s = _measured(kind)
-    rows = _FitRows.checked(nodes, replicas, m, step, sync, s)
+    rows = FitRows.checked(nodes, replicas, m, step, sync, s)
     layout = fit_layout(rows)
     residuals = _Residuals(rows, layout)
     rng = np.random.default_rng(1)
@@ -74,13 +81,13 @@ def test_residuals_match_the_formulas_bit_for_bit(kind):
         x = rng.uniform(0.001, 3.0, len(layout.free))
         assert residuals(x).tobytes() == _formula_residuals(rows, layout, x).tobytes()
     if layout.accumulated:
-        assert _AA in layout.free
+        assert I_AA in layout.free
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_batched_residuals_equal_one_point_calls(kind):
     nodes, replicas, m, step, sync, s = _measured(kind)
-    rows = _FitRows.checked(nodes, replicas, m, step, sync, s)
+    rows = FitRows.checked(nodes, replicas, m, step, sync, s)
     residuals = _Residuals(rows, fit_layout(rows))
     x = np.random.default_rng(2).uniform(0.001, 3.0, (7, len(fit_layout(rows).free)))
     x[3] = x[0]  # repeated points (and gammas)
@@ -92,11 +99,11 @@ def test_batched_residuals_equal_one_point_calls(kind):
 def _problem(kind: str, seed: int = 0):
     """(residuals, layout, lower, upper) of the fit of one kind of rows."""
     nodes, replicas, m, step, sync, s = _measured(kind, seed)
-    rows = _FitRows.checked(nodes, replicas, m, step, sync, s)
+    rows = FitRows.checked(nodes, replicas, m, step, sync, s)
     layout = fit_layout(rows)
     free = layout.free
-    lower = np.array([GAMMA_MIN if i == _GAMMA else PARAM_FLOOR_S for i in free])
-    upper = np.array([GAMMA_MAX if i == _GAMMA else np.inf for i in free])
+    lower = np.array([GAMMA_MIN if i == I_GAMMA else PARAM_FLOOR_S for i in free])
+    upper = np.array([GAMMA_MAX if i == I_GAMMA else np.inf for i in free])
     return _Residuals(rows, layout), layout, lower, upper
 
 
@@ -108,8 +115,8 @@ def test_batched_jacobian_equals_scipy_forward_differences(kind):
     for trial in range(20):
         x = rng.uniform(0.0, 3.0, len(layout.free))
         x = np.clip(x, lower, upper)
-        if trial % 2 and _GAMMA in layout.free:  # on and next to gamma's upper bound: the step flipped
-            x[layout.free.index(_GAMMA)] = GAMMA_MAX if trial % 4 == 1 else GAMMA_MAX - 1e-12
+        if trial % 2 and I_GAMMA in layout.free:  # on and next to gamma's upper bound: the step flipped
+            x[layout.free.index(I_GAMMA)] = GAMMA_MAX if trial % 4 == 1 else GAMMA_MAX - 1e-12
         expected = approx_derivative(residuals, x, method="2-point", bounds=(lower, upper))
         got = problem.jac(x)
         assert got.shape == expected.shape and got.tobytes() == expected.tobytes()

@@ -9,7 +9,7 @@ from pollux_opt import InvalidProblem
 from pollux_opt.model import BatchLimits, Cluster, GoodputModel, GradientStats, Job, Node, Options, ThroughputParams
 from pollux_opt.model.allocate import to_problem
 from pollux_opt.model.cluster_types import ClusterTypes, NodeType
-from pollux_opt.model.hetero import project_params
+from pollux_opt.model.projection import project_params
 from pollux_opt.model.typed import TypedGoodput
 
 _STATS = GradientStats(1.0, 2.0, 128)
@@ -191,7 +191,7 @@ def test_version_3_instance_errors_name_the_field(edit, match):
 
 @pytest.mark.parametrize("per_node, num_nodes", [(1, 1), (4, 6), (6, 3), (8, 2), (8, 1)])
 def test_sia_shape_mask_admits_exactly_sias_configurations(per_node, num_nodes):
-    from pollux_opt.model.shapes import sia_configurations, sia_shape_mask
+    from pollux_opt.model.configs import sia_configurations, sia_shape_mask
 
     pairs = [(n, k) for n in range(1, num_nodes + 2) for k in range(n, (num_nodes + 1) * per_node + 1)]
     nodes, reps = (np.array(a) for a in zip(*pairs))

@@ -11,7 +11,7 @@ import pytest
 
 from pollux_opt import InvalidProblem
 from pollux_opt.model import BatchLimits, ThroughputParams, step_time, sync_time
-from pollux_opt.model.hetero import projection_plan
+from pollux_opt.model.projection import projection_plan
 from pollux_opt.runtime.allocation import parse_allocation
 from pollux_opt.runtime.measurements import ConfigKey, profile_to_json, record_step
 from pollux_opt.runtime.registry import get_job

@@ -15,7 +15,8 @@ from pollux_opt import InvalidProblem
 from pollux_opt.records.files import safe_name
 from pollux_opt.runtime import ElasticJob, JobSpec, get_job
 from pollux_opt.runtime.checkpoint import load_payload, save_checkpoint
-from pollux_opt.runtime.spec import BUILTIN_JOBS_MODULE, declared_builder_modules, resolve_builder
+from pollux_opt.runtime.spec import resolve_builder
+from pollux_opt.runtime.trust import BUILTIN_JOBS_MODULE, declared_builder_modules
 from pollux_opt.workloads import Workload
 from pollux_opt.workloads.load import load_workload
 

@@ -16,8 +16,10 @@ from solvers import (
     MAX_REPLICAS,
     MAX_SPEEDUP,
     P_RANGE,
+    SOLVERS,
     WEIGHT_RANGE,
     InvalidProblem,
+    OutOfTime,
     Problem,
     Status,
     evaluate,
@@ -29,8 +31,8 @@ from solvers.conformance import check_result
 from solvers.milp import packing
 from solvers.milp import compiled as milp_compiled
 from solvers.milp import solve as milp_solve
-from solvers.milp.budget import MAX_ARCS, OutOfTime
-from solvers.milp.highs import HighsRun
+from solvers.milp.budget import MAX_ARCS
+from solvers.milp.highs_model import HighsRun
 from solvers.milp.options import option_table
 from solvers.milp.packing import CAP_LEVELS_ABOVE, packing_graph
 from solvers.milp.strategy import ExactFormulation
@@ -202,7 +204,7 @@ def test_time_limit_covers_the_model_build(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(milp_compiled, "assemble", slow)
-    monkeypatch.setattr(milp_compiled, "STRUCTURES", milp_compiled.StructureCache(0))  # build every model
+    monkeypatch.setattr(SOLVERS["milp"].solver, "structures", milp_compiled.StructureCache(0))  # build every model
     problem = random_problem(7, num_nodes=16, cpus_per_node=4, num_jobs=40)
     start = time.perf_counter()
     result = solve(problem, "milp", time_limit=limit)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from solvers import Status, solve, violations
-from solvers.milp import highs
+from solvers.milp.highs_model import HighsModel
 from solvers.testing import random_typed_problem
 
 PACKED = "LP choices integral"
@@ -21,7 +21,7 @@ def test_packing_the_lp_choices_reaches_the_full_mip_optimum(monkeypatch):
     problems = [_sia(seed, interference_avoidance=seed % 2 == 1) for seed in range(8)]
     packed = [solve(p, "milp", mip_gap=0.0) for p in problems]
     assert any(r.message.startswith(PACKED) for r in packed)  # the shortcut is exercised
-    monkeypatch.setattr(highs, "_pack_lp_choices", lambda call, x, lp_bound, packer=None: None)
+    monkeypatch.setattr(HighsModel, "pack_lp_choices", lambda model, x, lp_bound, packer=None: None)
     full = [solve(p, "milp", mip_gap=0.0) for p in problems]
     for problem, a, b in zip(problems, packed, full):
         assert not violations(problem, a.placement)
@@ -32,15 +32,15 @@ def test_packing_the_lp_choices_reaches_the_full_mip_optimum(monkeypatch):
 
 def test_a_packing_that_falls_short_of_the_lp_bound_leaves_the_full_mip_to_run(monkeypatch):
     # With the bound raised past any packing's value the shortcut must decline.
-    real = highs._pack_lp_choices
+    real = HighsModel.pack_lp_choices
     declined = []
 
-    def raised(call, x, lp_bound, packer=None):
-        out = real(call, x, lp_bound + 1.0)
+    def raised(model, x, lp_bound, packer=None):
+        out = real(model, x, lp_bound + 1.0)
         declined.append(out is None)
         return out
 
-    monkeypatch.setattr(highs, "_pack_lp_choices", raised)
+    monkeypatch.setattr(HighsModel, "pack_lp_choices", raised)
     problem = _sia(1)
     result = solve(problem, "milp", mip_gap=0.0)
     assert declined and all(declined)
@@ -86,7 +86,7 @@ def test_a_dive_that_leaves_a_job_nothing_gives_way_to_the_full_mip(seed):
 def test_a_dive_that_finds_no_room_is_repaired_by_a_greedy_packing(seed):
     # On these 256-GPU clusters the LP's whole choices cannot all be packed; the
     # greedy packing shows which can, and the dive fixing only those is kept.
-    from solvers.milp.fixing import TYPED_DIVE_GAP
+    from solvers.milp.highs_model import TYPED_DIVE_GAP
 
     problem = random_typed_problem(seed, (16, 12, 12), (4, 8, 8), 120)
     result = solve(problem, "milp", formulation="large")

@@ -45,12 +45,15 @@ from pollux_opt.backends.sim.state import (  # noqa: F401  (the simulator's sett
     SIM_DEFAULT_NODES,
     SimConfig,
     SimJob,
+    TypedJobState,
     batch_limits,
+    mixed_step_sync,
     per_app,
+    per_type_profiles,
+    pooled_limits,
 )
 from pollux_opt.backends.sim.oracle import Oracle
 from pollux_opt.backends.sim.traces import Profile
-from pollux_opt.backends.sim.typed_jobs import TypedJobState, mixed_step_sync, per_type_profiles, pooled_limits
 from pollux_opt.backends.sim.typed_profiles import TypedProfile
 from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
@@ -73,7 +76,7 @@ class SimBackend:
             alike), or a :class:`~pollux_opt.backends.sim.typed_profiles.TypedProfile`
             naming each node type of ``cluster``.
         cluster: the simulated cluster (node ids are the placement keys; node types
-            select the per-type truth, see :mod:`~pollux_opt.backends.sim.typed_jobs`).
+            select the per-type truth, see :class:`~pollux_opt.backends.sim.state.TypedJobState`).
         events: the run's event log (submit, start, rescale, complete events).
         config: simulation settings.
 
@@ -122,7 +125,7 @@ class SimBackend:
                 job.typed = TypedJobState.create(per_type[spec.kind], self._fits, spec.id)
             self._jobs[spec.id] = job
         self._order = {nid: i for i, nid in enumerate(cluster.node_ids)}
-        self.oracle = Oracle(self)
+        self.oracle = Oracle(self._jobs)
         self._admit()
 
     def _restart_delay(self, job: SimJob) -> float:

@@ -18,11 +18,15 @@ import pandas as pd
 
 from solvers import InvalidProblem
 
-from pollux_opt.backends.sim.traces import _VALIDATION, APP_SETTINGS, AppSettings
-from pollux_opt.backends.sim.typed_profiles import (
+from pollux_opt.backends.sim.traces import (
+    APP_SETTINGS,
     PLACEMENT_COLUMNS,
-    REFERENCE_TYPE,
     SCALABILITY_COLUMNS,
+    VALIDATION_FILE,
+    AppSettings,
+)
+from pollux_opt.backends.sim.typed_profiles import (
+    REFERENCE_TYPE,
     make_typed_profile,
     read_placements,
     read_scalability,
@@ -33,11 +37,11 @@ from pollux_opt.model.cluster_types import GPU_TYPES, memory_scaled_local_bsz
 __all__ = [
     "SYNTHETIC_TYPES",
     "SpeedRatios",
-    "build_hetero_profiles",
+    "build_typed_profiles",
     "speed_ratios",
     "synthesize_app",
     "synthesize_tables",
-    "write_hetero_profiles",
+    "write_typed_profiles",
 ]
 
 #: The types :func:`synthesize_app` builds by default: the measured T4
@@ -200,7 +204,7 @@ def synthesize_app(folder, types: Sequence[str] = SYNTHETIC_TYPES) -> dict[str, 
     }
 
 
-def build_hetero_profiles(root, names: Sequence[str] | None = None, types: Sequence[str] = SYNTHETIC_TYPES) -> dict:
+def build_typed_profiles(root, names: Sequence[str] | None = None, types: Sequence[str] = SYNTHETIC_TYPES) -> dict:
     """``{app: TypedProfile}`` synthesized in memory from AdaptDL-format folders under ``root``
     (``root/profiles`` or ``root`` itself)."""
     return {
@@ -226,7 +230,7 @@ def _app_folders(root, names: Sequence[str] | None = None) -> list[Path]:
     return found
 
 
-def write_hetero_profiles(
+def write_typed_profiles(
     root, out, names: Sequence[str] | None = None, types: Sequence[str] = SYNTHETIC_TYPES
 ) -> list[Path]:
     """Write synthesized per-type profiles in Sia's layout to ``out/APP/`` (validation files copied).
@@ -245,7 +249,7 @@ def write_hetero_profiles(
             atomic_write_csv(dest / f"scalability-{t}.csv", s[["local_bsz", "step_time", "sync_time",
                                                                  "num_nodes", "num_replicas"]])
         for f in folder.iterdir():
-            if _VALIDATION.search(f.name):
+            if VALIDATION_FILE.search(f.name):
                 atomic_write_bytes(dest / f.name, f.read_bytes())
         written.append(dest)
     return written

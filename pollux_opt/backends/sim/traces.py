@@ -43,6 +43,9 @@ from pollux_opt.records.tables import read_table
 
 __all__ = [
     "APP_SETTINGS",
+    "PLACEMENT_COLUMNS",
+    "SCALABILITY_COLUMNS",
+    "VALIDATION_FILE",
     "AppSettings",
     "ParametricProfile",
     "Profile",
@@ -262,10 +265,11 @@ class TraceProfile:
         return 0.0 if epoch <= 0 else self._between(self._iter, batch_size, epoch - 1)
 
 
-_VALIDATION = re.compile(r"validation-(\d+)\.csv$")
+#: Name of a validation table (gradient statistics and progress at one batch size ``B``): ``validation-B.csv``.
+VALIDATION_FILE = re.compile(r"validation-(\d+)\.csv$")
 #: Columns a profile's tables must have (placement: replicas per node as digits, e.g. "22").
-PLACEMENT_COLUMNS = ["placement", "local_bsz", "step_time", "sync_time"]
-SCALABILITY_COLUMNS = ["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"]
+PLACEMENT_COLUMNS = ("placement", "local_bsz", "step_time", "sync_time")
+SCALABILITY_COLUMNS = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
 _VALIDATION_COLUMNS = ["iteration", "grad_sqr", "grad_var", "progress"]
 
 
@@ -286,7 +290,7 @@ def _load_cached(folder: str, max_epochs: int | None, max_local_bsz: int | None)
                    if scal.is_file() else pd.DataFrame(columns=SCALABILITY_COLUMNS))
     cols = _VALIDATION_COLUMNS
     validation = {int(m.group(1)): read_table(f, "profile table", columns=cols, numeric=cols)
-                  for f in path.iterdir() if (m := _VALIDATION.search(f.name))}
+                  for f in path.iterdir() if (m := VALIDATION_FILE.search(f.name))}
     if not validation:
         raise InvalidProblem(f"profile folder {folder!r} has no validation-B.csv file")
     name = path.name

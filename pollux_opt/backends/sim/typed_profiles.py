@@ -34,13 +34,18 @@ import pandas as pd
 
 from solvers import InvalidProblem
 
-from pollux_opt.backends.sim.traces import _VALIDATION, APP_SETTINGS, AppSettings, TraceProfile
+from pollux_opt.backends.sim.traces import (
+    APP_SETTINGS,
+    PLACEMENT_COLUMNS,
+    SCALABILITY_COLUMNS,
+    VALIDATION_FILE,
+    AppSettings,
+    TraceProfile,
+)
 from pollux_opt.model.cluster_types import GPU_TYPES
 from pollux_opt.model.domains import Integer, check, shown
 
 __all__ = [
-    "PLACEMENT_COLUMNS",
-    "SCALABILITY_COLUMNS",
     "TypedProfile",
     "load_typed_profile",
     "load_typed_profiles",
@@ -53,10 +58,6 @@ __all__ = [
 
 LOG = logging.getLogger(__name__)
 
-#: Columns of ``placements-T.csv``, in the order this module returns them.
-PLACEMENT_COLUMNS = ("placement", "local_bsz", "step_time", "sync_time")
-#: Columns of ``scalability-T.csv``, in the order this module returns them.
-SCALABILITY_COLUMNS = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
 #: The type whose profiles are the AdaptDL/Pollux measurements (T4): Pollux's
 #: simulator settings (:data:`~pollux_opt.backends.sim.traces.APP_SETTINGS`,
 #: e.g. yolov3's local-batch cap 8) apply to it.
@@ -164,7 +165,7 @@ def read_validation(folder) -> dict[int, pd.DataFrame]:
     folder = Path(folder)
     out = {}
     for f in folder.iterdir():
-        m = _VALIDATION.search(f.name)
+        m = VALIDATION_FILE.search(f.name)
         if m:
             out[int(m.group(1))] = pd.read_csv(f)
     if not out:

@@ -55,7 +55,7 @@ from pollux_opt.model.job import restart_factor
 from pollux_opt.model.domains import Real, domain_field
 from pollux_opt.model.goodput import SearchCache
 from pollux_opt.scheduling.loop import JobView
-from pollux_opt.scheduling.policies.goodput import _AllocatorPolicy
+from pollux_opt.scheduling.policies.goodput import AllocatorPolicy
 from pollux_opt.scheduling.policies.optimus import StepOracle
 from pollux_opt.scheduling.policies.remaining import MIN_WORK_S, WorkHistory, one_node_rates, work_done
 from pollux_opt.scheduling.policies.views import EXPLORATION_FACTORS, fair_share
@@ -127,7 +127,7 @@ def predicted_rho(age: float, done: float, remaining: float, fair_rate: float) -
 
 
 @dataclass
-class FairJctPolicy(_AllocatorPolicy):
+class FairJctPolicy(AllocatorPolicy):
     """Pollux's power mean with Gittins-index weights under a finish-time fairness bound.
 
     Attributes:

@@ -12,7 +12,7 @@
   heterogeneity-aware: each job's speedups per type come from its model on
   that type over one common base, and a job runs on one type at a time, in
   Sia's configurations (the allocator's default ``Options.shapes`` on several
-  types, :mod:`pollux_opt.model.shapes`); a running job's move to another
+  types, :mod:`pollux_opt.model.configs`); a running job's move to another
   type is priced as two restarts
   (:func:`~pollux_opt.scheduling.policies.views.type_move_factors`).
 * :class:`PolluxUnawarePolicy` (``"pollux-unaware"``): Pollux that sees every
@@ -46,7 +46,7 @@ from pollux_opt.scheduling.policies.views import (
     submitted_batch,
 )
 
-__all__ = ["DynamicPolicy", "PolluxPolicy", "PolluxUnawarePolicy", "TIE_BREAK"]
+__all__ = ["AllocatorPolicy", "DynamicPolicy", "PolluxPolicy", "PolluxUnawarePolicy", "TIE_BREAK"]
 
 #: Relative weight spread used to break ties between jobs in the power mean
 #: (project choice).  When jobs outnumber CPUs, some get nothing, and the
@@ -60,7 +60,7 @@ TIE_BREAK = 0.01
 
 
 @dataclass
-class _AllocatorPolicy:
+class AllocatorPolicy:
     """Shared body of the allocator-based policies (subclasses set name and fixed_batch).
 
     Attributes:
@@ -134,7 +134,7 @@ class _AllocatorPolicy:
 
 
 @dataclass
-class DynamicPolicy(_AllocatorPolicy):
+class DynamicPolicy(AllocatorPolicy):
     """Throughput-only elastic scheduling at each job's submitted batch size.
 
     Same allocator and options as :class:`PolluxPolicy` (p, restart penalty
@@ -148,7 +148,7 @@ class DynamicPolicy(_AllocatorPolicy):
 
 
 @dataclass
-class PolluxPolicy(_AllocatorPolicy):
+class PolluxPolicy(AllocatorPolicy):
     """Goodput-based co-adaptation (Pollux, OSDI 2021): speedups from each job's
     fitted goodput model at its goodput-optimal batch size per allocation."""
 

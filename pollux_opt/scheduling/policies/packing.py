@@ -1,25 +1,40 @@
-"""Node placements for replica counts chosen without a placement model.
+"""Node placements for shapes chosen without a placement model: the policies' packers.
 
 The rule-based policies (fixed, Tiresias, Optimus) choose how many replicas
-each job gets; these functions choose where, consolidating each job on as few
-nodes as it fits (the consolidated placement of Tiresias, Gu et al., NSDI
-2019: spreading a job's replicas over more nodes than it needs slows its
-gradient synchronisation): a job goes on the one node that fits it most
-tightly (best fit) if any; else on the fewest nodes, those with the most free
-slots filled whole and the rest on the node that fits it most tightly, so that
-the nodes left free stay whole for the next job.  Ties go to the node listed
-first in the cluster.
+each job gets; :func:`pack` and :func:`take` choose where, consolidating each
+job on as few nodes as it fits (the consolidated placement of Tiresias, Gu et
+al., NSDI 2019: spreading a job's replicas over more nodes than it needs
+slows its gradient synchronisation): a job goes on the one node that fits it
+most tightly (best fit) if any; else on the fewest nodes, those with the most
+free slots filled whole and the rest on the node that fits it most tightly,
+so that the nodes left free stay whole for the next job.  Ties go to the node
+listed first in the cluster.
+
+Sia's policy chooses a configuration, a node count with its replicas, and
+:func:`pack_configurations` places it as given: a multi-node configuration
+on that many whole free nodes (Sia's are whole nodes), a one-node one best
+fit as above.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import logging
+from typing import Iterable, Mapping, Sequence
 
 from solvers import InvalidProblem
 
 from pollux_opt.model import Cluster
 
-__all__ = ["fewest_nodes", "pack", "take"]
+__all__ = ["best_fit", "fewest_nodes", "pack", "pack_configurations", "take"]
+
+log = logging.getLogger(__name__)
+
+
+def best_fit(free: Mapping[str, int], want: int, rank: Mapping[str, int], nodes: Iterable[str]) -> str | None:
+    """Of ``nodes``, the one with the fewest free slots (``free``) that holds ``want``
+    replicas (ties: the first by ``rank``); None if none holds them."""
+    fits = [n for n in nodes if free[n] >= want]
+    return min(fits, key=lambda n: (free[n], rank[n])) if fits else None
 
 
 def take(free: dict[str, int], want: int, rank: Mapping[str, int]) -> dict[str, int] | None:
@@ -39,9 +54,8 @@ def take(free: dict[str, int], want: int, rank: Mapping[str, int]) -> dict[str, 
     left = want
     by_free = sorted(free, key=lambda nid: (-free[nid], rank[nid]))
     for nid in by_free:
-        fits = [n for n in by_free if n not in out and free[n] >= left]
-        if fits:  # the rest on the node that fits it most tightly
-            best = min(fits, key=lambda n: (free[n], rank[n]))
+        best = best_fit(free, left, rank, [n for n in by_free if n not in out])
+        if best is not None:  # the rest on the node that fits it most tightly
             out[best] = left
             free[best] -= left
             return out
@@ -115,4 +129,47 @@ def pack(
         if place is None:
             raise InvalidProblem(f"pack: job {j!r} wants {k} replicas, only {sum(free.values())} free")
         out[j] = place
+    return out
+
+
+def pack_configurations(cluster: Cluster, nodes: list[str], wanted: Mapping[str, tuple[int, int]],
+                        kept: Mapping[str, Mapping[str, int]], *, strict: bool = True
+                        ) -> dict[str, dict[str, int]] | None:
+    """Place configurations ``wanted`` ({job: (nodes, replicas)}) on ``nodes`` around the ``kept``
+    placements: multi-node jobs on whole free nodes, then the others best fit (:func:`best_fit`),
+    largest first.  A job that does not fit: None if ``strict``, else it is left
+    out (a node size that is not a power of two can fragment)."""
+    caps = {n.id: n.cpus for n in cluster.nodes}
+    free = {nid: caps[nid] for nid in nodes}
+    rank = {nid: i for i, nid in enumerate(nodes)}
+    out = {}
+    for j, p in kept.items():
+        for nid, k in p.items():
+            free[nid] -= k
+        out[j] = dict(p)
+    rest = sorted((j for j in wanted if j not in kept), key=lambda j: (-wanted[j][0], -wanted[j][1], j))
+    for j in rest:
+        n, k = wanted[j]
+        if n > 1:
+            whole = [nid for nid in nodes if free[nid] == caps[nid]][:n]
+            if len(whole) < n or sum(caps[nid] for nid in whole) < k:
+                if strict:
+                    return None
+                log.warning("sia: job %s (%d nodes, %d replicas) does not fit; it waits", j, n, k)
+                continue
+            left, p = k, {}
+            for nid in whole:
+                p[nid] = min(left, caps[nid])
+                left -= p[nid]
+        else:
+            best = best_fit(free, k, rank, nodes)
+            if best is None:
+                if strict:
+                    return None
+                log.warning("sia: job %s (%d replicas) does not fit on one node; it waits", j, k)
+                continue
+            p = {best: k}
+        for nid, kk in p.items():
+            free[nid] -= kk
+        out[j] = p
     return out

@@ -1,10 +1,10 @@
 """Sia: heterogeneity-aware, goodput-optimised scheduling (Jayaram Subramanya et al., SOSP 2023).
 
 Each round, for every active job and every configuration of Sia's set
-(:func:`~pollux_opt.scheduling.policies.sia_configs.typed_configurations`:
+(:func:`~pollux_opt.model.configs.typed_configurations`:
 powers of two inside a node, then whole nodes, per node type), the job's
 goodput there (its model on that type: measured, or bootstrapped from another
-type by the backend, :mod:`pollux_opt.model.hetero`) is divided by the
+type by the backend, :mod:`pollux_opt.model.projection`) is divided by the
 smallest goodput of the job's row (*normalised goodput*, >= 1).  Every
 configuration other than the job's current one is multiplied by Pollux's
 restart factor with Sia's per-model restart estimate.  The integer program
@@ -17,9 +17,9 @@ then picks at most one configuration per job::
                 x_jc in {0, 1}
 
 with ``A_jc = round(normalised goodput ** p, 2)`` (clipped at
-:data:`~pollux_opt.scheduling.policies.sia_configs.SIA_GOODPUT_CLIP`),
-p = :data:`~pollux_opt.scheduling.policies.sia_configs.SIA_P` and the
-penalties of :mod:`~pollux_opt.scheduling.policies.sia_configs`.  The
+:data:`~pollux_opt.scheduling.policies.sia_params.SIA_GOODPUT_CLIP`),
+p = :data:`~pollux_opt.scheduling.policies.sia_params.SIA_P` and the
+penalties of :mod:`~pollux_opt.scheduling.policies.sia_params`.  The
 program counts GPUs per type only; the chosen configurations are then placed
 on nodes (whole nodes for multi-node configurations, best fit for the rest),
 keeping a job where it is when its configuration is unchanged.  Solved with
@@ -40,9 +40,11 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from solvers import Status
 
 from pollux_opt.model import BatchConfig, Cluster, restart_factor
+from pollux_opt.model.configs import typed_configurations
 from pollux_opt.model.domains import Boolean, Real, check_fields, domain_field
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView
-from pollux_opt.scheduling.policies.sia_configs import (
+from pollux_opt.scheduling.policies.packing import pack_configurations
+from pollux_opt.scheduling.policies.sia_params import (
     SIA_GOODPUT_CLIP,
     SIA_LAMBDA_CHANGE,
     SIA_LAMBDA_NO_ALLOC,
@@ -50,7 +52,6 @@ from pollux_opt.scheduling.policies.sia_configs import (
     SIA_ROUND_DECIMALS,
     SIA_ZERO_ALLOC_GAIN,
     sia_restart_penalty,
-    typed_configurations,
 )
 from pollux_opt.scheduling.policies.views import active_views, replica_cap
 
@@ -191,51 +192,10 @@ def _place(cluster: Cluster, shapes, active: Sequence[JobView], chosen: dict, co
         wanted = {j: configs[c][1:] for j, c in chosen.items() if c is not None and configs[c][0] == t}
         keep = {j for j in wanted
                 if by_id[j].placement and _current_config(by_id[j], cluster, configs) == chosen[j]}
-        placed = _pack(cluster, nodes, wanted, {j: by_id[j].placement for j in keep})
+        placed = pack_configurations(cluster, nodes, wanted, {j: by_id[j].placement for j in keep})
         if placed is None:
-            placed = _pack(cluster, nodes, wanted, {}, strict=False)
+            placed = pack_configurations(cluster, nodes, wanted, {}, strict=False)
         out.update(placed)
-    return out
-
-
-def _pack(cluster: Cluster, nodes: list[str], wanted: dict, kept: dict, *, strict: bool = True
-          ) -> dict[str, dict[str, int]] | None:
-    """Place ``wanted`` ({job: (nodes, replicas)}) on ``nodes`` around the ``kept``
-    placements: multi-node jobs on whole free nodes, then the others best fit,
-    largest first.  A job that does not fit: None if ``strict``, else it is left
-    out (a node size that is not a power of two can fragment)."""
-    caps = {n.id: n.cpus for n in cluster.nodes}
-    free = {nid: caps[nid] for nid in nodes}
-    out = {}
-    for j, p in kept.items():
-        for nid, k in p.items():
-            free[nid] -= k
-        out[j] = dict(p)
-    rest = sorted((j for j in wanted if j not in kept), key=lambda j: (-wanted[j][0], -wanted[j][1], j))
-    for j in rest:
-        n, k = wanted[j]
-        if n > 1:
-            whole = [nid for nid in nodes if free[nid] == caps[nid]][:n]
-            if len(whole) < n or sum(caps[nid] for nid in whole) < k:
-                if strict:
-                    return None
-                log.warning("sia: job %s (%d nodes, %d replicas) does not fit; it waits", j, n, k)
-                continue
-            left, p = k, {}
-            for nid in whole:
-                p[nid] = min(left, caps[nid])
-                left -= p[nid]
-        else:
-            fits = [nid for nid in nodes if free[nid] >= k]
-            if not fits:
-                if strict:
-                    return None
-                log.warning("sia: job %s (%d replicas) does not fit on one node; it waits", j, k)
-                continue
-            p = {min(fits, key=lambda nid: (free[nid], nodes.index(nid))): k}
-        for nid, kk in p.items():
-            free[nid] -= kk
-        out[j] = p
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Sequence
 from solvers import InvalidProblem
 
 from pollux_opt.model import BatchConfig, Cluster, Job, Options
+from pollux_opt.model.configs import node_replica_pairs, top_sums
 from pollux_opt.model.domains import Integer, check
 from pollux_opt.model.job import WEIGHT, restart_factor
 from pollux_opt.model.typed import TypedGoodput
@@ -132,12 +133,7 @@ def _linear_prior(cluster: Cluster, max_replicas: int, base_replicas: int = 1) -
     the exploration cap such a job gets one replica until it is measured.
     ``base_replicas`` is the replica count of the speedup's base allocation.
     """
-    caps = sorted((n.cpus for n in cluster.nodes), reverse=True)
-    table = {}
-    for n in range(1, len(caps) + 1):
-        for k in range(n, min(max_replicas, sum(caps[:n])) + 1):
-            table[(n, k)] = k / base_replicas
-    return table
+    return {(n, k): k / base_replicas for n, k in node_replica_pairs(1, max_replicas, top_sums(cluster))}
 
 
 def _feasible_base(view: JobView, share: tuple[int, int], fixed_batch: bool) -> tuple[int, int]:
@@ -200,7 +196,7 @@ def type_move_factors(view: JobView, cluster: Cluster, types: Sequence[str]) -> 
 
     A type move costs more than a resize: it leaves the type whose throughput
     the job has measured for one whose speedups are, until it runs there, a
-    projection from another type (``docs/heterogeneity.md``, section 2), so a
+    projection from another type (``docs/node-types.md``, section 2), so a
     move on an overestimate is likely to be followed by a second restart back.
     Pricing the move as two restarts keeps a job on its type unless the other
     type's speedup beats it by more than a second restart's cost.  Empty for a

@@ -6,16 +6,16 @@ The eight AdaptDL workloads on ``sia-64`` (6 x 4 ``aws`` (T4, measured) + 3 x 8
 ``pollux-unaware`` and ``sia``.  For every (workload, policy): average and p99
 JCT, makespan, worst rho (shared metrics' summary.json), GPU-hours per job
 (replica-seconds used / 3600 / jobs), the policy's wall seconds per round
-(median and p95) and the simulation's wall seconds.  Writes ``OUT/hetero.csv``
-(one row per pair), ``OUT/hetero_means.csv`` and one run directory per pair;
-``--results`` writes the rows into ``experiments/results/sim_hetero.csv``
+(median and p95) and the simulation's wall seconds.  Writes ``OUT/typed.csv``
+(one row per pair), ``OUT/typed_means.csv`` and one run directory per pair;
+``--results`` writes the rows into ``experiments/results/sim_typed.csv``
 (replacing those of the same workload and policy, keeping the others);
 ``--policies pollux-all-shapes`` adds Pollux offered every shape (:data:`VARIANTS`);
-``--merge`` writes the rows of earlier runs' ``hetero.csv`` files there the same way.
+``--merge`` writes the rows of earlier runs' ``typed.csv`` files there the same way.
 
-    python experiments/sim_hetero.py --out runs/sim-hetero [--jobs 2] [--results]
-    python experiments/sim_hetero.py --out runs/sim-hetero --merge runs/a/hetero.csv runs/b/hetero.csv
-    python experiments/sim_hetero.py --quick --out /tmp/q    # first 12 jobs of workload-1, smoke test
+    python experiments/sim_typed.py --out runs/sim-typed [--jobs 2] [--results]
+    python experiments/sim_typed.py --out runs/sim-typed --merge runs/a/typed.csv runs/b/typed.csv
+    python experiments/sim_typed.py --quick --out /tmp/q    # first 12 jobs of workload-1, smoke test
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import pandas as pd
 
 from pollux_opt import Cluster, Options
 from pollux_opt.backends.sim import default_trace_dir, quiet_library_logs, run_tasks, simulate
-from pollux_opt.backends.sim.synthetic_types import build_hetero_profiles
+from pollux_opt.backends.sim.synthetic_types import build_typed_profiles
 from pollux_opt.model.cluster_types import PRESETS
 from pollux_opt.records.events import read_events
 from pollux_opt.records.files import atomic_write_csv
@@ -46,16 +46,16 @@ from solver_speed import machine_name  # noqa: E402
 POLICIES = ("pollux", "pollux-unaware", "sia")
 #: Variants run by name with ``--policies``: label -> (registered policy, its options).
 #: ``pollux-all-shapes`` is type-aware Pollux offered every (nodes, replicas)
-#: shape instead of Sia's configurations (``Options.shapes``, pollux_opt.model.shapes).
+#: shape instead of Sia's configurations (``Options.shapes``, pollux_opt.model.configs).
 VARIANTS = {"pollux-all-shapes": ("pollux", {"options": Options(shapes="all")})}
 CLUSTER = "sia-64"
 QUICK_JOBS = 12
-RESULTS = Path(__file__).resolve().parent / "results" / "sim_hetero.csv"
+RESULTS = Path(__file__).resolve().parent / "results" / "sim_typed.csv"
 
 
 @lru_cache(maxsize=2)
 def _profiles(traces: str, types: tuple[str, ...]) -> dict:
-    return build_hetero_profiles(traces, types=types)
+    return build_typed_profiles(traces, types=types)
 
 
 def _round_seconds(out_dir: Path) -> np.ndarray:
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     ap = grid_parser(__doc__.splitlines()[0], POLICIES)
     ap.add_argument("--results", action="store_true", help=f"also write the rows to {RESULTS}")
     ap.add_argument("--merge", nargs="+", default=[], metavar="CSV",
-                    help=f"write the rows of these hetero.csv files (earlier runs) to {RESULTS} and exit")
+                    help=f"write the rows of these typed.csv files (earlier runs) to {RESULTS} and exit")
     args = ap.parse_args(argv)
     if args.merge:
         merge_results(pd.concat([pd.read_csv(p) for p in args.merge], ignore_index=True))
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     def write(task, row):
         rows.append(row)
         df = pd.DataFrame(rows).sort_values(["workload", "policy"])
-        atomic_write_csv(out / "hetero.csv", df)
+        atomic_write_csv(out / "typed.csv", df)
         if args.results and not args.quick:
             merge_results(df)
         print(f"{row['workload']} {row['policy']}: avg JCT {row['avg_jct_s']:.0f} s, "
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     df = pd.DataFrame(rows)
     means = df.groupby("policy")[["avg_jct_s", "p99_jct_s", "makespan_s", "worst_rho", "gpu_hours_per_job",
                                   "round_s_median", "round_s_p95", "wall_s"]].mean()
-    means.to_csv(out / "hetero_means.csv")
+    means.to_csv(out / "typed_means.csv")
     print(means.to_string())
     return 0
 

@@ -1,4 +1,4 @@
-"""Throughput on node types a job has not run on: Sia's bootstrap projection, and the speedup base.
+"""Throughput on node types a job has not run on: Sia's bootstrap projection.
 
 On a heterogeneous cluster a job has one throughput model per node type
 (statistical efficiency, from the gradient noise scale, is a property of the
@@ -18,14 +18,8 @@ from the type it knows best.  The rule ignores that ``K`` replicas span a
 different number of nodes on types with different node sizes (Sia's estimate
 does the same); a measured row replaces the estimate as soon as one exists.
 
-The speedup base: a job's speedups on every type are divided by one number
-so that they are comparable across types.  Sia divides each job's row by its
-minimum over all configurations.  :func:`speedup_base` is the analogue here,
-the job's lowest goodput at its fair-share shape over the types; the
-type-aware Pollux policy weights those goodputs by each type's GPUs instead
-(:class:`pollux_opt.model.typed.TypedGoodput`, the goodput of a fair share of
-the whole cluster).  On a one-type cluster both are the single-type model's
-fair-share base (see ``docs/heterogeneity.md``).
+The speedup base that makes per-type speedups comparable is
+:func:`pollux_opt.model.typed.speedup_base` (see ``docs/node-types.md``).
 """
 
 from __future__ import annotations
@@ -38,8 +32,7 @@ from solvers import InvalidProblem
 from pollux_opt.model.domains import shown
 from pollux_opt.model.throughput import ThroughputParams
 
-__all__ = ["bootstrap_ratio", "project_params", "project_throughputs", "projection_plan", "projection_source",
-           "speedup_base"]
+__all__ = ["bootstrap_ratio", "project_params", "project_throughputs", "projection_plan", "projection_source"]
 
 #: Step-time parameters that are times (seconds or seconds per sample or
 #: replica): a projection divides them by the speed ratio; ``gamma`` and
@@ -137,25 +130,6 @@ def project_throughputs(
         out.update({k: ratio * v for k, v in _rows(source, measured[source]).items() if k > 1})
     out.update(own)
     return dict(sorted(out.items()))
-
-
-def speedup_base(goodput_at_share: Mapping[str, float]) -> tuple[str, float]:
-    """``(type, goodput)`` of the lowest fair-share goodput over the types: the speedup base.
-
-    ``goodput_at_share[t]`` is the job's goodput (samples/s x efficiency) at its
-    fair-share shape on type ``t``.  Dividing every type's goodputs by the
-    lowest keeps all speedups comparable and >= 1 at the fair share on any
-    type, like Sia's minimum normalisation; with one type it is that type's
-    fair-share goodput, the base of the single-type model.
-
-    Raises:
-        InvalidProblem: no types, or a non-positive goodput.
-    """
-    if not goodput_at_share:
-        raise InvalidProblem("goodput_at_share must name at least one type, got {}")
-    values = {t: _positive(f"goodput_at_share[{t!r}]", v) for t, v in goodput_at_share.items()}
-    t = min(values, key=lambda name: (values[name], name))
-    return t, values[t]
 
 
 def project_params(source: ThroughputParams, ratio: float) -> ThroughputParams:

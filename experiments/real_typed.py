@@ -2,13 +2,13 @@
 
 ``local-hetero`` is one node ``fast`` (one unthrottled CPU) and one node
 ``slow`` (one CPU at a 0.5 cgroup CPU quota; needs root and writable cgroups,
-see ``docs/heterogeneity.md``).  Each policy runs the quick ``hetero`` set in
+see ``docs/node-types.md``).  Each policy runs the quick ``hetero`` set in
 turn through :func:`pollux_opt.backends.local.run_demo` (its own directory
 under ``--out``; an existing one is resumed), and each run becomes one row of
 ``--csv`` (appended, under its ``--sweep`` label)::
 
-    python experiments/real_hetero.py --out results/real-hetero --sweep 1 \\
-        --csv experiments/results/real_hetero.csv
+    python experiments/real_typed.py --out results/real-typed --sweep 1 \\
+        --csv experiments/results/real_typed.csv
 
 Columns: ``policy``, ``avg_jct_s``, ``p99_jct_s``, ``max_jct_s``, ``makespan_s``,
 ``worst_rho``, ``restarts`` (all jobs), ``load1`` (mean 1-minute load during the
@@ -99,7 +99,7 @@ def sweep_ratio(rows: list[dict], kinds: dict[str, str]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), metavar="POLICY")
-    parser.add_argument("--out", default="results/real-hetero", help="output directory")
+    parser.add_argument("--out", default="results/real-typed", help="output directory")
     parser.add_argument("--interval", type=float, help="round interval in seconds (default 10, the quick demo's)")
     parser.add_argument("--csv", type=Path, help="append one row per run to this CSV")
     parser.add_argument("--sweep", default="1", help="label of this sweep in the CSV (default 1)")

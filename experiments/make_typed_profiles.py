@@ -6,11 +6,11 @@ and ``scalability-T.csv`` per type next to a copy of its ``validation-B.csv``
 files under ``--out``: ``aws`` is the measured data unchanged, ``rtx``
 (RTX 2080 Ti-like) and ``dgx-ext`` (A100-like) scale compute and sync times
 by the documented speed ratios and re-shape rows to their node size and
-memory (see ``docs/heterogeneity.md``).  ``--out`` must lie outside the
+memory (see ``docs/node-types.md``).  ``--out`` must lie outside the
 repository: measured data is never copied into it::
 
-    python experiments/make_hetero_profiles.py --out /tmp/hetero-profiles
-    python experiments/make_hetero_profiles.py --out /tmp/h --apps cifar10 ncf --types aws rtx
+    python experiments/make_typed_profiles.py --out /tmp/typed-profiles
+    python experiments/make_typed_profiles.py --out /tmp/h --apps cifar10 ncf --types aws rtx
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pollux_opt.backends.sim import default_trace_dir  # noqa: E402
 from pollux_opt.backends.sim.synthetic_types import (  # noqa: E402
     SYNTHETIC_TYPES,
     speed_ratios,
-    write_hetero_profiles,
+    write_typed_profiles,
 )
 
-log = logging.getLogger("make_hetero_profiles")
+log = logging.getLogger("make_typed_profiles")
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
             r = speed_ratios(t)
             log.info("%s: compute x%.2f, intra-node sync x%.2f, inter-node sync x%.2f faster than aws",
                      t, r.compute, r.intra_sync, r.inter_sync)
-    written = write_hetero_profiles(traces, out, names=args.apps, types=args.types)
+    written = write_typed_profiles(traces, out, names=args.apps, types=args.types)
     log.info("wrote %d application folders under %s", len(written), out)
     return 0
 

@@ -69,7 +69,7 @@ def test_half_quota_roughly_doubles_a_real_replicas_measured_step(tmp_path):
         for node, node_type in (("fast-0", "fast"), ("slow-0", "slow")):
             # The largest batch: steps well above the 20 ms CFS period.  A step shorter
             # than the period may run inside one period's quota, and the fastest such
-            # step misses the limit (docs/heterogeneity.md, section 6).
+            # step misses the limit (docs/node-types.md, section 6).
             options = RuntimeOptions(step_limit=150, fixed_batch_size=spec.max_batch_size)
             with ElasticJob(spec, tmp_path / node, options=options, pool=pool) as job:
                 job.start({node: 1}, cpus=[cpu], node_types={node: node_type}, cgroups=groups.of({node: 1}))

@@ -6,12 +6,7 @@ import pytest
 
 from pollux_opt import InvalidProblem
 from pollux_opt.model.cluster_types import PRESETS
-from pollux_opt.scheduling.policies.sia_configs import (
-    SIA_LAMBDA_NO_ALLOC,
-    SIA_P,
-    sia_configurations,
-    typed_configurations,
-)
+from pollux_opt.model.configs import sia_configurations, typed_configurations
 
 
 def test_four_replica_nodes_match_the_artifacts_table():
@@ -61,9 +56,3 @@ def test_bad_counts_name_the_argument_and_type():
         typed_configurations({"rtx": 8})
     with pytest.raises(InvalidProblem, match="types must name at least one node type"):
         typed_configurations({})
-
-
-def test_objective_constants_keep_sias_sign_rules():
-    # the artifact's rules: |lambda_n| > 1 (more than the least gain of an
-    # allocation) and a penalty sign opposite to p
-    assert SIA_P < 0 < SIA_LAMBDA_NO_ALLOC and abs(SIA_LAMBDA_NO_ALLOC) > 1

@@ -15,7 +15,8 @@ from pollux_opt.model.cluster_types import (
     load_cluster_types,
     memory_scaled_local_bsz,
 )
-from pollux_opt.model.hetero import bootstrap_ratio, project_throughputs, projection_source, speedup_base
+from pollux_opt.model.projection import bootstrap_ratio, project_throughputs, projection_source
+from pollux_opt.model.typed import speedup_base
 
 
 # ------------------------------------------------------------------------------------ projection

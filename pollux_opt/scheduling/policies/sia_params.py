@@ -1,15 +1,7 @@
-"""Sia's configuration set and objective constants (Jayaram Subramanya et al., SOSP 2023).
+"""Sia's objective constants (Jayaram Subramanya et al., SOSP 2023).
 
-Sia restricts each job to a small set of *configurations* per node type
-(:func:`pollux_opt.model.shapes.sia_configurations`, the rule the allocator's
-``Options.shapes`` also offers): on one node, a power-of-two replica count up
-to the node size (1, 2, 4, ..., and the full node); beyond one node, whole
-nodes only.  A job never spans two types.  With ``c`` replicas per node and
-``n`` nodes that is ``floor(log2 c) + 1 (+1 if c is not a power of two) + (n
-- 1)`` configurations per type instead of every (nodes, replicas) pair, which
-keeps Sia's integer program small.  The artifact caps the node count at the
-nodes actually profiled (``cluster_max_physical_nnodes``).
-:func:`typed_configurations` lists them for every type.
+Sia's configuration set, the (nodes, replicas) shapes its integer program
+chooses from, is :func:`pollux_opt.model.configs.typed_configurations`.
 
 The objective constants, as the artifact sets them (``sia-simulator/simulator_config.py``,
 "Sia params", the values of the paper's integer program: the fairness power
@@ -27,12 +19,7 @@ p, the no-allocation penalty and the allocation-change penalty):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
-from solvers import InvalidProblem
-
-from pollux_opt.model.domains import shown
-from pollux_opt.model.shapes import sia_configurations
+from collections.abc import Mapping
 
 __all__ = [
     "SIA_GOODPUT_CLIP",
@@ -44,8 +31,6 @@ __all__ = [
     "SIA_RESTART_PENALTY",
     "SIA_DEFAULT_RESTART_PENALTY",
     "sia_restart_penalty",
-    "sia_configurations",
-    "typed_configurations",
 ]
 
 #: Fairness power p of Sia's objective (artifact ``sia_default_p_val``).
@@ -69,29 +54,6 @@ SIA_RESTART_PENALTY: Mapping[str, float] = {
 }
 #: Restart estimate of any other model, seconds (same source).
 SIA_DEFAULT_RESTART_PENALTY = 30.0
-
-def typed_configurations(types: Mapping[str, tuple[int, int]]) -> tuple[tuple[str, int, int], ...]:
-    """``(type, nodes, replicas)`` of every type, in the mapping's order.
-
-    Args:
-        types: ``{type: (num_nodes, replicas_per_node)}``, e.g. from
-            :meth:`pollux_opt.model.cluster_types.ClusterTypes` (count, replicas_per_node).
-
-    Raises:
-        InvalidProblem: no types, or a bad count (naming the type).
-    """
-    if not types:
-        raise InvalidProblem("types must name at least one node type, got {}")
-    out = []
-    for name, shape in types.items():
-        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or len(shape) != 2:
-            raise InvalidProblem(f"types[{name!r}] must be (num_nodes, replicas_per_node), got {shown(shape)}")
-        try:
-            configs = sia_configurations(shape[1], shape[0])
-        except InvalidProblem as exc:
-            raise InvalidProblem(f"types[{name!r}]: {exc}") from None
-        out.extend((name, nodes, k) for nodes, k in configs)
-    return tuple(out)
 
 
 def sia_restart_penalty(job_id: str) -> float:

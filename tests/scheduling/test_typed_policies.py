@@ -11,11 +11,11 @@ import pytest
 from pollux_opt import InvalidProblem
 from pollux_opt.model import BatchLimits, Cluster, GoodputModel, GradientStats, Job, Options, ThroughputParams
 from pollux_opt.model.cluster_types import ClusterTypes, NodeType
-from pollux_opt.model.hetero import project_params
+from pollux_opt.model.projection import project_params
 from pollux_opt.model.typed import TypedGoodput
 from pollux_opt.scheduling.loop import JobView
 from pollux_opt.scheduling.policies import PolluxPolicy, PolluxUnawarePolicy, SiaPolicy, make_policy
-from pollux_opt.scheduling.policies.sia_configs import sia_restart_penalty
+from pollux_opt.scheduling.policies.sia_params import SIA_LAMBDA_NO_ALLOC, SIA_P, sia_restart_penalty
 from pollux_opt.scheduling.policies.views import fair_share, job_for_allocator
 
 _PARAMS = ThroughputParams(0.005, 0.001, 0.002, 0.0005, 0.02, 0.002, 1.5)
@@ -161,18 +161,18 @@ def test_one_type_cluster_pollux_equals_untyped_pollux():
                             [b.batch[j].batch_size for j in sorted(b.batch)])
 
 
-def test_sia_packing_leaves_out_what_a_fragmented_type_cannot_hold():
-    from pollux_opt.scheduling.policies.sia import _pack
+def test_configuration_packing_leaves_out_what_a_fragmented_type_cannot_hold():
+    from pollux_opt.scheduling.policies.packing import pack_configurations
 
     cluster = Cluster.from_types(ClusterTypes((NodeType("six", 2, 6),)))
     nodes = list(cluster.node_ids)
     wanted = {"a": (1, 4), "b": (1, 4), "c": (1, 4)}  # 12 GPUs of 12, but two 4s do not share a 6-GPU node
-    assert _pack(cluster, nodes, wanted, {}) is None
-    placed = _pack(cluster, nodes, wanted, {}, strict=False)
+    assert pack_configurations(cluster, nodes, wanted, {}) is None
+    placed = pack_configurations(cluster, nodes, wanted, {}, strict=False)
     assert sorted(sum(p.values()) for p in placed.values()) == [4, 4]
     # a kept placement stays where it is; the rest pack around it, best fit (the fullest node that holds it)
-    assert _pack(cluster, nodes, {"a": (1, 2), "b": (2, 12)}, {"a": {"six-1": 2}}) is None
-    assert _pack(cluster, nodes, {"a": (1, 2), "b": (1, 4)}, {"a": {"six-1": 2}}) == {
+    assert pack_configurations(cluster, nodes, {"a": (1, 2), "b": (2, 12)}, {"a": {"six-1": 2}}) is None
+    assert pack_configurations(cluster, nodes, {"a": (1, 2), "b": (1, 4)}, {"a": {"six-1": 2}}) == {
         "a": {"six-1": 2}, "b": {"six-1": 4}}
 
 
@@ -242,3 +242,9 @@ def test_the_speedup_base_on_one_type_is_its_fair_share_goodput():
     assert type_gpus(cluster, cluster.types) == {"aws": 8.0}
     one = TypedGoodput.of({"aws": model(1.0)}, {"aws": (1, 4)}, weights={"aws": 8.0})
     assert one.base_goodput() == pytest.approx(float(model(1.0).optimize(1, 4).goodput))
+
+
+def test_objective_constants_keep_sias_sign_rules():
+    # the artifact's rules: |lambda_n| > 1 (more than the least gain of an
+    # allocation) and a penalty sign opposite to p
+    assert SIA_P < 0 < SIA_LAMBDA_NO_ALLOC and abs(SIA_LAMBDA_NO_ALLOC) > 1
