@@ -140,11 +140,6 @@ class NodeCgroups:
         """``{node: cgroup directory}`` of the nodes of ``placement``."""
         return {nid: self.dirs[nid] for nid in placement}
 
-    def pids(self, node_id: str) -> list[int]:
-        """The processes in ``node_id``'s cgroup (empty for an unthrottled node)."""
-        group = self.throttle.groups.get(node_id)
-        return [] if group is None else group.pids()
-
     def close(self) -> None:
         """Move every process back to the root cgroup and remove the groups."""
         self.throttle.close()
