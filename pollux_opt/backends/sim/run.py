@@ -158,9 +158,7 @@ def simulate(
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        events_path = out / "events.jsonl"
-        if events_path.exists():
-            events_path.unlink()  # a simulation is deterministic: rerun from scratch
+        (out / "events.jsonl").unlink(missing_ok=True)  # a simulation is deterministic: rerun from scratch
     # Rerun from scratch, never resumed: one fsync at the end instead of one per event.
     events = EventLog(out / "events.jsonl", durable=False, ordered=False) if out is not None else None
     try:
