@@ -109,17 +109,16 @@ class NodeCgroups:
 
     Args:
         cluster: the run's nodes (typed).
-        quotas: ``{node type: cpu_quota}`` of the throttled types (< 1).
-        period_us: the CFS period (default :func:`throttle_period_us`).
+        quotas: ``{node type: cpu_quota}`` of the throttled types (< 1); the
+            CFS period is :func:`throttle_period_us`.
 
     Raises:
         ThrottleRefused: cgroups cannot be written here.
     """
 
-    def __init__(self, cluster: Cluster, quotas: Mapping[str, float], *,
-                 period_us: int | None = None) -> None:
+    def __init__(self, cluster: Cluster, quotas: Mapping[str, float]) -> None:
         try:
-            self.throttle = Throttle(period_us=throttle_period_us(quotas) if period_us is None else period_us)
+            self.throttle = Throttle(period_us=throttle_period_us(quotas))
         except ThrottleUnavailable as exc:
             raise ThrottleRefused(_refusal(quotas, exc)) from None
         root = str(self.throttle.info.cpu_root)
