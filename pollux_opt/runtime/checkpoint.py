@@ -7,14 +7,12 @@ A checkpoint at optimizer step ``t`` is two files in ``<workdir>/checkpoints``:
 * ``ckpt-<t>.json``: metadata readable without torch (step, progress,
   measurements, fitted model, metric) including the SHA-256 of the ``.pt`` bytes.
 
-Each file is written by :func:`pollux_opt.records.files.atomic_write_bytes`:
-to a temporary name in the same directory, flushed, fsync'ed and renamed over
-its final name (``os.replace`` is atomic on POSIX), and the directory is
-fsync'ed; the ``.json`` is written after the ``.pt``, so a
-checkpoint exists only once both are complete.  A reader takes the newest
-checkpoint whose metadata parses and whose ``.pt`` hashes to the recorded
-digest; a corrupt one is renamed to ``*.corrupt`` (kept for inspection) and the
-previous one is used instead.
+Each file is written atomically and durably (fsync'ed, as is its directory)
+by :func:`pollux_opt.records.files.atomic_write_bytes`; the ``.json`` is
+written after the ``.pt``, so a checkpoint exists only once both are complete.
+A reader takes the newest checkpoint whose metadata parses and whose ``.pt``
+hashes to the recorded digest; a corrupt one is renamed to ``*.corrupt`` (kept
+for inspection) and the previous one is used instead.
 
 **One writer.**  Rank 0 of a job's current generation, the only process that
 writes its checkpoints, holds an exclusive ``fcntl.flock`` on
