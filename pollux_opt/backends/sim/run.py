@@ -7,6 +7,7 @@ log) and ``summary.json`` (from the shared metrics module when present), plus
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing as mp
@@ -161,7 +162,7 @@ def simulate(
         (out / "events.jsonl").unlink(missing_ok=True)  # a simulation is deterministic: rerun from scratch
     # Rerun from scratch, never resumed: one fsync at the end instead of one per event.
     events = EventLog(out / "events.jsonl", durable=False, ordered=False) if out is not None else None
-    try:
+    with events or contextlib.nullcontext():
         backend = SimBackend(jobs, profiles, cluster, events, config)
         provides = {Requirement.ORACLE: backend.oracle}
         pol = (make_policy(policy, provides=provides, **dict(policy_options or {}))
@@ -178,9 +179,6 @@ def simulate(
 
         rounds = run_loop(backend, pol, cluster, _NullLog() if events is None else events,
                           interval=interval, progress=on_round, max_rounds=max_rounds)
-    finally:
-        if events is not None:
-            events.close()
     jct = np.array(sorted(backend.jcts().values()))
     records = backend.job_records()
     done = [r["completion_time"] for r in records if r["completion_time"] is not None]
