@@ -42,7 +42,6 @@ from pollux_opt.workloads.job import WorkloadJob
 __all__ = ["MAX_ARRIVAL_ROUNDS", "MAX_SIM_CPUS", "MIN_INTERVAL_S", "SimResult", "quiet_library_logs", "run_tasks",
            "simulate"]
 
-log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SimResult:
