@@ -42,7 +42,8 @@ from pollux_opt import Cluster  # noqa: E402
 from pollux_opt.model import Node  # noqa: E402
 from pollux_opt.backends.local.backend import POLL_S  # noqa: E402
 from pollux_opt.backends.sim import SimConfig, load_profiles, simulate  # noqa: E402
-from pollux_opt.backends.sim.export import export_profiles, find_run_dirs  # noqa: E402
+from pollux_opt.backends.sim.export import export_profiles  # noqa: E402
+from pollux_opt.backends.sim.run_records import find_run_dirs  # noqa: E402
 from pollux_opt.workloads.adaptdl import read_adaptdl_csv  # noqa: E402
 
 log = logging.getLogger("sim_fidelity")

@@ -48,7 +48,7 @@ def _split(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarr
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
-def _accuracy(torch, model, x, y, chunk: int = 4096) -> float:
+def _accuracy(model, x, y, chunk: int = 4096) -> float:
     correct = 0
     for i in range(0, x.shape[0], chunk):
         correct += int((model(x[i : i + chunk]).argmax(dim=1) == y[i : i + chunk]).sum())
@@ -66,7 +66,7 @@ def _sgd_classifier(torch, model, cfg, momentum: float, x_tr, y_tr, x_va, y_va) 
         model=model, optimizer=optimizer, train_size=int(x_tr.shape[0]),
         get_batch=lambda idx: (x_tr[idx], y_tr[idx]),
         loss=lambda m, b: loss_fn(m(b[0]), b[1]),
-        evaluate=lambda m: _accuracy(torch, m, x_va, y_va),
+        evaluate=lambda m: _accuracy(m, x_va, y_va),
     )
 
 
@@ -169,20 +169,10 @@ def build_synth_regress(ctx: BuildContext) -> JobParts:
 def stdlib_text(max_chars: int) -> bytes:
     """The char-LM corpus: the listed stdlib sources, concatenated, ASCII-folded."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    chunks, total = [], 0
-    for name in STDLIB_TEXT_FILES:
-        path = root / name
-        if not path.is_file():
-            continue
-        data = path.read_bytes()
-        chunks.append(data)
-        total += len(data)
-        if total >= max_chars:
-            break
-    text = b"".join(chunks)[:max_chars]
+    text = b"".join((root / name).read_bytes() for name in STDLIB_TEXT_FILES if (root / name).is_file())[:max_chars]
     if len(text) < max_chars // 2:
         raise FileNotFoundError(f"found only {len(text)} bytes of standard-library source under {root}")
-    return bytes(b if b < 128 else 63 for b in text)  # non-ASCII -> '?'
+    return text.translate(bytes(range(128)) + b"?" * 128)  # non-ASCII -> '?'
 
 
 def build_stdlib_charlm(ctx: BuildContext) -> JobParts:

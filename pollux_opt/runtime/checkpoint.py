@@ -7,14 +7,12 @@ A checkpoint at optimizer step ``t`` is two files in ``<workdir>/checkpoints``:
 * ``ckpt-<t>.json``: metadata readable without torch (step, progress,
   measurements, fitted model, metric) including the SHA-256 of the ``.pt`` bytes.
 
-Each file is written by :func:`pollux_opt.records.files.atomic_write_bytes`:
-to a temporary name in the same directory, flushed, fsync'ed and renamed over
-its final name (``os.replace`` is atomic on POSIX), and the directory is
-fsync'ed; the ``.json`` is written after the ``.pt``, so a
-checkpoint exists only once both are complete.  A reader takes the newest
-checkpoint whose metadata parses and whose ``.pt`` hashes to the recorded
-digest; a corrupt one is renamed to ``*.corrupt`` (kept for inspection) and the
-previous one is used instead.
+Each file is written atomically and durably (fsync'ed, as is its directory)
+by :func:`pollux_opt.records.files.atomic_write_bytes`; the ``.json`` is
+written after the ``.pt``, so a checkpoint exists only once both are complete.
+A reader takes the newest checkpoint whose metadata parses and whose ``.pt``
+hashes to the recorded digest; a corrupt one is renamed to ``*.corrupt`` (kept
+for inspection) and the previous one is used instead.
 
 **One writer.**  Rank 0 of a job's current generation, the only process that
 writes its checkpoints, holds an exclusive ``fcntl.flock`` on
@@ -46,7 +44,6 @@ from pollux_opt.records.files import atomic_write_json as _atomic_write_json
 __all__ = [
     "CheckpointInfo",
     "WriterLock",
-    "atomic_write_bytes",
     "atomic_write_json",
     "checkpoint_dir",
     "latest_good",
@@ -61,9 +58,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _META_RE = re.compile(r"^ckpt-(\d+)\.json$")
-_HASH_CHUNK = 1 << 20
-#: The lock file of :class:`WriterLock`, in the checkpoint directory.
-WRITER_LOCK_FILE = "writer.lock"
 #: Seconds between two tries of a held writer lock.
 _LOCK_POLL_S = 0.05
 
@@ -76,14 +70,6 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     """Write ``obj`` atomically as the runtime's JSON (sorted keys, nan allowed: job
     state may hold nan before a first measurement); see :mod:`pollux_opt.records.files`."""
     _atomic_write_json(path, obj, indent=1, sort_keys=True, allow_nan=True)
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -130,7 +116,8 @@ def list_checkpoints(directory: Path) -> list[CheckpointInfo]:
 def verify(info: CheckpointInfo) -> bool:
     """True if the payload file exists and hashes to the recorded SHA-256."""
     try:
-        return _sha256_file(info.path) == info.meta["sha256"]
+        with open(info.path, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest() == info.meta["sha256"]
     except OSError:
         return False
 
@@ -216,7 +203,7 @@ class WriterLock:
     """The exclusive lock on a job's checkpoints that its writer holds (see the module docstring)."""
 
     def __init__(self, workdir: Path) -> None:
-        self.path = checkpoint_dir(workdir) / WRITER_LOCK_FILE
+        self.path = checkpoint_dir(workdir) / "writer.lock"
         self._fd: int | None = None
 
     def acquire(self, timeout_s: float) -> bool:

@@ -91,6 +91,20 @@ def epoch_batches(user_loop, dataset, shuffle: bool, loader_kwargs: Mapping[str,
     return _loader_batches(user_loop, dataset, order, loader_kwargs)
 
 
+def _steps(user_loop, size: int) -> Iterator[int]:
+    """Begin each step of the rest of the epoch and yield its micro-batch size;
+    end the epoch after its last step."""
+    state = user_loop.trainer.state
+    while True:
+        b = user_loop.begin_step(size - state.epoch_pos)
+        if b == 0:
+            user_loop.end_epoch()
+            return
+        yield b
+        if user_loop.plan is not None:
+            raise RuntimeError("call optimizer.step() once for every batch of an ElasticDataLoader")
+
+
 def _direct_batches(user_loop, dataset, order, collate_fn) -> Iterator:
     """The micro-batches of :func:`epoch_batches` fetched in this thread, as a
     ``DataLoader`` without worker processes would fetch the index lists of
@@ -101,33 +115,21 @@ def _direct_batches(user_loop, dataset, order, collate_fn) -> Iterator:
     getitems = getattr(dataset, "__getitems__", None)
     state, rank = user_loop.trainer.state, user_loop.rank
     order = order.numpy()  # its slices and lists cost a fraction of a tensor's
-    size = len(order)
-    while True:
-        b = user_loop.begin_step(size - state.epoch_pos)
-        if b == 0:
-            user_loop.end_epoch()
-            return
+    for b in _steps(user_loop, len(order)):
         micro_n = user_loop.plan[1] + 1
         first = state.epoch_pos + rank * micro_n * b  # the layout of StepBatches
         for _ in range(micro_n):
             idx = order[first : first + b].tolist()
             yield collate_fn(getitems(idx) if getitems else [dataset[i] for i in idx])
             first += b
-        if user_loop.plan is not None:
-            raise RuntimeError("call optimizer.step() once for every batch of an ElasticDataLoader")
 
 
 def _loader_batches(user_loop, dataset, order, loader_kwargs: Mapping[str, Any]) -> Iterator:
     """The micro-batches of :func:`epoch_batches` from a ``DataLoader`` over
     :class:`StepBatches`, replaced when a step brings another batch configuration."""
     state = user_loop.trainer.state
-    size = len(order)
     it, expected = None, None
-    while True:
-        b = user_loop.begin_step(size - state.epoch_pos)
-        if b == 0:
-            user_loop.end_epoch()
-            return
+    for b in _steps(user_loop, len(order)):
         m, s, _ = user_loop.plan
         if it is None or expected != (state.epoch_pos, m, s):
             it = _loader(dataset, StepBatches(order, state.epoch_pos, user_loop.world, user_loop.rank, m, s),
@@ -135,5 +137,3 @@ def _loader_batches(user_loop, dataset, order, loader_kwargs: Mapping[str, Any])
         expected = (state.epoch_pos + user_loop.world * (s + 1) * b, m, s)
         for _ in range(s + 1):
             yield next(it)
-        if user_loop.plan is not None:
-            raise RuntimeError("call optimizer.step() once for every batch of an ElasticDataLoader")

@@ -106,8 +106,8 @@ def process_exists(identity: ProcessIdentity) -> bool:
             os.kill(pid, 0)
         except ProcessLookupError:
             return False
-        except PermissionError:
-            return True
+        except PermissionError:  # it exists, owned by another user
+            pass
         return True
     stat = _proc_stat(pid)
     return stat is not None and stat[0] not in ("Z", "X", "x") and stat[1] == start
@@ -160,26 +160,17 @@ def arm_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
 
 
 # ---------------------------------------------------------- temporary folders
-def _mp_config() -> dict | None:
-    """multiprocessing's per-process configuration, where its temporary folder is kept.
-
-    multiprocessing offers no public way to choose that folder other than
-    ``tempfile.tempdir``, which would move every temporary file of the process.
-    """
-    import multiprocessing
-
-    config = getattr(multiprocessing.current_process(), "_config", None)
-    return config if isinstance(config, dict) else None
-
-
 def own_temp_dir() -> Path | None:
     """Make multiprocessing's temporary folder of this process one named after
     its pid (removed when the process exits normally); None if multiprocessing
     already made its own, or keeps it elsewhere."""
     import multiprocessing.util
 
-    config = _mp_config()
-    if config is None or config.get("tempdir") is not None:
+    # multiprocessing keeps that folder in its per-process configuration and
+    # offers no public way to choose it other than ``tempfile.tempdir``, which
+    # would move every temporary file of the process.
+    config = getattr(multiprocessing.current_process(), "_config", None)
+    if not isinstance(config, dict) or config.get("tempdir") is not None:
         return None
     path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
     config["tempdir"] = path

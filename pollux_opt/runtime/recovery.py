@@ -45,7 +45,7 @@ class FaultMonitor:
         """Some rank reported a failed collective."""
         return bool(self.collective_errors)
 
-    def lost(self, workers: Sequence[WorkerHandle], now: float | None = None) -> tuple[int, WorkerHandle] | None:
+    def lost(self, workers: Sequence[WorkerHandle]) -> tuple[int, WorkerHandle] | None:
         """The (rank, worker) to blame, or None while no worker has exited (or
         only symptoms have, within the grace period)."""
         dead = [(rank, w) for rank, w in enumerate(workers) if not w.alive()]
@@ -53,7 +53,7 @@ class FaultMonitor:
             return None
         causes = [(rank, w) for rank, w in dead if rank not in self.collective_errors]
         if not causes:
-            now = time.monotonic() if now is None else now
+            now = time.monotonic()
             if self._first_seen is None:
                 self._first_seen = now
             if now - self._first_seen < FAULT_GRACE_S:

@@ -13,7 +13,7 @@ from typing import Callable
 
 from solvers import InvalidProblem
 
-from pollux_opt.runtime.spec import JobSpec
+from pollux_opt.runtime.spec import JobSpec, resolve_builder
 from pollux_opt.runtime.trust import builder_module, declare_builder_modules
 from pollux_opt.runtime.builtin_jobs import BUILTIN_JOBS
 
@@ -32,8 +32,6 @@ def register_job(spec: JobSpec, *, replace: bool = False) -> JobSpec:
     """
     if not isinstance(spec, JobSpec):
         raise InvalidProblem(f"spec must be a JobSpec, got {spec!r}")
-    from pollux_opt.runtime.spec import resolve_builder
-
     try:
         resolve_builder(spec.builder)
     except (ImportError, AttributeError) as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from pollux_opt.runtime.measurements import profile_from_json, profile_to_json
 from pollux_opt.runtime.stats import GradStatsEMA
@@ -54,37 +54,28 @@ class TrainingState:
     diverging_reports: int = 0
 
     def to_dict(self) -> dict:
-        return {
-            "step": self.step, "progress": self.progress, "samples": self.samples,
-            "train_seconds": self.train_seconds, "next_eval": self.next_eval, "metric": self.metric,
-            "target_reached": self.target_reached, "eval_history": list(self.eval_history),
-            "profile": profile_to_json(self.profile),
-            "type_profiles": {t: profile_to_json(p) for t, p in self.type_profiles.items()},
-            "ema": self.ema.state(), "params": self.params,
-            "epoch": self.epoch, "epoch_pos": self.epoch_pos, "loss_ref": self.loss_ref,
-            "diverging_reports": self.diverging_reports,
-        }
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(
+            eval_history=list(self.eval_history), profile=profile_to_json(self.profile),
+            type_profiles={t: profile_to_json(p) for t, p in self.type_profiles.items()}, ema=self.ema.state(),
+        )
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainingState":
-        state = cls()
-        for key in ("step", "samples"):
-            setattr(state, key, int(data[key]))
-        for key in ("progress", "train_seconds", "next_eval"):
-            setattr(state, key, float(data[key]))
-        state.metric = data.get("metric")
-        # Completion is re-decided by the next evaluation after a resume (a
-        # final checkpoint is only resumed when its verification failed).
-        state.target_reached = False
-        state.eval_history = [list(row) for row in data.get("eval_history", [])]
-        state.profile = profile_from_json(data.get("profile"))
-        state.type_profiles = {str(t): profile_from_json(p) for t, p in (data.get("type_profiles") or {}).items()}
-        state.ema = GradStatsEMA.from_state(data["ema"])
-        state.params = data.get("params")
-        for key in ("epoch", "epoch_pos", "diverging_reports"):
-            setattr(state, key, int(data.get(key, 0)))
-        state.loss_ref = data.get("loss_ref")
-        return state
+        # target_reached stays False: completion is re-decided by the next
+        # evaluation after a resume (a final checkpoint is only resumed when its
+        # verification failed).
+        return cls(
+            step=int(data["step"]), samples=int(data["samples"]), progress=float(data["progress"]),
+            train_seconds=float(data["train_seconds"]), next_eval=float(data["next_eval"]),
+            metric=data.get("metric"), eval_history=[list(row) for row in data.get("eval_history", [])],
+            profile=profile_from_json(data.get("profile")),
+            type_profiles={str(t): profile_from_json(p) for t, p in (data.get("type_profiles") or {}).items()},
+            ema=GradStatsEMA.from_state(data["ema"]), params=data.get("params"),
+            epoch=int(data.get("epoch", 0)), epoch_pos=int(data.get("epoch_pos", 0)),
+            diverging_reports=int(data.get("diverging_reports", 0)), loss_ref=data.get("loss_ref"),
+        )
 
 
 class EpochSampler:

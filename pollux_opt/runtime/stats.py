@@ -27,7 +27,7 @@ of r over steps (Pollux, section 3.1, "scale-invariant iterations").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 __all__ = [
     "GRAD_STATS_SMOOTHING",
@@ -113,7 +113,7 @@ class GradStatsEMA:
         return sqr, var
 
     def state(self) -> dict[str, float]:
-        return {"sqr": self.sqr, "var": self.var, "weight": self.weight, "count": self.count}
+        return asdict(self)
 
     @classmethod
     def from_state(cls, state: dict[str, float]) -> "GradStatsEMA":

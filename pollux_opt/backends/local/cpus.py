@@ -62,8 +62,7 @@ class CpuPinning:
 
     def release(self, job_id: str) -> None:
         """Free every CPU ``job_id`` holds."""
-        for cpu in [c for c, owner in self._owner.items() if owner == job_id]:
-            del self._owner[cpu]
+        self._owner = {c: owner for c, owner in self._owner.items() if owner != job_id}
 
     def _owned(self, job_id: str, node_id: str) -> list[int]:
         return [c for c in self._node_cpus[node_id] if self._owner.get(c) == job_id]

@@ -109,17 +109,16 @@ class NodeCgroups:
 
     Args:
         cluster: the run's nodes (typed).
-        quotas: ``{node type: cpu_quota}`` of the throttled types (< 1).
-        period_us: the CFS period (default :func:`throttle_period_us`).
+        quotas: ``{node type: cpu_quota}`` of the throttled types (< 1); the
+            CFS period is :func:`throttle_period_us`.
 
     Raises:
         ThrottleRefused: cgroups cannot be written here.
     """
 
-    def __init__(self, cluster: Cluster, quotas: Mapping[str, float], *,
-                 period_us: int | None = None) -> None:
+    def __init__(self, cluster: Cluster, quotas: Mapping[str, float]) -> None:
         try:
-            self.throttle = Throttle(period_us=throttle_period_us(quotas) if period_us is None else period_us)
+            self.throttle = Throttle(period_us=throttle_period_us(quotas))
         except ThrottleUnavailable as exc:
             raise ThrottleRefused(_refusal(quotas, exc)) from None
         root = str(self.throttle.info.cpu_root)
@@ -139,11 +138,6 @@ class NodeCgroups:
     def of(self, placement: Mapping[str, int]) -> dict[str, str]:
         """``{node: cgroup directory}`` of the nodes of ``placement``."""
         return {nid: self.dirs[nid] for nid in placement}
-
-    def pids(self, node_id: str) -> list[int]:
-        """The processes in ``node_id``'s cgroup (empty for an unthrottled node)."""
-        group = self.throttle.groups.get(node_id)
-        return [] if group is None else group.pids()
 
     def close(self) -> None:
         """Move every process back to the root cgroup and remove the groups."""

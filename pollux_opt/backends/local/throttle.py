@@ -64,9 +64,6 @@ _REMOVE_ATTEMPTS = 5
 
 _FRACTION = Real(gt=0, le=1)
 _PID = Integer(gt=0)
-#: v1 ``cpu.shares`` of an ordinary process (kernel default) and its range.
-_V1_DEFAULT_SHARES = 1024
-_SHARES = Integer(ge=2, le=262_144)
 _SLOTS = Integer(gt=0)
 _PERIOD = Integer(ge=MIN_QUOTA_US, le=1_000_000)
 
@@ -134,11 +131,6 @@ def availability(root: str | os.PathLike = CGROUP_ROOT) -> tuple[CgroupInfo | No
         return None, str(exc)
 
 
-def _write(path: Path, text: str) -> None:
-    with open(path, "w") as fh:
-        fh.write(text)
-
-
 def _procs(group: Path) -> list[int]:
     try:
         return [int(x) for x in (group / "cgroup.procs").read_text().split()]
@@ -155,7 +147,7 @@ def _remove(info: CgroupInfo, group: Path) -> None:
     for attempt in range(_REMOVE_ATTEMPTS):
         for pid in _procs(group):
             try:
-                _write(info.cpu_root / "cgroup.procs", str(pid))
+                (info.cpu_root / "cgroup.procs").write_text(str(pid))
             except OSError as exc:  # the process exited meanwhile
                 if exc.errno != errno.ESRCH:
                     raise
@@ -169,9 +161,9 @@ def _remove(info: CgroupInfo, group: Path) -> None:
                 raise
 
 
-def clean_stale(info: CgroupInfo, parent: str = PARENT) -> list[str]:
-    """Remove the cgroups under ``parent`` whose owner process is gone; returns their names."""
-    base = info.cpu_root / parent
+def clean_stale(info: CgroupInfo) -> list[str]:
+    """Remove the cgroups under :data:`PARENT` whose owner process is gone; returns their names."""
+    base = info.cpu_root / PARENT
     if not base.is_dir():
         return []
     removed = []
@@ -191,17 +183,11 @@ class NodeGroup:
 
     node_id: str
     path: Path
-    quota_us: int
-    period_us: int
-    version: int
 
     def add(self, pid: int) -> None:
         """Move process ``pid`` (all its threads) into this node's cgroup."""
         pid = check("pid", pid, _PID)
-        _write(self.path / "cgroup.procs", str(pid))
-
-    def pids(self) -> list[int]:
-        return _procs(self.path)
+        (self.path / "cgroup.procs").write_text(str(pid))
 
 
 class Throttle:
@@ -209,66 +195,45 @@ class Throttle:
 
     Args:
         root: where the cgroup file systems are mounted (a fake tree in tests).
-        parent: the parent cgroup's name.
         period_us: the CFS period of every group.
 
     Raises:
         ThrottleUnavailable: see :func:`detect`.
     """
 
-    def __init__(self, root: str | os.PathLike = CGROUP_ROOT, *, parent: str = PARENT,
-                 period_us: int = DEFAULT_PERIOD_US) -> None:
+    def __init__(self, root: str | os.PathLike = CGROUP_ROOT, *, period_us: int = DEFAULT_PERIOD_US) -> None:
         self.info = detect(root)
-        self.parent = check("parent", parent, NAME)
         self.period_us = check("period_us", period_us, _PERIOD)
         self.groups: dict[str, NodeGroup] = {}
-        base = self.info.cpu_root / self.parent
+        base = self.info.cpu_root / PARENT
         try:
             base.mkdir(exist_ok=True)
             if self.info.version == 2:  # a child may only use the controllers its parent delegates
                 for level in (self.info.cpu_root, base):
                     if "cpu" not in (level / "cgroup.subtree_control").read_text().split():
-                        _write(level / "cgroup.subtree_control", "+cpu")
+                        (level / "cgroup.subtree_control").write_text("+cpu")
         except OSError as exc:
             raise ThrottleUnavailable(f"cannot create cgroup {str(base)!r}: {exc}") from None
-        clean_stale(self.info, self.parent)
+        clean_stale(self.info)
 
-    def node(self, node_id: str, *, fraction: float, slots: int, shares: int | None = None) -> NodeGroup:
-        """A cgroup for ``node_id`` whose processes share ``fraction x slots`` CPUs.
-
-        ``shares``: the group's CPU weight against other processes when CPUs
-        are contended (v1 ``cpu.shares``, default 1024 = one ordinary process;
-        v2 ``cpu.weight`` = shares * 100 / 1024 in [1, 10000]); None keeps the
-        default.  The quota caps the group either way.
-        """
+    def node(self, node_id: str, *, fraction: float, slots: int) -> NodeGroup:
+        """A cgroup for ``node_id`` whose processes share ``fraction x slots`` CPUs."""
         node_id = check("node_id", node_id, NAME)
-        if shares is not None:
-            shares = check("shares", shares, _SHARES)
         if node_id in self.groups:
             raise InvalidProblem(f"node_id {node_id!r} already has a cgroup")
         quota = quota_us(fraction, slots, self.period_us)
-        path = self.info.cpu_root / self.parent / f"{os.getpid()}-{node_id}"
+        path = self.info.cpu_root / PARENT / f"{os.getpid()}-{node_id}"
         try:
             path.mkdir(exist_ok=True)
             if self.info.version == 2:
-                _write(path / "cpu.max", f"{quota} {self.period_us}")
-                if shares is not None:
-                    _write(path / "cpu.weight", str(min(max(round(shares * 100 / _V1_DEFAULT_SHARES), 1), 10_000)))
+                (path / "cpu.max").write_text(f"{quota} {self.period_us}")
             else:
-                _write(path / "cpu.cfs_period_us", str(self.period_us))
-                _write(path / "cpu.cfs_quota_us", str(quota))
-                if shares is not None:
-                    _write(path / "cpu.shares", str(shares))
+                (path / "cpu.cfs_period_us").write_text(str(self.period_us))
+                (path / "cpu.cfs_quota_us").write_text(str(quota))
         except OSError as exc:
             raise ThrottleUnavailable(f"cannot set a CPU quota on {str(path)!r}: {exc}") from None
-        group = self.groups[node_id] = NodeGroup(node_id, path, quota, self.period_us, self.info.version)
+        group = self.groups[node_id] = NodeGroup(node_id, path)
         return group
-
-    def release(self, pid: int) -> None:
-        """Move process ``pid`` back to the root cgroup (unthrottled), e.g. a pool
-        worker that leaves a throttled node for another."""
-        pid = check("pid", pid, _PID)
-        _write(self.info.cpu_root / "cgroup.procs", str(pid))
 
     def close(self) -> None:
         """Move every process back to the root cgroup and remove this throttle's cgroups."""
@@ -276,7 +241,7 @@ class Throttle:
             _, group = self.groups.popitem()
             _remove(self.info, group.path)
         try:  # the shared parent goes with its last child
-            (self.info.cpu_root / self.parent).rmdir()
+            (self.info.cpu_root / PARENT).rmdir()
         except OSError:  # another scheduler's groups remain, or a fake tree
             pass
 

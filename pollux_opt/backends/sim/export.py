@@ -63,13 +63,12 @@ import pandas as pd
 from solvers import InvalidProblem
 
 from pollux_opt.backends.sim.run_records import JobData, find_run_dirs, read_job, read_jsonl, workload_of_run
-from pollux_opt.backends.sim.traces import PLACEMENT_COLUMNS as _PLACEMENT_COLUMNS
-from pollux_opt.backends.sim.traces import SCALABILITY_COLUMNS as _SCALABILITY_COLUMNS
+from pollux_opt.backends.sim.traces import PLACEMENT_COLUMNS, SCALABILITY_COLUMNS
 from pollux_opt.records.files import atomic_write_csv, atomic_write_json, safe_name
 from pollux_opt.runtime.stats import MIN_GRAD_SQR_FRACTION
 from pollux_opt.workloads.adaptdl import write_adaptdl_csv
 
-__all__ = ["EXPORT_EPOCHS", "ExportedApp", "export_profiles", "find_run_dirs", "workload_of_run"]
+__all__ = ["EXPORT_EPOCHS", "ExportedApp", "export_profiles"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +77,6 @@ logger = logging.getLogger(__name__)
 #: growth over training, few enough that each slice pools tens of steps of a
 #: CPU job of a few hundred steps).
 EXPORT_EPOCHS = 20
-
-_VALIDATION_COLUMNS = ["progress", "iteration", "metric", "grad_sqr", "grad_var"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +123,12 @@ def _mean_rows(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """
     return (df.groupby(keys, as_index=False)[["trace_step", "trace_sync"]].mean()
             .rename(columns={"trace_step": "step_time", "trace_sync": "sync_time"}))
+
+
+def _median(per_job) -> float | None:
+    """Median of the seconds measured by all jobs (None: none measured)."""
+    values = [s for seconds in per_job for s in seconds]
+    return float(np.median(values)) if values else None
 
 
 def _batch_grid(m0: int, max_bsz: int) -> list[int]:
@@ -179,7 +182,7 @@ def _validation(jobs: list[JobData], m0: int, max_bsz: int) -> tuple[dict[int, p
         out[b] = pd.DataFrame({
             "progress": progress, "iteration": np.cumsum(delta / gain), "metric": metric,
             "grad_sqr": sqr, "grad_var": var,
-        })[_VALIDATION_COLUMNS]
+        })
     return out, target
 
 
@@ -229,23 +232,20 @@ def export_profiles(run_dirs: Sequence, out_dir, *, apps: Sequence[str] | None =
         folder = out / safe_name("application", app)
         folder.mkdir(exist_ok=True)
         placements = _mean_rows(warm[warm.placement != ""], ["placement", "local_bsz"])
-        atomic_write_csv(folder / "placements.csv", placements[list(_PLACEMENT_COLUMNS)])
+        atomic_write_csv(folder / "placements.csv", placements[PLACEMENT_COLUMNS])
         scal = _mean_rows(warm, ["num_nodes", "num_replicas", "local_bsz"])
-        atomic_write_csv(folder / "scalability.csv", scal[list(_SCALABILITY_COLUMNS)])
+        atomic_write_csv(folder / "scalability.csv", scal[SCALABILITY_COLUMNS])
         validation, target = _validation(group, m0, max_bsz)
         for old in folder.glob("validation-*.csv"):
             old.unlink()
         for b, df in validation.items():
             atomic_write_csv(folder / f"validation-{b}.csv", df)
-        restarts = [s for j in group for s in j.launch_seconds]
-        starts = [s for j in group for s in j.start_seconds]
-        verifies = [s for j in group for s in j.verify_seconds]
         result[app] = ExportedApp(
             name=app, init_batch_size=m0, max_batch_size=max(validation), target_progress=target,
             jobs=tuple(j.key for j in group), steps=len(steps),
-            restart_seconds=float(np.median(restarts)) if restarts else None,
-            start_seconds=float(np.median(starts)) if starts else None,
-            verify_seconds=float(np.median(verifies)) if verifies else None, folder=str(folder),
+            restart_seconds=_median(j.launch_seconds for j in group),
+            start_seconds=_median(j.start_seconds for j in group),
+            verify_seconds=_median(j.verify_seconds for j in group), folder=str(folder),
         )
     for run in runs:
         if (run / "config.json").is_file():

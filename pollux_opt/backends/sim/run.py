@@ -7,6 +7,7 @@ log) and ``summary.json`` (from the shared metrics module when present), plus
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing as mp
@@ -41,7 +42,6 @@ from pollux_opt.workloads.job import WorkloadJob
 __all__ = ["MAX_ARRIVAL_ROUNDS", "MAX_SIM_CPUS", "MIN_INTERVAL_S", "SimResult", "quiet_library_logs", "run_tasks",
            "simulate"]
 
-log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SimResult:
@@ -158,12 +158,10 @@ def simulate(
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        events_path = out / "events.jsonl"
-        if events_path.exists():
-            events_path.unlink()  # a simulation is deterministic: rerun from scratch
+        (out / "events.jsonl").unlink(missing_ok=True)  # a simulation is deterministic: rerun from scratch
     # Rerun from scratch, never resumed: one fsync at the end instead of one per event.
     events = EventLog(out / "events.jsonl", durable=False, ordered=False) if out is not None else None
-    try:
+    with events or contextlib.nullcontext():
         backend = SimBackend(jobs, profiles, cluster, events, config)
         provides = {Requirement.ORACLE: backend.oracle}
         pol = (make_policy(policy, provides=provides, **dict(policy_options or {}))
@@ -180,9 +178,6 @@ def simulate(
 
         rounds = run_loop(backend, pol, cluster, _NullLog() if events is None else events,
                           interval=interval, progress=on_round, max_rounds=max_rounds)
-    finally:
-        if events is not None:
-            events.close()
     jct = np.array(sorted(backend.jcts().values()))
     records = backend.job_records()
     done = [r["completion_time"] for r in records if r["completion_time"] is not None]

@@ -126,6 +126,12 @@ def _job_meta(path: Path) -> tuple[dict, dict]:
     return meta, spec
 
 
+def _launch_seconds(events: list[dict], kinds: tuple[str, ...]) -> list[float]:
+    """The measured seconds of the job's launch events of ``kinds``."""
+    return [float(e["details"]["seconds"]) for e in events
+            if e.get("kind") in kinds and "seconds" in e.get("details", {})]
+
+
 def read_job(run: Path, job_dir: Path, run_events: list[dict]) -> JobData | None:
     steps_path = job_dir / "steps.csv"
     job_path = job_dir / "job.json"
@@ -161,18 +167,15 @@ def read_job(run: Path, job_dir: Path, run_events: list[dict]) -> JobData | None
          if e.get("type") == "validation" and e.get("job_id") == job_id and "progress" in e and "value" in e],
         columns=["progress", "value"],
     ).sort_values("progress")
-    launch_seconds = [float(e["details"]["seconds"]) for e in events
-                      if e.get("kind") in _LAUNCH_EVENTS[1:] and "seconds" in e.get("details", {})]
     # Target reached -> verified in a fresh process (the run log's complete event).
     verify_seconds = [float(e["verify_s"]) for e in run_events
                       if e.get("type") == "complete" and e.get("job_id") == job_id and e.get("verify_s") is not None]
     return JobData(
         key=f"{run.name}/{job_id}", app=app, init_batch_size=int(spec["init_batch_size"]),
         max_batch_size=int(spec["max_batch_size"]), steps=steps, completed=completed,
-        final_progress=float(steps.progress.iloc[-1]), validation=val, launch_seconds=launch_seconds,
-        start_seconds=[float(e["details"]["seconds"]) for e in events
-                       if e.get("kind") == _LAUNCH_EVENTS[0] and "seconds" in e.get("details", {})],
-        verify_seconds=verify_seconds,
+        final_progress=float(steps.progress.iloc[-1]), validation=val,
+        launch_seconds=_launch_seconds(events, _LAUNCH_EVENTS[1:]),
+        start_seconds=_launch_seconds(events, _LAUNCH_EVENTS[:1]), verify_seconds=verify_seconds,
     )
 
 
