@@ -232,9 +232,9 @@ def export_profiles(run_dirs: Sequence, out_dir, *, apps: Sequence[str] | None =
         folder = out / safe_name("application", app)
         folder.mkdir(exist_ok=True)
         placements = _mean_rows(warm[warm.placement != ""], ["placement", "local_bsz"])
-        atomic_write_csv(folder / "placements.csv", placements[PLACEMENT_COLUMNS])
+        atomic_write_csv(folder / "placements.csv", placements[list(PLACEMENT_COLUMNS)])
         scal = _mean_rows(warm, ["num_nodes", "num_replicas", "local_bsz"])
-        atomic_write_csv(folder / "scalability.csv", scal[SCALABILITY_COLUMNS])
+        atomic_write_csv(folder / "scalability.csv", scal[list(SCALABILITY_COLUMNS)])
         validation, target = _validation(group, m0, max_bsz)
         for old in folder.glob("validation-*.csv"):
             old.unlink()
