@@ -76,20 +76,13 @@ MAX_ROUNDS = 4
 
 
 class MilpSolver:
-    """The "milp" solver with the cache of compiled model structures its solves share.
+    """The "milp" solver and the compiled model structures its solves share (:attr:`structures`).
 
-    Attributes:
-        structures: the compiled structures kept between solves
-            (:class:`~solvers.milp.compiled.StructureCache`, least recently used
-            dropped first): a later round of the same structure (same jobs,
-            options offered, placement and capacities; other speedups or
-            weights) only writes its objective coefficients into the cached
-            columns.
-
-    The registry (:data:`solvers.SOLVERS`) keeps one per process, created by
-    the first ``solve(problem, "milp")``, so repeated solves of a process share
-    its structures (each worker process of a simulation sweep has its own);
-    :func:`solve_milp` solves once with one of its own.
+    A later round of a cached structure (same jobs, options offered, placement
+    and capacities) only writes its objective into the cached columns.  The
+    registry (:data:`solvers.SOLVERS`) keeps one per process (each worker
+    process of a simulation sweep has its own); :func:`solve_milp` solves once
+    with one of its own.
     """
 
     def __init__(self, structure_cache_size: int = STRUCTURE_CACHE_SIZE) -> None:
