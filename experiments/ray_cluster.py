@@ -101,7 +101,7 @@ def _wait_steps(job, steps: int) -> None:
     start = job.report().step
     while True:
         r = job.report()
-        if r.state.value in ("completed", "failed"):
+        if r.state.terminal:
             raise RuntimeError(f"the rescaled job ended ({r.state.value}: {r.error}); use a harder target")
         if r.state.value == "running" and r.step >= start + steps:
             return

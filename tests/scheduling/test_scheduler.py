@@ -16,7 +16,8 @@ from pollux_opt.records.events import EventLog, read_events
 from pollux_opt.model import GradientStats, ThroughputParams
 from pollux_opt.scheduling.policies import FixedPolicy, PolluxPolicy, TiresiasPolicy
 from pollux_opt.backends.local import JobHandle, RealBackend, run_workload
-from pollux_opt.runtime.report import Event, JobReport, JobState, Measurements
+from pollux_opt.lifecycle import JobState
+from pollux_opt.runtime.report import Event, JobReport, Measurements
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView, run
 from pollux_opt.workloads import Workload, WorkloadJob
 
@@ -42,7 +43,7 @@ class ScriptedBackend:
         for j, a in self.arrivals.items():
             if a <= self.t and self.done.get(j, 0.0) < self.work:
                 k = self.held.get(j, 0)
-                out.append(JobView(j, a, "running" if k else "pending", {"n0": k} if k else {}, 0, self.t - a,
+                out.append(JobView(j, a, JobState.RUNNING if k else JobState.QUEUED, {"n0": k} if k else {}, 0, self.t - a,
                                    1, 4, 1, 32, None, 1.0, self.done.get(j, 0.0), 0.0))
         return out
 
@@ -181,9 +182,10 @@ class FakeJob(JobHandle):
         self.spec, self.workdir, self.job_id, self.options, self.clock = spec, Path(workdir), job_id, options, clock
         self.workdir.mkdir(parents=True, exist_ok=True)
         s = saved or {}
-        self.state = s.get("state", "pending")
-        if self.state in ("running", "rescaling", "verifying"):
-            self.state = "stopped"  # the controller went away
+        self.state = s.get("state", "queued")
+        if self.state in ("running", "rescaling"):
+            self.state = "queued"  # the controller went away
+        self.verifying = False
         self.progress = s.get("progress", 0.0)
         self.events: list[Event] = [Event(**e) for e in s.get("events", [])]
         self.final_metric = s.get("final_metric")
@@ -209,7 +211,7 @@ class FakeJob(JobHandle):
 
     def _persist(self) -> None:
         ckpt = math.floor(self.progress / FAKE_CKPT_EVERY) * FAKE_CKPT_EVERY
-        data = {"job_id": self.job_id, "state": self.state, "progress": ckpt if self.state != "completed" else
+        data = {"job_id": self.job_id, "state": self.state, "progress": ckpt if self.state != "succeeded" else
                 self.progress, "final_metric": self.final_metric, "start_times": self.start_times,
                 "rescale_times": self.rescale_times,
                 "events": [{"time": e.time, "kind": e.kind, "details": dict(e.details)} for e in self.events]}
@@ -227,7 +229,7 @@ class FakeJob(JobHandle):
             self.state, self.last = "running", self.until
             self._record(self.until, "started" if self.kind == "start" else "rescaled", seconds=seconds,
                          placement=self.placement)
-        if self.state == "running":
+        if self.state == "running" and not self.verifying:
             k = sum(self.placement.values())
             dt = now - self.last
             if self.job_id.startswith("bad") and self.trained + dt >= 3.0:
@@ -243,10 +245,10 @@ class FakeJob(JobHandle):
             if self.progress >= FAKE_WORK:
                 t_hit = now - (self.progress - FAKE_WORK) / k
                 self.progress = FAKE_WORK
-                self.state, self.until, self.placement = "verifying", t_hit + FAKE_VERIFY_S, {}
+                self.verifying, self.until, self.placement = True, t_hit + FAKE_VERIFY_S, {}
                 self._record(t_hit, "target_reached", metric=0.99, step=int(FAKE_WORK))
-        if self.state == "verifying" and now >= self.until:
-            self.state, self.final_metric = "completed", 0.99
+        if self.verifying and now >= self.until:
+            self.state, self.final_metric, self.verifying = "succeeded", 0.99, False
             self._record(self.until, "verified", metric=0.99, reached=True)
 
     def start(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
@@ -257,7 +259,7 @@ class FakeJob(JobHandle):
     def rescale(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
                 cgroups=None):
         self._update()
-        if self.state in ("pending", "stopped"):
+        if self.state == "queued":
             self._go(dict(replicas), "start", FAKE_START_S)
         elif self.state in ("running", "rescaling") and dict(replicas) == self.placement:
             pass  # only the batch changes: applied without a restart, as ElasticJob does
@@ -265,7 +267,7 @@ class FakeJob(JobHandle):
             self._go(dict(replicas), "rescale", FAKE_RESCALE_S)
 
     def _go(self, placement, kind, seconds):
-        if self.state in ("completed", "failed"):
+        if JobState(self.state).terminal:
             raise InvalidProblem(f"job {self.job_id!r} is {self.state}")
         self.t0 = self.clock.time()
         self.placement, self.kind, self.state, self.until = placement, kind, "rescaling", self.t0 + seconds
@@ -273,8 +275,8 @@ class FakeJob(JobHandle):
 
     def stop(self):
         self._update()
-        if self.state in ("running", "rescaling"):
-            self.state, self.placement = "stopped", {}
+        if self.state in ("running", "rescaling") and not self.verifying:
+            self.state, self.placement = "queued", {}
             self._record(self.clock.time(), "stopped", reason="request")
 
     def poll(self) -> JobState:

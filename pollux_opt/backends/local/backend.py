@@ -51,6 +51,7 @@ from pollux_opt.backends.local.handle import JobFactory, JobOpener, elastic_fact
 from pollux_opt.backends.local.handle import new_pool
 from pollux_opt.backends.local.lifecycle import STOP_GRACE_S, RunLifecycle
 from pollux_opt.backends.local.nodes import RunNodes
+from pollux_opt.lifecycle import JobState
 from pollux_opt.model import Cluster
 from pollux_opt.records.events import EventLog
 from pollux_opt.records.files import safe_name
@@ -231,7 +232,7 @@ class RealBackend(RunLifecycle):
     def _finish_failed(self, job: JobBookkeeping, t: float, reason: str) -> None:
         job.hold(t, {})
         self._pinning.release(job.id)
-        job.failed, job.end, job.state = True, t, "failed"
+        job.state, job.end = JobState.FAILED, t
         self._emit("failed", t, job.id, reason=reason)
         self._wake = True
 
@@ -240,16 +241,14 @@ class RealBackend(RunLifecycle):
         self._pinning.release(job.id)
         self._emit("complete", now, job.id, **fields)
         job.hold(now, {})
-        job.completed, job.end = True, now
+        job.state, job.end = JobState.SUCCEEDED, now
         self._wake = True
 
     # --------------------------------------------------------------- polling
     def _read(self, job: JobBookkeeping, now: float, full: bool):
         """The job's report if it needs a full read now (else None); a failing read fails the job."""
         try:
-            if not full and now - job.read_t < FULL_READ_S and (
-                polling.state_name(job.handle.poll()) == job.state
-            ):
+            if not full and now - job.read_t < FULL_READ_S and job.handle.poll() is job.state:
                 return None
             report = job.handle.report()
             job.read_t = now
@@ -298,15 +297,16 @@ class RealBackend(RunLifecycle):
             job.last_metric = report.metric
             self._emit("validation", now, job.id, value=report.metric,
                        metric=report.metric_name, step=report.step, progress=report.progress)
-        job.state = state = polling.state_name(report.state)
-        if state == "running" and (math.isnan(job.report_t) or now - job.report_t >= self.report_every_s):
+        job.state = state = report.state
+        if (state is JobState.RUNNING and report.placement
+                and (math.isnan(job.report_t) or now - job.report_t >= self.report_every_s)):
             fields = polling.report_fields(job, report, now)
             if fields is not None:
                 self._emit("report", now, job.id, **fields)
-        if state == "completed":
+        if state is JobState.SUCCEEDED:
             self._complete(job, report, now)
-        elif state == "failed":
-            self._finish_failed(job, now, report.error or "failed")
+        elif state.terminal:  # failed, or cancelled from outside the backend
+            self._finish_failed(job, now, report.error or state.value)
 
     # ------------------------------------------------------------- Backend API
     def views(self) -> list[JobView]:
@@ -369,7 +369,7 @@ class RealBackend(RunLifecycle):
         (the same placement and CPUs: the job applies it without a restart)."""
         for job in self.jobs.values():
             if (job.id in moved or job.id not in self._sent or not job.placement or job.finished
-                    or job.handle is None or polling.VIEW_STATE.get(job.state) is None):
+                    or job.handle is None or polling.verifying(job)):
                 continue
             cpus, sent = self._sent[job.id]
             batch = self._decided_batch(job, job.placement, decision)

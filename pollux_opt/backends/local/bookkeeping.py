@@ -23,7 +23,7 @@ class JobBookkeeping(JobTrack):
     Attributes:
         wl: the workload entry; ``spec``: its resolved ``JobSpec``.
         handle: the job's handle (None until created, or if it could not be).
-        state: the runtime state last read (``JobState`` value, e.g. ``"running"``).
+        state (of the track): the job's state as the runtime last reported it.
         report: the last full report read (a ``JobReport``; None before one).
         read_t: run time of that read, seconds.
         ckpt_names: file names last seen in its checkpoint directory.
@@ -37,7 +37,6 @@ class JobBookkeeping(JobTrack):
     wl: WorkloadJob
     spec: Any
     handle: JobHandle | None = None
-    state: str = "pending"
     report: Any = None
     read_t: float = -math.inf
     ckpt_names: frozenset = frozenset()

@@ -51,8 +51,6 @@ class RunLifecycle:
         logged_until = self.started_unix + last_t
         for job in self.jobs.values():
             job.src_time = max(job.src_time, logged_until)
-            if job.finished:
-                job.state = "completed" if job.completed else "failed"
             if not job.submitted or job.finished:
                 continue
             try:
