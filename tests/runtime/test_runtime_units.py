@@ -476,6 +476,35 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
     job.close()
 
 
+def test_a_cancelled_running_job_checkpoints_then_ends_cancelled_ignoring_later_allocations(tmp_path):
+    """cancel() takes the stop path (the workers finish their step, checkpoint
+    and leave) and then ends the job: a rescale asked for meanwhile is ignored."""
+    from pollux_opt.runtime import ElasticJob
+    from pollux_opt.runtime.allocation import WorkerAllocation
+
+    job = ElasticJob("digits-cnn", tmp_path / "job")
+    ctl = job._ctl
+    ctl._pool = _FakePool()
+    workers = [_FakeWorker(100), _FakeWorker(101)]
+    ctl._workers, ctl._gen = workers, 1
+    ctl.status.alloc = WorkerAllocation({"n0": 2})
+    ctl._enter(JobState.RESCALING, "launching: start")
+    ctl._enter(JobState.RUNNING, "workers resumed: start")
+    ctl._request_stop(cancel=True)
+    assert job.poll() is JobState.RESCALING and workers[0].conn.sent == [("stop",)]
+    ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
+    for rank in (0, 1):
+        ctl._on_message(rank, "paused", {"generation": 1, "rank": rank, "step": 30, "reason": "request",
+                                         "checksum": "c", "progress": 3.0, "samples": 960, "metric": None})
+    stopped = ctl.status.events[-1]
+    assert stopped.kind == "stopped" and stopped.details == {"reason": "request", "step": 30, "checksum": "c",
+                                                             "cancel": True}
+    assert job.poll() is JobState.CANCELLED and ctl._pool.released == workers and not job.report().placement
+    assert [t.new for t in ctl.status.lifecycle.history] == [
+        JobState.RESCALING, JobState.RUNNING, JobState.RESCALING, JobState.CANCELLED]
+    job.close()
+
+
 @pytest.mark.parametrize("resume", [True, False])
 def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, resume):
     """A job driven on its own trains on from its final checkpoint on its last

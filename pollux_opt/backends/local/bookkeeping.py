@@ -18,12 +18,12 @@ class JobBookkeeping(JobTrack):
     """One job of a real run: its history as the event log records it (the
     :class:`~pollux_opt.records.replay.JobTrack` fields, rebuilt by a replay on
     resume and kept up to date as the backend writes events), plus its handle
-    and the cursors of reading it.
+    and the cursors of reading it.  Its ``state`` is the one the runtime last
+    reported (the replay's, until the first read).
 
     Attributes:
         wl: the workload entry; ``spec``: its resolved ``JobSpec``.
         handle: the job's handle (None until created, or if it could not be).
-        state (of the track): the job's state as the runtime last reported it.
         report: the last full report read (a ``JobReport``; None before one).
         read_t: run time of that read, seconds.
         ckpt_names: file names last seen in its checkpoint directory.
