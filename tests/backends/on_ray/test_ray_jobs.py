@@ -60,7 +60,7 @@ def _wait_step(job, step: int, timeout: float = JOB_TIMEOUT_S):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         r = job.report()
-        if r.state.value == "running" and r.step >= step or r.state.value in ("completed", "failed"):
+        if r.state.value == "running" and r.step >= step or r.state.terminal:
             return r
         time.sleep(0.2)
     raise TimeoutError(f"job did not reach step {step}")
@@ -74,7 +74,7 @@ def test_a_job_on_two_nodes_all_reduces_across_them_and_completes_verified(pool_
         assert r.state.value == "running", r.error
         assert [pool.ray_node_of(p) for p in r.worker_pids] == [nodes.get(a).ray_id, nodes.get(b).ray_id]
         r = job.wait(timeout=JOB_TIMEOUT_S)
-    assert r.state.value == "completed", r.error
+    assert r.state.value == "succeeded", r.error
     m = r.measurements
     two = (m.num_nodes == 2) & (m.num_replicas == 2)
     assert two.any() and np.all(m.sync_time[two] > 0)  # inter-node synchronisation, measured
@@ -94,7 +94,7 @@ def test_a_job_rescaled_one_two_one_across_nodes_resumes_exactly_from_each_check
         step = _wait_step(job, step + 30).step
         job.rescale({b: 1})
         r = job.wait(timeout=JOB_TIMEOUT_S)
-    assert r.state.value == "completed", r.error
+    assert r.state.value == "succeeded", r.error
     rescales = _events(r, "rescaled")
     assert [e.details["placement"] for e in rescales] == [{a: 1, b: 1}, {b: 1}]
     for e in rescales:  # the step, progress counters and parameters carried across the checkpoint, exactly
@@ -111,7 +111,7 @@ def test_a_killed_replica_actor_restarts_the_job_from_its_checkpoint(pool_and_no
         r = _wait_step(job, 40)
         os.kill(r.worker_pids[1], signal.SIGKILL)  # every node of the test cluster runs on this machine
         r = job.wait(timeout=JOB_TIMEOUT_S)
-    assert r.state.value == "completed", r.error
+    assert r.state.value == "succeeded", r.error
     (lost,) = _events(r, "worker_lost")
     (restarted,) = _events(r, "restarted")
     assert lost.details["rank"] == 1 and restarted.details["from_checkpoint"] == lost.details["step"]
