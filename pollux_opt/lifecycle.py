@@ -88,7 +88,8 @@ def check_transition(job_id: str, old: JobState, new: JobState) -> None:
 
 @dataclass(frozen=True)
 class Transition:
-    """One recorded move: at ``time`` (Unix seconds) from ``old`` to ``new``, because of ``reason``."""
+    """One recorded move: at ``time`` (Unix seconds) from ``old`` to ``new``,
+    because of ``reason``; ``verifying``: the job checks its final checkpoint from then on."""
 
     time: float
     old: JobState

@@ -12,9 +12,9 @@ commands on the queue (:meth:`JobController.submit`) and reads snapshots
 **A reached target is never trained past.**  A final checkpoint (the one rank
 0 writes when an evaluation reaches the target) that no fresh-process check
 has rejected is verified, never resumed: a job re-opened with one (its
-scheduler was killed while the job verified, or just before) starts
-verifying (``running``, holding no CPUs) and checks it at once, and a launch that finds one (a worker
-died between the final checkpoint and the pause) verifies it instead.
+scheduler was killed while the job verified, or just before) starts verifying
+it at once (``running``, holding no CPUs), and a launch that finds one (a
+worker died between the final checkpoint and the pause) verifies it instead.
 """
 
 from __future__ import annotations

@@ -190,7 +190,8 @@ class WorkerIntake:
                 return
         self._record("worker_lost", {
             "rank": rank, "pid": w.pid, "exitcode": w.process.exitcode, "step": self.status.step,
-            "state": state.value, "pausing": pausing, "peers_reporting_failed_collectives": sorted(self._faults.collective_errors),
+            "state": state.value, "pausing": pausing,
+            "peers_reporting_failed_collectives": sorted(self._faults.collective_errors),
         })
         with self.status.lock:
             workers, self._workers = self._workers, []

@@ -191,7 +191,8 @@ class RealBackend:
             raise
 
     def _restore(self) -> None:
-        """Rebuild the jobs from the event log and re-open the unfinished ones (a resumed run; see the module docstring)."""
+        """Rebuild the jobs from the event log and re-open the unfinished ones
+        (a resumed run; see the module docstring)."""
         self._measured_delays = replay_log(self.jobs, self.events.path, self.started_unix)
         now = self.now()
         for job in self.jobs.values():
