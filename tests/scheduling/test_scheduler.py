@@ -43,7 +43,8 @@ class ScriptedBackend:
         for j, a in self.arrivals.items():
             if a <= self.t and self.done.get(j, 0.0) < self.work:
                 k = self.held.get(j, 0)
-                out.append(JobView(j, a, JobState.RUNNING if k else JobState.QUEUED, {"n0": k} if k else {}, 0, self.t - a,
+                state = JobState.RUNNING if k else JobState.QUEUED
+                out.append(JobView(j, a, state, {"n0": k} if k else {}, 0, self.t - a,
                                    1, 4, 1, 32, None, 1.0, self.done.get(j, 0.0), 0.0))
         return out
 
@@ -182,9 +183,9 @@ class FakeJob(JobHandle):
         self.spec, self.workdir, self.job_id, self.options, self.clock = spec, Path(workdir), job_id, options, clock
         self.workdir.mkdir(parents=True, exist_ok=True)
         s = saved or {}
-        self.state = s.get("state", "queued")
-        if self.state in ("running", "rescaling"):
-            self.state = "queued"  # the controller went away
+        self.state = JobState(s.get("state", JobState.QUEUED))
+        if self.state.holds_workers:
+            self.state = JobState.QUEUED  # the controller went away
         self.verifying = False
         self.progress = s.get("progress", 0.0)
         self.events: list[Event] = [Event(**e) for e in s.get("events", [])]
@@ -211,8 +212,9 @@ class FakeJob(JobHandle):
 
     def _persist(self) -> None:
         ckpt = math.floor(self.progress / FAKE_CKPT_EVERY) * FAKE_CKPT_EVERY
-        data = {"job_id": self.job_id, "state": self.state, "progress": ckpt if self.state != "succeeded" else
-                self.progress, "final_metric": self.final_metric, "start_times": self.start_times,
+        progress = self.progress if self.state is JobState.SUCCEEDED else ckpt
+        data = {"job_id": self.job_id, "state": self.state.value, "progress": progress,
+                "final_metric": self.final_metric, "start_times": self.start_times,
                 "rescale_times": self.rescale_times,
                 "events": [{"time": e.time, "kind": e.kind, "details": dict(e.details)} for e in self.events]}
         (self.workdir / "fake.json").write_text(json.dumps(data))
@@ -223,17 +225,17 @@ class FakeJob(JobHandle):
 
     def _update(self) -> None:
         now = self.clock.time()
-        if self.state == "rescaling" and now >= self.until:
+        if self.state is JobState.RESCALING and now >= self.until:
             seconds = self.until - self.t0
             (self.start_times if self.kind == "start" else self.rescale_times).append(seconds)
-            self.state, self.last = "running", self.until
+            self.state, self.last = JobState.RUNNING, self.until
             self._record(self.until, "started" if self.kind == "start" else "rescaled", seconds=seconds,
                          placement=self.placement)
-        if self.state == "running" and not self.verifying:
+        if self.state is JobState.RUNNING and not self.verifying:
             k = sum(self.placement.values())
             dt = now - self.last
             if self.job_id.startswith("bad") and self.trained + dt >= 3.0:
-                self.state, self.error = "failed", "rank 0: boom"
+                self.state, self.error = JobState.FAILED, "rank 0: boom"
                 self._record(now, "failed", error="boom")
                 return
             before = self.progress
@@ -248,7 +250,7 @@ class FakeJob(JobHandle):
                 self.verifying, self.until, self.placement = True, t_hit + FAKE_VERIFY_S, {}
                 self._record(t_hit, "target_reached", metric=0.99, step=int(FAKE_WORK))
         if self.verifying and now >= self.until:
-            self.state, self.final_metric, self.verifying = "succeeded", 0.99, False
+            self.state, self.final_metric, self.verifying = JobState.SUCCEEDED, 0.99, False
             self._record(self.until, "verified", metric=0.99, reached=True)
 
     def start(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
@@ -259,29 +261,29 @@ class FakeJob(JobHandle):
     def rescale(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
                 cgroups=None):
         self._update()
-        if self.state == "queued":
+        if self.state is JobState.QUEUED:
             self._go(dict(replicas), "start", FAKE_START_S)
-        elif self.state in ("running", "rescaling") and dict(replicas) == self.placement:
+        elif self.state.holds_workers and dict(replicas) == self.placement:
             pass  # only the batch changes: applied without a restart, as ElasticJob does
         else:
             self._go(dict(replicas), "rescale", FAKE_RESCALE_S)
 
     def _go(self, placement, kind, seconds):
-        if JobState(self.state).terminal:
-            raise InvalidProblem(f"job {self.job_id!r} is {self.state}")
+        if self.state.terminal:
+            raise InvalidProblem(f"job {self.job_id!r} has ended ({self.state.value})")
         self.t0 = self.clock.time()
-        self.placement, self.kind, self.state, self.until = placement, kind, "rescaling", self.t0 + seconds
+        self.placement, self.kind, self.state, self.until = placement, kind, JobState.RESCALING, self.t0 + seconds
         self._persist()
 
     def stop(self):
         self._update()
-        if self.state in ("running", "rescaling") and not self.verifying:
-            self.state, self.placement = "queued", {}
+        if self.state.holds_workers and not self.verifying:
+            self.state, self.placement = JobState.QUEUED, {}
             self._record(self.clock.time(), "stopped", reason="request")
 
     def poll(self) -> JobState:
         self._update()
-        return JobState(self.state)
+        return self.state
 
     def wait(self, timeout=None):
         return self.report()
@@ -292,10 +294,10 @@ class FakeJob(JobHandle):
     def report(self) -> JobReport:
         self._update()
         spec = self.spec or _SPEC
-        running = self.state in ("running", "rescaling")
+        running = self.state.holds_workers
         k = sum(self.placement.values()) if running else 0
         return JobReport(
-            job_id=self.job_id, kind="fake", state=JobState(self.state), step=int(self.progress),
+            job_id=self.job_id, kind="fake", state=self.state, step=int(self.progress),
             progress=self.progress, samples=int(self.progress * 32), epoch=math.nan, metric_name="accuracy",
             target=0.9, higher_is_better=True, metric=None, final_metric=self.final_metric,
             placement=dict(self.placement) if running else {}, num_replicas=k, num_nodes=len(self.placement),
