@@ -21,7 +21,8 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
-from typing import Callable
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 __all__ = ["TRANSITIONS", "IllegalTransition", "JobState", "Lifecycle", "Transition", "check_transition"]
 
@@ -61,7 +62,7 @@ class JobState(str, enum.Enum):
 #: rescale, a fault, a failed verification), starts verifying (``running``),
 #: stops (a request, the step limit, a failed verification that waits for the
 #: scheduler) or succeeds (verified).
-TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+TRANSITIONS: Mapping[JobState, frozenset[JobState]] = MappingProxyType({
     JobState.QUEUED: frozenset({JobState.RESCALING, JobState.RUNNING, JobState.FAILED, JobState.CANCELLED}),
     JobState.RESCALING: frozenset({JobState.RESCALING, JobState.RUNNING, JobState.QUEUED, JobState.FAILED,
                                    JobState.CANCELLED}),
@@ -70,7 +71,7 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),
-}
+})
 
 
 class IllegalTransition(RuntimeError):

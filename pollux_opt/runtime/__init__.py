@@ -113,7 +113,8 @@ configuration keys), :mod:`~pollux_opt.runtime.agent`, :mod:`~pollux_opt.runtime
 Work directory layout (everything a job writes)::
 
     job.json            spec, options, job id
-    state.json          state, rescale times, restarts, final metric (atomic)
+    state.json          state (a JobState value), verifying (true while the final
+                        checkpoint is checked), rescale times, restarts, final metric (atomic)
     events.jsonl        one JSON event per line
     steps.csv           per-step measurements of rank 0
     verification.json   result of the fresh-process evaluation

@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from solvers import InvalidProblem
+
 from pollux_opt.lifecycle import JobState, Lifecycle
 from pollux_opt.model import BatchConfig
 from pollux_opt.runtime.adapt import params_from_dict, params_to_dict
@@ -70,7 +72,11 @@ class JobStatus:
         restored ``queued`` (the supervisor makes it verify instead when its
         newest checkpoint is an unchecked final one)."""
         if saved:
-            state = JobState(saved.get("state", JobState.QUEUED))
+            value, known = saved.get("state", JobState.QUEUED.value), [s.value for s in JobState]
+            if value not in known:
+                raise InvalidProblem(f"state.json of job {self.job_id!r}: state must be one of "
+                                     f"{', '.join(known)}, got {value!r}")
+            state = JobState(value)
             self.lifecycle = Lifecycle(self.job_id, JobState.QUEUED if state.holds_workers else state)
             self.error = saved.get("error")
             self.final_metric = saved.get("final_metric")

@@ -249,3 +249,15 @@ def test_a_cancelled_job_ends_and_refuses_further_commands(tmp_path):
     reopened = ElasticJob.from_workdir(tmp_path / "job")
     assert reopened.poll() is JobState.CANCELLED
     reopened.close()
+
+
+def test_a_saved_state_outside_the_enumeration_is_refused_naming_it(tmp_path):
+    import json
+
+    from pollux_opt.runtime import ElasticJob
+
+    ElasticJob("digits-cnn", tmp_path / "job").close()
+    (tmp_path / "job" / "state.json").write_text(json.dumps({"state": "completed"}))
+    with pytest.raises(InvalidProblem, match="state.json of job 'job': state must be one of queued, running, "
+                                             "rescaling, succeeded, failed, cancelled, got 'completed'"):
+        ElasticJob.from_workdir(tmp_path / "job")
