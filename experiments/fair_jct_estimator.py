@@ -1,7 +1,7 @@
 """Error of fair-jct's online remaining-work estimate against the simulator's truth.
 
 Simulates AdaptDL workloads under fair-jct and, every ``--every`` rounds, logs
-for each running or pending job with a fitted model: its attained work, the
+for each running or queued job with a fitted model: its attained work, the
 policy's estimate of its remaining work (mean residual of the learned work
 distribution, reference seconds; see
 :mod:`pollux_opt.scheduling.policies.remaining`) and the true remaining work

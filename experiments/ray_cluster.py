@@ -31,6 +31,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from pollux_opt.backends.local import default_cluster, run_workload  # noqa: E402
+from pollux_opt.lifecycle import JobState  # noqa: E402
 from pollux_opt.workloads import WorkloadJob, load_workload  # noqa: E402
 
 log = logging.getLogger("ray_cluster")
@@ -101,9 +102,9 @@ def _wait_steps(job, steps: int) -> None:
     start = job.report().step
     while True:
         r = job.report()
-        if r.state.value in ("completed", "failed"):
+        if r.state.terminal:
             raise RuntimeError(f"the rescaled job ended ({r.state.value}: {r.error}); use a harder target")
-        if r.state.value == "running" and r.step >= start + steps:
+        if r.state is JobState.RUNNING and r.step >= start + steps:
             return
         time.sleep(0.1)
 

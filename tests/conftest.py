@@ -17,7 +17,8 @@ import pytest
 from pollux_opt import InvalidProblem
 from pollux_opt.backends.local import JobHandle
 from pollux_opt.model import GradientStats, ThroughputParams
-from pollux_opt.runtime.report import Event, JobReport, JobState, Measurements
+from pollux_opt.lifecycle import JobState
+from pollux_opt.runtime.report import Event, JobReport, Measurements
 from pollux_opt.workloads import WorkloadJob
 
 #: The repository's experiment scripts (run as ``python experiments/NAME.py``).
@@ -56,9 +57,10 @@ class FakeJob(JobHandle):
         self.spec, self.workdir, self.job_id, self.options, self.clock = spec, Path(workdir), job_id, options, clock
         self.workdir.mkdir(parents=True, exist_ok=True)
         s = saved or {}
-        self.state = s.get("state", "pending")
-        if self.state in ("running", "rescaling", "verifying"):
-            self.state = "stopped"  # the controller went away
+        self.state = JobState(s.get("state", JobState.QUEUED))
+        if self.state.holds_workers:
+            self.state = JobState.QUEUED  # the controller went away
+        self.verifying = False
         self.progress = s.get("progress", 0.0)
         self.events: list[Event] = [Event(**e) for e in s.get("events", [])]
         self.final_metric = s.get("final_metric")
@@ -84,8 +86,9 @@ class FakeJob(JobHandle):
 
     def _persist(self) -> None:
         ckpt = math.floor(self.progress / FAKE_CKPT_EVERY) * FAKE_CKPT_EVERY
-        data = {"job_id": self.job_id, "state": self.state, "progress": ckpt if self.state != "completed" else
-                self.progress, "final_metric": self.final_metric, "start_times": self.start_times,
+        progress = self.progress if self.state is JobState.SUCCEEDED else ckpt
+        data = {"job_id": self.job_id, "state": self.state.value, "progress": progress,
+                "final_metric": self.final_metric, "start_times": self.start_times,
                 "rescale_times": self.rescale_times,
                 "events": [{"time": e.time, "kind": e.kind, "details": dict(e.details)} for e in self.events]}
         (self.workdir / "fake.json").write_text(json.dumps(data))
@@ -96,17 +99,17 @@ class FakeJob(JobHandle):
 
     def _update(self) -> None:
         now = self.clock.time()
-        if self.state == "rescaling" and now >= self.until:
+        if self.state is JobState.RESCALING and now >= self.until:
             seconds = self.until - self.t0
             (self.start_times if self.kind == "start" else self.rescale_times).append(seconds)
-            self.state, self.last = "running", self.until
+            self.state, self.last = JobState.RUNNING, self.until
             self._record(self.until, "started" if self.kind == "start" else "rescaled", seconds=seconds,
                          placement=self.placement)
-        if self.state == "running":
+        if self.state is JobState.RUNNING and not self.verifying:
             k = sum(self.placement.values())
             dt = now - self.last
             if self.job_id.startswith("bad") and self.trained + dt >= 3.0:
-                self.state, self.error = "failed", "rank 0: boom"
+                self.state, self.error = JobState.FAILED, "rank 0: boom"
                 self._record(now, "failed", error="boom")
                 return
             before = self.progress
@@ -118,10 +121,10 @@ class FakeJob(JobHandle):
             if self.progress >= FAKE_WORK:
                 t_hit = now - (self.progress - FAKE_WORK) / k
                 self.progress = FAKE_WORK
-                self.state, self.until, self.placement = "verifying", t_hit + FAKE_VERIFY_S, {}
+                self.verifying, self.until, self.placement = True, t_hit + FAKE_VERIFY_S, {}
                 self._record(t_hit, "target_reached", metric=0.99, step=int(FAKE_WORK))
-        if self.state == "verifying" and now >= self.until:
-            self.state, self.final_metric = "completed", 0.99
+        if self.verifying and now >= self.until:
+            self.state, self.final_metric, self.verifying = JobState.SUCCEEDED, 0.99, False
             self._record(self.until, "verified", metric=0.99, reached=True)
 
     def start(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
@@ -132,29 +135,29 @@ class FakeJob(JobHandle):
     def rescale(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
                 cgroups=None):
         self._update()
-        if self.state in ("pending", "stopped"):
+        if self.state is JobState.QUEUED:
             self._go(dict(replicas), "start", FAKE_START_S)
-        elif self.state in ("running", "rescaling") and dict(replicas) == self.placement:
+        elif self.state.holds_workers and dict(replicas) == self.placement:
             pass  # only the batch changes: applied without a restart, as ElasticJob does
         else:
             self._go(dict(replicas), "rescale", FAKE_RESCALE_S)
 
     def _go(self, placement, kind, seconds):
-        if self.state in ("completed", "failed"):
-            raise InvalidProblem(f"job {self.job_id!r} is {self.state}")
+        if self.state.terminal:
+            raise InvalidProblem(f"job {self.job_id!r} has ended ({self.state.value})")
         self.t0 = self.clock.time()
-        self.placement, self.kind, self.state, self.until = placement, kind, "rescaling", self.t0 + seconds
+        self.placement, self.kind, self.state, self.until = placement, kind, JobState.RESCALING, self.t0 + seconds
         self._persist()
 
     def stop(self):
         self._update()
-        if self.state in ("running", "rescaling"):
-            self.state, self.placement = "stopped", {}
+        if self.state.holds_workers and not self.verifying:
+            self.state, self.placement = JobState.QUEUED, {}
             self._record(self.clock.time(), "stopped", reason="request")
 
     def poll(self) -> JobState:
         self._update()
-        return JobState(self.state)
+        return self.state
 
     def wait(self, timeout=None):
         return self.report()
@@ -165,10 +168,10 @@ class FakeJob(JobHandle):
     def report(self) -> JobReport:
         self._update()
         spec = self.spec or WorkloadJob("x", "digits-cnn", 0.0, 1, 32).job_spec()
-        running = self.state in ("running", "rescaling")
+        running = self.state.holds_workers
         k = sum(self.placement.values()) if running else 0
         return JobReport(
-            job_id=self.job_id, kind="fake", state=JobState(self.state), step=int(self.progress),
+            job_id=self.job_id, kind="fake", state=self.state, step=int(self.progress),
             progress=self.progress, samples=int(self.progress * 32), epoch=math.nan, metric_name="accuracy",
             target=0.9, higher_is_better=True, metric=None, final_metric=self.final_metric,
             placement=dict(self.placement) if running else {}, num_replicas=k, num_nodes=len(self.placement),

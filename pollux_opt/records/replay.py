@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, MutableMapping, TypeVar
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.records.events import PLACEMENT_EVENTS
 
 __all__ = ["JobTrack", "clean_placement", "replay", "time_ordered"]
@@ -39,7 +40,11 @@ class JobTrack:
         id: the job's id.
         submit: time of its first ``submit`` event (nan before it).
         end: time of its ``complete`` or ``failed`` event (nan before it).
-        completed, failed: how it ended; ``verified``, ``final_metric``,
+        state: its :class:`~pollux_opt.lifecycle.JobState` as its events tell
+            it: ``queued`` until it holds CPUs, ``running`` while it does (or
+            while its final checkpoint is re-checked), ``succeeded`` on its
+            ``complete`` event, ``failed`` on its ``failed`` event.
+        verified, final_metric,
             ``progress`` (M0-equivalent iterations), ``model`` (goodput-model
             JSON), ``startup_s``, ``verify_s`` (seconds, 0 if not recorded):
             fields of its ``complete`` event.
@@ -63,8 +68,7 @@ class JobTrack:
     id: str
     submit: float = math.nan
     end: float = math.nan
-    completed: bool = False
-    failed: bool = False
+    state: JobState = JobState.QUEUED
     verified: bool = False
     final_metric: float | None = None
     progress: float = math.nan
@@ -92,9 +96,17 @@ class JobTrack:
         return not math.isnan(self.submit)
 
     @property
+    def completed(self) -> bool:
+        return self.state is JobState.SUCCEEDED
+
+    @property
+    def failed(self) -> bool:
+        return self.state is JobState.FAILED
+
+    @property
     def finished(self) -> bool:
-        """Completed or failed: it holds nothing and never will again."""
-        return self.completed or self.failed
+        """Ended: it holds nothing and never will again."""
+        return self.state.terminal
 
     @property
     def held(self) -> int:
@@ -129,6 +141,7 @@ class JobTrack:
                 self.max_replicas = event.get("max_replicas")
         elif etype in PLACEMENT_EVENTS:
             self.hold(t, event.get("placement"), event.get("cpus"))
+            self.state = JobState.RUNNING if self.held else JobState.QUEUED
             self.started = True
             if etype in RESTART_EVENTS and self.held:
                 self.restarts += 1
@@ -145,14 +158,14 @@ class JobTrack:
             if etype == "complete":
                 self._complete(event)
             else:
-                self.failed = True
+                self.state = JobState.FAILED
         if event.get("src_time") is not None:
             self.src_time = max(self.src_time, float(event["src_time"]))
         if event.get("duration_s") is not None:
             self.durations.append(float(event["duration_s"]))
 
     def _complete(self, event: Mapping) -> None:
-        self.completed = True
+        self.state = JobState.SUCCEEDED
         self.verified = bool(event.get("verified"))
         self.final_metric = event.get("value")
         self.model = event.get("model")

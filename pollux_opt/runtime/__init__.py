@@ -31,7 +31,7 @@ Signatures:
 * ``rescale(replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None)``
   (``local_bsz``/``accum_steps`` pin the batch a scheduler decided; the same
   placement and CPUs with another pin switch the batch without a restart)
-* ``stop()``, ``close()``, ``poll() -> JobState``, ``report() -> JobReport``,
+* ``stop()``, ``cancel()``, ``close()``, ``poll() -> JobState``, ``report() -> JobReport``,
   ``wait(timeout=None, until=None) -> JobReport``, ``step_log() -> pandas.DataFrame``
 * ``WorkerPool(spares=1, *, max_idle=None, start_method=None)`` with
   ``warm(count)``, ``prepare(job_key, spec_json, workdir)``, ``close()``
@@ -52,24 +52,25 @@ Signatures:
   ``fixed_batch_size`` is the "fixed" mode (user's total batch, no
   adaptation) needed by the throughput-only and fixed baseline policies.
 
-States (:class:`JobState`; internally the finer phases of
-:mod:`~pollux_opt.runtime.phase`, with their table of allowed transitions):
-``pending`` -> ``rescaling`` (acquiring workers,
-loading the checkpoint) -> ``running`` <-> ``rescaling`` -> ``verifying``
-(target reached; final checkpoint re-evaluated in a fresh process forked
-from the pool's fork server, holding no core of the job) ->
-``completed``; ``stopped`` after ``stop()`` or a step limit (resume with
-``start``); ``failed`` with ``report().error`` when job code raises, its loss
-diverges (:mod:`~pollux_opt.runtime.divergence`) or faults exceed
-``max_restarts``.  A job holds cores exactly while ``running`` or
-``rescaling`` (``JobState.holds_workers``).
+States (:class:`JobState`, with its one table of legal changes, in
+:mod:`pollux_opt.lifecycle`): ``queued`` -> ``rescaling`` (acquiring
+workers, loading the checkpoint) -> ``running`` <-> ``rescaling``; once the
+target is reached the job stays ``running`` while its final checkpoint is
+re-evaluated in a fresh process forked from the pool's fork server (holding
+no core of the job), then ``succeeded``.  ``queued`` again after ``stop()``
+or a step limit (resume with ``start``); ``cancelled`` after ``cancel()``;
+``failed`` with ``report().error`` when job code raises, its loss diverges
+(:mod:`~pollux_opt.runtime.divergence`) or faults exceed ``max_restarts``.
+A job holds cores while ``running`` or ``rescaling``
+(``JobState.holds_workers``), except while verifying (an empty
+``report().placement``).
 
 What a job does
 ===============
 
 Modules: :mod:`~pollux_opt.runtime.job` (the handle),
 :mod:`~pollux_opt.runtime.controller` and :mod:`~pollux_opt.runtime.intake`
-(its supervisor thread), :mod:`~pollux_opt.runtime.phase`,
+(its supervisor thread),
 :mod:`~pollux_opt.runtime.status`, :mod:`~pollux_opt.runtime.journal`,
 :mod:`~pollux_opt.runtime.worker`, :mod:`~pollux_opt.runtime.trainer`,
 :mod:`~pollux_opt.runtime.control` and :mod:`~pollux_opt.runtime.state` (the
@@ -112,7 +113,8 @@ configuration keys), :mod:`~pollux_opt.runtime.agent`, :mod:`~pollux_opt.runtime
 Work directory layout (everything a job writes)::
 
     job.json            spec, options, job id
-    state.json          state, rescale times, restarts, final metric (atomic)
+    state.json          state (a JobState value), verifying (true while the final
+                        checkpoint is checked), rescale times, restarts, final metric (atomic)
     events.jsonl        one JSON event per line
     steps.csv           per-step measurements of rank 0
     verification.json   result of the fresh-process evaluation
@@ -123,11 +125,12 @@ Work directory layout (everything a job writes)::
 
 from __future__ import annotations
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.runtime.job import ElasticJob
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.profiling import heldout_error, profile_throughput
 from pollux_opt.runtime.registry import get_job, job_names, register_job, training_job
-from pollux_opt.runtime.report import Event, JobReport, JobState, Measurements, RuntimeOptions
+from pollux_opt.runtime.report import Event, JobReport, Measurements, RuntimeOptions
 from pollux_opt.runtime.spec import LR_SCALING_RULES, BuildContext, JobParts, JobSpec
 from pollux_opt.runtime.trust import declare_builder_modules
 from pollux_opt.runtime.lazy_torch import TORCH_MISSING

@@ -1,7 +1,8 @@
 """What a scheduler asks an elastic job to run on: replicas per node, optional
 CPU pins, optionally the batch configuration, and on a cluster of several node
 types the type of each node and the cgroup its replicas run in
-(:class:`WorkerAllocation`)."""
+(:class:`WorkerAllocation`), and what the supervisor does once a transition
+ends (:class:`FollowUp`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pollux_opt.model.domains import NAME, Integer, check
 from pollux_opt.runtime.adapt import check_allocation
 from pollux_opt.runtime.report import normalize_placement
 
-__all__ = ["WorkerAllocation", "parse_allocation"]
+__all__ = ["FollowUp", "WorkerAllocation", "parse_allocation"]
 
 #: A CPU id a replica is pinned to.
 _CPU_ID = Integer(ge=0)
@@ -119,3 +120,22 @@ def parse_allocation(
     m = check("local_bsz", m, Integer(ge=limits.min_local_bsz, le=limits.max_local_bsz))
     s = check("accum_steps", s, Integer(ge=0, le=limits.max_accum_steps))
     return WorkerAllocation(placement, cpus, BatchConfig(m, s), **extra)
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """What the supervisor does once the current transition (forming, pausing
+    or verifying) ends: launch ``alloc``, or stop when ``alloc`` is None (and
+    end the job as ``cancelled`` when ``cancel``).
+
+    ``t0`` is when the oldest request it serves was made (``time.monotonic``
+    seconds): a rescale time counts from then.
+    """
+
+    alloc: WorkerAllocation | None
+    t0: float
+    cancel: bool = False
+
+    @property
+    def stop(self) -> bool:
+        return self.alloc is None

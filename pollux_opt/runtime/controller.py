@@ -1,7 +1,7 @@
 """The supervisor of one elastic job (:class:`JobController`): a thread that
 watches the job's worker processes (their pipes and process sentinels),
 applies the scheduler's commands at step boundaries, moves the job through its
-phases (:mod:`~pollux_opt.runtime.phase`), re-fits its throughput model
+states (:mod:`~pollux_opt.lifecycle`), re-fits its throughput model
 (:class:`~pollux_opt.runtime.agent.JobAgent`), records events and persists the
 job's state, so that a job keeps adapting while the scheduler thread is busy.
 
@@ -12,9 +12,9 @@ commands on the queue (:meth:`JobController.submit`) and reads snapshots
 **A reached target is never trained past.**  A final checkpoint (the one rank
 0 writes when an evaluation reaches the target) that no fresh-process check
 has rejected is verified, never resumed: a job re-opened with one (its
-scheduler was killed while the job verified, or just before) starts in phase
-``verifying`` and checks it at once, and a launch that finds one (a worker
-died between the final checkpoint and the pause) verifies it instead.
+scheduler was killed while the job verified, or just before) starts verifying
+it at once (``running``, holding no CPUs), and a launch that finds one (a
+worker died between the final checkpoint and the pause) verifies it instead.
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.model import BatchConfig
 from pollux_opt.records.events import jsonable
 from pollux_opt.runtime.adapt import choose_batch, params_to_dict
-from pollux_opt.runtime.allocation import WorkerAllocation
+from pollux_opt.runtime.allocation import FollowUp, WorkerAllocation
 from pollux_opt.runtime.checkpoint import (
     CheckpointInfo, checkpoint_dir, latest_good, list_checkpoints, wait_for_writer,
 )
 from pollux_opt.runtime.intake import WorkerIntake
 from pollux_opt.runtime.journal import JobJournal
-from pollux_opt.runtime.phase import FollowUp, Phase, check_transition
 from pollux_opt.runtime.pool import WorkerHandle, WorkerPool
 from pollux_opt.runtime.recovery import FaultMonitor, VerificationRun
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
@@ -77,6 +77,8 @@ class JobController(WorkerIntake):
         self._workers: list[WorkerHandle] = []  # the current generation, by rank
         self._gen = 0
         self._next: FollowUp | None = None  # what to do once the current transition ends
+        # Within ``rescaling``: the old generation is pausing (True) or a new one forming (False).
+        self._pausing = False
         self._launch_kind, self._launch_t0, self._launch_wall = "start", 0.0, 0.0
         self._resume_from: CheckpointInfo | None = None
         self._resumed: dict[int, dict] = {}
@@ -91,11 +93,11 @@ class JobController(WorkerIntake):
         infos = list_checkpoints(checkpoint_dir(self.workdir))
         if infos:
             self.status.absorb_meta(infos[0].meta)
-        if infos and infos[0].final and not self.status.phase.terminal:
+        if infos and infos[0].final and not self.status.lifecycle.state.terminal:
             info = latest_good(checkpoint_dir(self.workdir), on_corrupt=self._on_corrupt)
             if self._awaits_verification(info):
-                # A restored phase, not a transition: the check resumes as soon as the thread runs.
-                self.status.phase = Phase.VERIFYING
+                # The check resumes as soon as the thread runs.
+                self._enter(JobState.RUNNING, "re-opened with an unchecked final checkpoint", verifying=True)
                 self.status.absorb_meta(info.meta)
                 self._queue("verify", info)
 
@@ -104,13 +106,13 @@ class JobController(WorkerIntake):
         with self.status.lock:
             return self.status.report()
 
-    def phase(self) -> Phase:
+    def state(self) -> JobState:
         with self.status.lock:
-            return self.status.phase
+            return self.status.lifecycle.state
 
     def submit(self, kind: str, payload: Any) -> None:
-        """Queue a command (``"alloc"`` with a :class:`WorkerAllocation`, or ``"stop"``)
-        and start the thread if it is not running."""
+        """Queue a command (``"alloc"`` with a :class:`WorkerAllocation`, ``"stop"``
+        or ``"cancel"``) and start the thread if it is not running."""
         self._queue(kind, payload)
 
     def _queue(self, kind: str, payload: Any) -> None:
@@ -141,11 +143,11 @@ class JobController(WorkerIntake):
                 self._check_workers()
                 self._check_verification()
                 self._maybe_adapt()
-                if self.status.phase.terminal and not self._verification.active:
+                if self.status.lifecycle.state.terminal and not self._verification.active:
                     break  # nothing left to supervise; close() cleans up
         except Exception as exc:  # noqa: BLE001 - a controller bug must not hang the scheduler
             logger.exception("supervisor of job %s crashed", self.job_id)
-            if not self.status.phase.terminal:
+            if not self.status.lifecycle.state.terminal:
                 self._fail(f"controller error: {type(exc).__name__}: {exc}")
         finally:
             self._shutdown()
@@ -168,12 +170,12 @@ class JobController(WorkerIntake):
             if kind == "close":
                 return False
             try:
-                if self.status.phase.terminal:
+                if self.status.lifecycle.state.terminal:
                     continue
                 if kind == "alloc":
                     self._request_alloc(payload, t0)
-                elif kind == "stop":
-                    self._request_stop()
+                elif kind in ("stop", "cancel"):
+                    self._request_stop(cancel=kind == "cancel")
                 elif kind == "verify":
                     self._resume_verification(payload)
             finally:
@@ -181,43 +183,55 @@ class JobController(WorkerIntake):
                     self.status.handled += 1
                     self.status.changed.notify_all()
 
-    def _enter(self, phase: Phase) -> None:
-        """Move to ``phase``: the one place a phase changes, checked against the table."""
+    def _enter(self, state: JobState, reason: str, *, verifying: bool = False) -> None:
+        """Move to ``state``: the one place the state changes, checked against the table."""
         with self.status.lock:
-            check_transition(self.job_id, self.status.phase, phase)
-            self.status.phase = phase
+            step = self.status.lifecycle.move(state, reason, verifying=verifying)
             self.status.changed.notify_all()
+        logger.debug("job %s: %s -> %s (%s)", self.job_id, step.old.value, step.new.value, reason)
 
     # --------------------------------------------------------------- requests
     def _request_alloc(self, alloc: WorkerAllocation, t0: float) -> None:
-        phase = self.status.phase
-        if phase in (Phase.PENDING, Phase.STOPPED):
+        state, pending = self.status.lifecycle.state, self._next
+        if pending is not None and pending.cancel:
+            return  # a cancel is final
+        if state is JobState.QUEUED:
             self._launch(alloc, "start", t0)
-        elif phase is Phase.VERIFYING:
+        elif self.status.lifecycle.verifying:
             self._next = FollowUp(alloc, t0)  # served if the verification does not confirm the target
-        elif phase in (Phase.RUNNING, Phase.LAUNCHING) and alloc.same_workers(self.status.alloc):
+        elif not self._pausing and alloc.same_workers(self.status.alloc):
             # The same workers: only the batch may change, at a step boundary, without a restart.
-            self._next = None  # (while launching: asked for what is being launched)
+            self._next = None  # (while forming: asked for what is being launched)
             self._apply_pin(alloc)
-        elif phase is Phase.RUNNING:
+        elif state is JobState.RUNNING:
             self._next = FollowUp(alloc, t0)
             self._pause()
-        else:  # launching elsewhere, or pausing: the newest request wins once the transition ends
-            pending = self._next
+        else:  # forming elsewhere, or pausing: the newest request wins once the transition ends
             # The rescale time counts from the oldest unserved request.
             self._next = FollowUp(alloc, t0 if pending is None or pending.stop else pending.t0)
 
-    def _request_stop(self) -> None:
-        phase = self.status.phase
-        if phase is Phase.RUNNING:
-            self._next = FollowUp(None, time.monotonic())
+    def _request_stop(self, cancel: bool) -> None:
+        """Checkpoint and release the workers once the current transition ends;
+        end the job ``cancelled`` when ``cancel``."""
+        lifecycle, follow = self.status.lifecycle, FollowUp(None, time.monotonic(), cancel)
+        if lifecycle.state is JobState.RUNNING and not lifecycle.verifying:
+            self._next = follow
             self._pause()
-        elif phase in (Phase.LAUNCHING, Phase.PAUSING, Phase.VERIFYING):
-            self._next = FollowUp(None, time.monotonic())
-        elif phase is Phase.PENDING:
-            self._record("stopped", {"reason": "request", "step": self.status.step, "never_started": True})
-            self._enter(Phase.STOPPED)
-            self._persist()
+        elif lifecycle.state.holds_workers:
+            self._next = FollowUp(None, follow.t0, cancel or (self._next is not None and self._next.cancel))
+        elif cancel or self.status.first_start is None:
+            self._stopped(follow, {"reason": "request", "step": self.status.step,
+                                   "never_started": self.status.first_start is None})
+
+    def _stopped(self, follow: FollowUp | None, details: dict) -> None:
+        """Record a stop (its event's ``details``) and hold no workers: ``queued``,
+        or ``cancelled`` when ``follow`` cancels the job."""
+        cancel = follow is not None and follow.cancel
+        self._record("stopped", dict(details, cancel=True) if cancel else details)
+        self._next = None
+        if cancel or self.status.lifecycle.state is not JobState.QUEUED:
+            self._enter(JobState.CANCELLED if cancel else JobState.QUEUED, f"stopped: {details['reason']}")
+        self._persist()
 
     def _apply_pin(self, alloc: WorkerAllocation) -> None:
         with self.status.lock:
@@ -230,7 +244,8 @@ class JobController(WorkerIntake):
         # The paused reports are not cleared here: while running, ranks may already
         # have paused on their own (target or step limit) and will not report
         # again; their reports complete this pause.  _launch clears them.
-        self._enter(Phase.PAUSING)
+        self._pausing = True
+        self._enter(JobState.RESCALING, "pausing")
         self._send(0, ("stop",))
 
     def _send(self, rank: int, msg: tuple) -> None:
@@ -307,7 +322,8 @@ class JobController(WorkerIntake):
             self.status.alloc, self.status.config = alloc, config
             if self.status.first_start is None:
                 self.status.first_start = time.time()
-            self._enter(Phase.LAUNCHING)
+            self._pausing = False
+            self._enter(JobState.RESCALING, f"launching: {kind}")
         self._resumed, self._paused = {}, {}
         self._faults.reset()
         self._resume_from = info
@@ -329,11 +345,11 @@ class JobController(WorkerIntake):
         self._record("target_reached", {"step": info.step, "metric": info.meta.get("metric"),
                                         "from_checkpoint": True})
         self._verification.start(self._pool, info)
-        self._enter(Phase.VERIFYING)
+        self._enter(JobState.RUNNING, "target reached before the launch", verifying=True)
         self._persist()
 
     def _resume_verification(self, info: CheckpointInfo) -> None:
-        """Check the final checkpoint ``info`` of a job re-opened in phase ``verifying``."""
+        """Check the final checkpoint ``info`` of a job re-opened verifying it."""
         self._record("verification_resumed", {"step": info.step, "metric": info.meta.get("metric")})
         self._verification.start(self._pool, info)
         self._persist()
@@ -352,7 +368,7 @@ class JobController(WorkerIntake):
         with self.status.lock:
             workers, self._workers = self._workers, []
             self.status.error = error
-            self._enter(Phase.FAILED)
+            self._enter(JobState.FAILED, error)
         if workers:
             self._pool.discard(workers)
         self._persist()
@@ -361,7 +377,8 @@ class JobController(WorkerIntake):
     def _maybe_adapt(self) -> None:
         """Re-fit the throughput model and, unless the allocation pins the batch,
         re-choose the batch for the current allocation (every ``adapt_interval_s``)."""
-        if self.status.phase is not Phase.RUNNING:
+        lifecycle = self.status.lifecycle
+        if lifecycle.state is not JobState.RUNNING or lifecycle.verifying:
             return
         now = time.monotonic()
         if now - self._last_adapt < self.options.adapt_interval_s:

@@ -7,9 +7,9 @@ final checkpoint.
 :class:`WorkerIntake` is a part of :class:`~pollux_opt.runtime.controller.JobController`
 kept in its own module: a mixin that uses the controller's state (``status``,
 ``journal``, ``options``, the current generation's ``_workers``, ``_gen``,
-``_resumed``, ``_paused``, ``_faults``, ``_verification``, ``_next``) and its
-transitions (``_enter``, ``_launch``, ``_pause``, ``_release_all``, ``_fail``,
-``_record``, ``_persist``).
+``_resumed``, ``_paused``, ``_pausing``, ``_faults``, ``_verification``,
+``_next``) and its transitions (``_enter``, ``_launch``, ``_pause``,
+``_stopped``, ``_release_all``, ``_fail``, ``_record``, ``_persist``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from multiprocessing.connection import wait as wait_connections
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.runtime.checkpoint import checkpoint_dir, latest_good
-from pollux_opt.runtime.phase import Phase
 
 __all__ = ["MAX_VERIFICATION_FAILURES", "SURVIVOR_EXIT_S", "WorkerIntake"]
 
@@ -109,7 +109,7 @@ class WorkerIntake:
             self._fail(f"workers resumed with inconsistent parameters: {sorted(checksums)} vs checkpoint {expected}")
             return
         kind, seconds = self._launch_kind, time.monotonic() - self._launch_t0
-        # The event is recorded before the phase changes, so that whoever sees
+        # The event is recorded before the state changes, so that whoever sees
         # the new state also sees the event explaining it.
         self._record(_RESUMED_EVENT[kind], self._resumed_details(seconds))
         with self.status.lock:
@@ -119,7 +119,7 @@ class WorkerIntake:
                 self.status.rescale_times.append(seconds)
             elif kind == "start":
                 self.status.start_times.append(seconds)
-            self._enter(Phase.RUNNING)
+            self._enter(JobState.RUNNING, f"workers resumed: {kind}")
         # A warm spare with this job built makes the next scale-up cheap.
         self._pool.prepare(self.job_id, self.spec.to_json(), str(self.workdir))
         self._persist()
@@ -155,10 +155,7 @@ class WorkerIntake:
         else:
             self._release_all()
             why = "step_limit" if reason == "step_limit" else "request"
-            self._record("stopped", {"reason": why, "step": info0["step"], "checksum": info0["checksum"]})
-            self._next = None
-            self._enter(Phase.STOPPED)
-            self._persist()
+            self._stopped(follow, {"reason": why, "step": info0["step"], "checksum": info0["checksum"]})
 
     # ---------------------------------------------------------------- faults
     def _on_error(self, info: dict) -> None:
@@ -168,7 +165,7 @@ class WorkerIntake:
         self._fail(f"rank {info['rank']}: {info['error']}", {"rank": info["rank"], "traceback": info["traceback"]})
 
     def _check_workers(self) -> None:
-        if not self.status.phase.has_workers:
+        if not self.status.lifecycle.holds_cpus:
             return
         if all(w.alive() for w in self._workers) and not self._faults.suspect:
             return
@@ -177,22 +174,24 @@ class WorkerIntake:
         for w in list(self._workers):
             if w in self._workers:
                 self._drain(self._workers.index(w))
-            if not self.status.phase.has_workers:
+            if not self.status.lifecycle.holds_cpus:
                 return
         lost = self._faults.lost(self._workers)
         if lost is None:
             return
         rank, w = lost
-        phase = self.status.phase
-        if phase in (Phase.RUNNING, Phase.PAUSING):
+        state = self.status.lifecycle.state
+        pausing = self._pausing and state is JobState.RESCALING
+        if state is JobState.RUNNING or pausing:
             # Training survivors checkpoint the last completed step before they exit;
             # forming ones may wait in the rendezvous for the lost peer (nothing to save).
             self._await_survivors(rank)
-            if not self.status.phase.has_workers:
+            if not self.status.lifecycle.holds_cpus:
                 return
         self._record("worker_lost", {
             "rank": rank, "pid": w.pid, "exitcode": w.process.exitcode, "step": self.status.step,
-            "phase": phase.value, "peers_reporting_failed_collectives": sorted(self._faults.collective_errors),
+            "state": state.value, "pausing": pausing,
+            "peers_reporting_failed_collectives": sorted(self._faults.collective_errors),
         })
         with self.status.lock:
             workers, self._workers = self._workers, []
@@ -204,11 +203,8 @@ class WorkerIntake:
                        f"{restarts - 1} restarts already spent (max_restarts={self.options.max_restarts})")
             return
         follow = self._next
-        if phase is Phase.PAUSING and follow is not None and follow.stop:
-            self._record("stopped", {"reason": "request", "step": self.status.step, "after_fault": True})
-            self._next = None
-            self._enter(Phase.STOPPED)
-            self._persist()
+        if pausing and follow is not None and follow.stop:
+            self._stopped(follow, {"reason": "request", "step": self.status.step, "after_fault": True})
             return
         self._launch(follow.alloc if follow is not None and not follow.stop else self.status.alloc,
                      "restart", time.monotonic())
@@ -226,7 +222,7 @@ class WorkerIntake:
         for w in list(self._workers):
             if w in self._workers:
                 self._drain(self._workers.index(w))
-            if not self.status.phase.has_workers:
+            if not self.status.lifecycle.holds_cpus:
                 return
 
     # ---------------------------------------------------------- verification
@@ -237,7 +233,7 @@ class WorkerIntake:
             self._after_failed_verification()
             return
         self._verification.start(self._pool, info)
-        self._enter(Phase.VERIFYING)
+        self._enter(JobState.RUNNING, "target reached", verifying=True)
         self._persist()
 
     def _check_verification(self) -> None:
@@ -252,7 +248,7 @@ class WorkerIntake:
             self._record("verified", record)
             with self.status.lock:
                 self.status.final_metric = record["metric"]
-                self._enter(Phase.COMPLETED)
+                self._enter(JobState.SUCCEEDED, "verified")
             self._persist()
         else:
             self._record("verification_failed", record)
@@ -268,8 +264,6 @@ class WorkerIntake:
         if follow is None and self.options.resume_after_failed_verification:
             alloc = self.status.alloc
         if alloc is None:  # asked to stop, or waiting, holding nothing, for the scheduler's next allocation
-            self._record("stopped", {"reason": "verification_failed", "step": self.status.step})
-            self._enter(Phase.STOPPED)
-            self._persist()
+            self._stopped(follow, {"reason": "verification_failed", "step": self.status.step})
             return
         self._launch(alloc, "restart", time.monotonic())

@@ -13,13 +13,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 from solvers import InvalidProblem
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.model.domains import Text, check
 from pollux_opt.runtime.allocation import parse_allocation
 from pollux_opt.runtime.controller import JobController
 from pollux_opt.runtime.journal import JOB_FILE, STEP_COLUMNS, JobJournal
 from pollux_opt.runtime.lazy_torch import check_torch
 from pollux_opt.runtime.pool import WorkerPool
-from pollux_opt.runtime.report import JobReport, JobState, RuntimeOptions
+from pollux_opt.runtime.report import JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec, workdir_path
 from pollux_opt.runtime.trust import check_declared_builder
 
@@ -37,8 +38,6 @@ _JOB_ID = Text()
 #: measurements), but saw a step up to 0.1 s after it was reported.
 WAIT_POLL_S = 0.1
 
-#: States in which a job does nothing until told to (or ever again).
-_SETTLED = (JobState.STOPPED, JobState.COMPLETED, JobState.FAILED)
 
 
 class ElasticJob:
@@ -112,11 +111,11 @@ class ElasticJob:
     def from_workdir(cls, workdir: str | os.PathLike, *, pool: WorkerPool | None = None) -> "ElasticJob":
         """Re-open the job stored in ``workdir`` (after a scheduler restart).
 
-        Its state is restored from disk: completed and failed jobs stay so;
-        a job that was running is ``stopped`` and resumes from its newest good
-        checkpoint on :meth:`start`; a job whose newest checkpoint is an
-        unchecked final one (it reached its target) is ``verifying`` and checks
-        that checkpoint at once, without training further.  The builder that ``job.json`` names must be
+        Its state is restored from disk: an ended job stays so; a job that
+        held workers is ``queued`` and resumes from its newest good checkpoint
+        on :meth:`start`; a job whose newest checkpoint is an unchecked final
+        one (it reached its target) is ``running`` and verifies that checkpoint
+        at once, holding no CPUs, without training further.  The builder that ``job.json`` names must be
         from a declared module (the trust model of :mod:`pollux_opt.runtime.spec`).
         """
         path = workdir_path(workdir)
@@ -176,7 +175,7 @@ class ElasticJob:
         The job finishes its current step, checkpoints, re-forms its workers
         (reusing warm ones) and resumes; the time from this call until all new
         workers resume is recorded as a rescale time (``report().rescale_times``).
-        A job that is stopped or pending is started.  Only the batch pin
+        A ``queued`` job is started.  Only the batch pin
         changing (same placement and CPUs) applies at the next step, without a
         restart, also while the job is still starting.
         """
@@ -184,8 +183,15 @@ class ElasticJob:
                                                node_types, cgroups))
 
     def stop(self) -> None:
-        """Checkpoint and release all workers (state ``stopped``; resume with start)."""
+        """Checkpoint and release all workers (state ``queued``; resume with start)."""
         self._submit("stop", None)
+
+    def cancel(self) -> None:
+        """Checkpoint and release all workers like :meth:`stop`, then end the job
+        (state ``cancelled``; a job verifying its final checkpoint may still
+        succeed first).  A start or rescale meanwhile is ignored; once the job
+        has ended, every command raises InvalidProblem."""
+        self._submit("cancel", None)
 
     def report(self) -> JobReport:
         """A consistent snapshot of the job (never blocks on the workers)."""
@@ -193,15 +199,14 @@ class ElasticJob:
 
     def poll(self) -> JobState:
         """The job's current state (cheap)."""
-        return self._ctl.phase().state
+        return self._ctl.state()
 
     def wait(self, timeout: float | None = None, until: Callable[[JobReport], bool] | None = None) -> JobReport:
-        """Block until ``until(report)`` holds (default: the job is stopped,
-        completed or failed) and return that report.
+        """Block until ``until(report)`` holds (default: the job settles: it is
+        ``queued`` or ended, with no command pending) and return that report.
 
         Raises TimeoutError after ``timeout`` seconds, and RuntimeError if the
-        job settles (stopped, completed or failed, with no command pending)
-        without ``until`` holding.
+        job settles without ``until`` holding.
         """
         status = self._ctl.status
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -209,9 +214,10 @@ class ElasticJob:
             with status.lock:
                 idle = status.handled == status.submitted
             report = self.report()
-            if (until(report) if until is not None else idle and report.state in _SETTLED):
+            settled = idle and (report.state is JobState.QUEUED or report.state.terminal)
+            if until(report) if until is not None else settled:
                 return report
-            if idle and report.state in _SETTLED:
+            if settled:
                 raise RuntimeError(
                     f"job {self.job_id!r} is {report.state.value} at step {report.step} and the awaited "
                     f"condition does not hold" + (f": {report.error}" if report.error else "")
@@ -254,7 +260,7 @@ class ElasticJob:
             raise InvalidProblem(f"job {self.job_id!r} is closed")
         state = self.poll()
         if state.terminal:
-            raise InvalidProblem(f"job {self.job_id!r} is {state.value}; it cannot be started or rescaled")
+            raise InvalidProblem(f"job {self.job_id!r} has ended ({state.value}); it takes no more commands")
         if kind == "alloc":
             check_torch()
         self._ctl.submit(kind, payload)

@@ -17,13 +17,14 @@ import numpy as np
 
 from solvers import InvalidProblem
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.model import ThroughputParams, step_time
 from pollux_opt.model.domains import Integer, check
 from pollux_opt.records.files import safe_name
 from pollux_opt.runtime.job import ElasticJob
 from pollux_opt.runtime.measurements import ConfigKey
 from pollux_opt.runtime.pool import WorkerPool
-from pollux_opt.runtime.report import JobState, Measurements, RuntimeOptions
+from pollux_opt.runtime.report import Measurements, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 
 __all__ = ["heldout_error", "profile_throughput", "serve_in_process"]

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from solvers import InvalidProblem
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.model.domains import Boolean, Integer, Real, check, check_fields, domain_field
 from pollux_opt.runtime.agent import goodput_model
@@ -18,43 +18,10 @@ from pollux_opt.runtime.measurements import Measurements
 __all__ = [
     "Event",
     "JobReport",
-    "JobState",
     "Measurements",
     "RuntimeOptions",
     "normalize_placement",
 ]
-
-
-class JobState(str, enum.Enum):
-    """Life cycle of an :class:`~pollux_opt.runtime.ElasticJob`.
-
-    ``pending -> running <-> rescaling -> (verifying -> completed) | stopped | failed``;
-    ``stopped`` jobs resume with ``start``.
-    """
-
-    #: Created, never started (or resumed from a work directory and not started).
-    PENDING = "pending"
-    #: Workers are training.
-    RUNNING = "running"
-    #: Checkpointing and re-forming workers (rescale, stop, or fault recovery).
-    RESCALING = "rescaling"
-    #: Target reached; the final checkpoint is being re-evaluated in a fresh process.
-    VERIFYING = "verifying"
-    #: Checkpointed and holding no workers (after ``stop()`` or a step limit).
-    STOPPED = "stopped"
-    #: The verified final metric reached the target.
-    COMPLETED = "completed"
-    #: Job code raised, or faults exceeded the restart limit; see ``error``.
-    FAILED = "failed"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobState.COMPLETED, JobState.FAILED)
-
-    @property
-    def holds_workers(self) -> bool:
-        """True while the job occupies (or is acquiring) cores."""
-        return self in (JobState.RUNNING, JobState.RESCALING)
 
 
 #: Replicas and nodes of a placement given as counts.
@@ -116,7 +83,7 @@ class RuntimeOptions:
         adapt_interval_s: wall seconds between re-fits of the throughput model
             and batch re-optimisation.
         report_interval_s: wall seconds between progress reports of rank 0.
-        step_limit: if set, the job checkpoints and stops (state ``stopped``) at
+        step_limit: if set, the job checkpoints and stops (state ``queued``) at
             this optimizer step (for experiments and tests).
         max_restarts: fault restarts allowed before the job fails.
         collective_timeout_s: gloo timeout; faults are normally detected much
@@ -129,8 +96,8 @@ class RuntimeOptions:
             times in a row, fails the job; a factor of None disables it).
         resume_after_failed_verification: when the fresh-process check does not
             confirm the target, train on from the final checkpoint on the job's
-            last allocation (True, for a job driven on its own) or stop holding
-            no workers until the next ``start``/``rescale`` (False, for a job a
+            last allocation (True, for a job driven on its own) or wait, ``queued``,
+            holding no workers until the next ``start``/``rescale`` (False, for a job a
             scheduler drives: its CPUs were handed back when it reached the
             target and may belong to another job by now).
     """
@@ -174,7 +141,7 @@ class JobReport:
     Attributes:
         job_id: the job's identifier (its work directory's name by default).
         kind: the spec's name.
-        state: life-cycle state.
+        state: life-cycle state (:class:`~pollux_opt.lifecycle.JobState`).
         step: optimizer steps completed (as last reported by rank 0).
         progress: M0-equivalent iterations completed (sum of AdaScale gains).
         samples: training samples consumed (the data position).
@@ -183,7 +150,8 @@ class JobReport:
         metric: latest validation metric (None before the first evaluation).
         final_metric: the metric of the final checkpoint re-evaluated in a fresh
             process (set only when verified).
-        placement: ``{node: replicas}`` currently held (empty when none).
+        placement: ``{node: replicas}`` currently held (empty when none, also
+            while ``running`` re-checks the final checkpoint in a fresh process).
         num_replicas, num_nodes: totals of ``placement``.
         local_bsz, accum_steps, batch_size: the batch configuration in use (or
             last used); batch_size = K * local_bsz * (accum_steps + 1).
@@ -195,7 +163,7 @@ class JobReport:
         restart_delay: median measured rescale time (seconds; None before any
             rescale): the job's restart delay for the scheduler's penalty.
         rescale_times: every measured rescale time (seconds), oldest first.
-        start_times: measured (re)start times from a stopped state (seconds).
+        start_times: measured (re)start times from ``queued`` (seconds).
         num_restarts: fault restarts so far.
         age: wall seconds since the job was first started.
         worker_pids: process ids of the current workers, by rank.

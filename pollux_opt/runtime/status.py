@@ -11,13 +11,15 @@ import time
 
 import numpy as np
 
+from solvers import InvalidProblem
+
+from pollux_opt.lifecycle import JobState, Lifecycle
 from pollux_opt.model import BatchConfig
 from pollux_opt.runtime.adapt import params_from_dict, params_to_dict
 from pollux_opt.runtime.agent import JobAgent
 from pollux_opt.runtime.allocation import WorkerAllocation
 from pollux_opt.runtime.measurements import profile_from_json
-from pollux_opt.runtime.phase import Phase
-from pollux_opt.runtime.report import Event, JobReport, JobState, RuntimeOptions
+from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 
 __all__ = ["JobStatus"]
@@ -26,8 +28,9 @@ __all__ = ["JobStatus"]
 class JobStatus:
     """The state of one job that other threads may read, guarded by ``lock``.
 
-    ``changed`` is notified (lock held) whenever a report, phase, event or
-    handled command changes what :meth:`ElasticJob.wait` checks, so that a
+    ``lifecycle`` (:class:`~pollux_opt.lifecycle.Lifecycle`) owns the job's
+    state.  ``changed`` is notified (lock held) whenever a report, state, event
+    or handled command changes what :meth:`ElasticJob.wait` checks, so that a
     waiter checks then rather than on a timer.  The :class:`JobAgent` (the
     job's measurements and fitted model) is written by the supervisor thread
     only.
@@ -38,7 +41,7 @@ class JobStatus:
         self.limits = spec.limits()
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
-        self.phase = Phase.PENDING
+        self.lifecycle = Lifecycle(job_id)
         self.events: list[Event] = []
         self.error: str | None = None
         self.final_metric: float | None = None
@@ -63,9 +66,18 @@ class JobStatus:
 
     # ------------------------------------------------------------------ restore
     def restore(self, saved: dict, events: list[Event]) -> None:
-        """Take ``state.json`` (as :meth:`persistent` wrote it) and the event log."""
+        """Take ``state.json`` (as :meth:`persistent` wrote it) and the event log.
+
+        A job saved with workers lost them with its previous supervisor: it is
+        restored ``queued`` (the supervisor makes it verify instead when its
+        newest checkpoint is an unchecked final one)."""
         if saved:
-            self.phase = Phase.restored(JobState(saved.get("state", "pending")))
+            value, known = saved.get("state", JobState.QUEUED.value), [s.value for s in JobState]
+            if value not in known:
+                raise InvalidProblem(f"state.json of job {self.job_id!r}: state must be one of "
+                                     f"{', '.join(known)}, got {value!r}")
+            state = JobState(value)
+            self.lifecycle = Lifecycle(self.job_id, JobState.QUEUED if state.holds_workers else state)
             self.error = saved.get("error")
             self.final_metric = saved.get("final_metric")
             self.rescale_times = list(saved.get("rescale_times", []))
@@ -131,7 +143,8 @@ class JobStatus:
     def persistent(self) -> dict:
         """What ``state.json`` holds (JSON-safe after :func:`~pollux_opt.records.events.jsonable`)."""
         return {
-            "job_id": self.job_id, "state": self.phase.state.value, "error": self.error,
+            "job_id": self.job_id, "state": self.lifecycle.state.value,
+            "verifying": self.lifecycle.verifying, "error": self.error,
             "final_metric": self.final_metric, "rescale_times": self.rescale_times,
             "start_times": self.start_times, "num_restarts": self.restarts,
             "first_start": self.first_start, "step": self.step, "progress": self.progress,
@@ -143,8 +156,8 @@ class JobStatus:
 
     def report(self) -> JobReport:
         """A consistent snapshot (call with ``lock`` held)."""
-        state = self.phase.state
-        alloc = self.alloc if state.holds_workers else None
+        state = self.lifecycle.state
+        alloc = self.alloc if self.lifecycle.holds_cpus else None
         config = self.config or BatchConfig(0, 0)
         replicas = alloc.num_replicas if alloc else 0
         agent = self.agent

@@ -19,21 +19,17 @@ from threadpoolctl import threadpool_limits
 
 from solvers import Status
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.records.events import EventLog
 from pollux_opt.model import BatchConfig, Cluster, GoodputModel
 from pollux_opt.model.domains import Integer, Real, check
 
 __all__ = [
-    "JobView", "Decision", "DecisionStatus", "Policy", "Backend", "run", "JOB_STATES", "ACTIVE_STATES",
-    "ROUND_INTERVAL",
+    "JobView", "Decision", "DecisionStatus", "Policy", "Backend", "run", "ROUND_INTERVAL",
 ]
 
 log = logging.getLogger(__name__)
 
-#: The states a job may be in, as a policy sees it.
-JOB_STATES = ("pending", "running", "completed", "failed")
-#: States of jobs a backend's ``views()`` returns (submitted, not finished).
-ACTIVE_STATES = ("pending", "running")
 #: Backend seconds between scheduling rounds.
 ROUND_INTERVAL = Real(gt=0, unit="seconds")
 #: A cap on the rounds of a run (None: none).
@@ -51,7 +47,8 @@ class JobView:
     Attributes:
         job_id: unique id.
         submit_time: seconds since run start at which the job was submitted.
-        state: one of :data:`JOB_STATES`.
+        state: ``queued`` (holding nothing), ``running`` or ``rescaling``
+            (holding ``placement``); a backend shows no ended job.
         placement: current replicas per node id (empty when not running).
         restarts: restarts (rescales and fault recoveries) so far.
         age: seconds since submission.
@@ -77,7 +74,7 @@ class JobView:
 
     job_id: str
     submit_time: float
-    state: str
+    state: JobState
     placement: Mapping[str, int]
     restarts: int
     age: float

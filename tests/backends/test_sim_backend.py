@@ -8,6 +8,7 @@ import math
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem
+from pollux_opt.lifecycle import JobState
 from pollux_opt.model import BatchConfig
 from pollux_opt.scheduling.loop import Decision
 from pollux_opt.backends.sim import (
@@ -59,7 +60,7 @@ def test_unknown_application_named():
 def test_views_hide_truth_until_measured():
     b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(2, 4))
     (v,) = b.views()
-    assert v.goodput_model is None and v.max_profiled_replicas == 0 and v.state == "pending"
+    assert v.goodput_model is None and v.max_profiled_replicas == 0 and v.state is JobState.QUEUED
     assert v.max_replicas == 64 and replica_cap(v, b.cluster) == 1  # the policy's exploration cap
     b.apply(Decision({"j0": {"n0": 1}}, {}, math.nan, 0.0, "test"))
     b.advance(60.0)
@@ -155,7 +156,7 @@ def test_tiresias_demotes_by_attained_service():
     from pollux_opt.scheduling.loop import JobView
 
     def view(jid, submit, attained):
-        return JobView(jid, submit, "pending", {}, 0, 0.0, 0, 4, 4, 128, None, 30.0, 0.0, attained)
+        return JobView(jid, submit, JobState.QUEUED, {}, 0, 0.0, 0, 4, 4, 128, None, 30.0, 0.0, attained)
 
     d = TiresiasPolicy(thresholds=(100.0,)).decide(
         0.0, Cluster.uniform(1, 4), [view("old", 0.0, 500.0), view("new", 10.0, 0.0)]

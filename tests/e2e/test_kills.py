@@ -183,7 +183,7 @@ def _live_workers(out: Path, pgid: int) -> list[tuple[str, int, int]]:
             events = [json.loads(line) for line in (workdir / "events.jsonl").read_text().splitlines() if line]
         except (OSError, ValueError):
             continue
-        if state.get("state") != "running" or state.get("num_restarts", 0) >= MAX_RESTARTS:
+        if state.get("state") != "running" or state.get("verifying") or state.get("num_restarts", 0) >= MAX_RESTARTS:
             continue
         launch = [e for e in events if e.get("kind") in ("started", "restarted", "rescaled")]
         for rank, pid in enumerate(launch[-1]["details"]["pids"] if launch else []):
@@ -413,9 +413,9 @@ def test_ctrl_c_stops_with_every_job_checkpointed_and_a_rerun_resumes_them(tmp_p
     stop = read_events(out / "events.jsonl")[-1]
     assert stop["type"] == "run_stop" and stop["reason"] == "SIGINT"
     states = {d.name: json.loads((d / "state.json").read_text())["state"] if (d / "state.json").exists()
-              else "pending" for d in (out / "jobs").glob("*")}  # no state.json: never started
-    assert set(stop["stopped"]) == {j for j, s in states.items() if s != "completed"} and stop["stopped"]
-    assert all(states[j] in ("stopped", "pending") for j in stop["stopped"]), states
+              else "queued" for d in (out / "jobs").glob("*")}  # no state.json: never started
+    assert set(stop["stopped"]) == {j for j, s in states.items() if s != "succeeded"} and stop["stopped"]
+    assert all(states[j] == "queued" for j in stop["stopped"]), states
     trained = [j for j in stop["stopped"] if before.get(j)]
     assert trained  # some job was interrupted mid-training
 

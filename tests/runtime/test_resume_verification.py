@@ -10,10 +10,10 @@ import json
 import time
 from pathlib import Path
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.runtime import RuntimeOptions, get_job
 from pollux_opt.runtime.allocation import parse_allocation
 from pollux_opt.runtime.controller import JobController
-from pollux_opt.runtime.phase import Phase
 from pollux_opt.runtime.verify import VERIFICATION_FILE
 
 SPEC = get_job("digits-cnn")
@@ -71,25 +71,31 @@ def _final_checkpoint(workdir: Path, step: int = 42) -> str:
     return f"ckpt-{step:010d}.json"
 
 
-def _controller(workdir: Path, pool: StubPool, state: str) -> JobController:
-    (workdir / "state.json").write_text(json.dumps({"state": state}))
+def _controller(workdir: Path, pool: StubPool, state: str, **saved) -> JobController:
+    (workdir / "state.json").write_text(json.dumps({"state": state, **saved}))
     return JobController("j", SPEC, workdir, RuntimeOptions(), pool)
 
 
-def _wait_phase(ctl: JobController, phase: Phase) -> None:
+def _wait_state(ctl: JobController, state: JobState) -> None:
     deadline = time.monotonic() + WAIT_S
-    while ctl.phase() is not phase and time.monotonic() < deadline:
+    while ctl.state() is not state and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert ctl.phase() is phase
+    assert ctl.state() is state
+
+
+def _verifying(ctl: JobController) -> bool:
+    """Running, verifying the final checkpoint, holding no CPUs."""
+    report = ctl.report()
+    return report.state is JobState.RUNNING and ctl.status.lifecycle.verifying and not report.placement
 
 
 def test_a_job_reopened_while_verifying_checks_its_final_checkpoint_at_once(tmp_path):
     name = _final_checkpoint(tmp_path)
     pool = StubPool()
-    ctl = _controller(tmp_path, pool, "verifying")
+    ctl = _controller(tmp_path, pool, "running", verifying=True)
     try:
-        assert ctl.phase() is Phase.VERIFYING  # never shown as stopped: no scheduler allocates it CPUs
-        _wait_phase(ctl, Phase.COMPLETED)
+        assert _verifying(ctl)  # never shown as queued: no scheduler allocates it CPUs
+        _wait_state(ctl, JobState.SUCCEEDED)
         assert pool.checked == [name]
         kinds = [e.kind for e in ctl.status.events]
         assert kinds == ["verification_resumed", "verified"]
@@ -102,7 +108,7 @@ def test_a_job_killed_after_its_final_checkpoint_but_before_verifying_verifies_i
     _final_checkpoint(tmp_path)
     ctl = _controller(tmp_path, StubPool(), "running")  # the pause after the target never completed
     try:
-        _wait_phase(ctl, Phase.COMPLETED)
+        _wait_state(ctl, JobState.SUCCEEDED)
     finally:
         ctl.close()
 
@@ -112,21 +118,21 @@ def test_a_rejected_final_checkpoint_is_trained_on_not_checked_again(tmp_path):
     (tmp_path / VERIFICATION_FILE).write_text(json.dumps(
         {"checkpoint": str(tmp_path / "checkpoints" / name), "reached": False}))
     pool = StubPool()
-    ctl = _controller(tmp_path, pool, "stopped")
+    ctl = _controller(tmp_path, pool, "queued")
     try:
-        assert ctl.phase() is Phase.STOPPED and pool.checked == []
+        assert ctl.state() is JobState.QUEUED and pool.checked == []
     finally:
         ctl.close()
 
 
 def test_a_launch_that_finds_an_unchecked_final_checkpoint_verifies_it(tmp_path):
     pool = StubPool(reached=False)
-    ctl = _controller(tmp_path, pool, "stopped")
+    ctl = _controller(tmp_path, pool, "queued")
     name = _final_checkpoint(tmp_path, step=7)  # written after the job was opened (a worker died after it)
     alloc = parse_allocation(SPEC.limits(), None, 1, None, None, None, None)
     ctl._launch(alloc, "restart", time.monotonic())
     try:
-        assert ctl.phase() is Phase.VERIFYING and pool.checked == [name]
+        assert _verifying(ctl) and pool.checked == [name]
         reached = ctl.status.events[-1]
         assert reached.kind == "target_reached" and reached.details == {
             "step": 7, "metric": 0.97, "from_checkpoint": True}

@@ -96,7 +96,7 @@ def test_tiny_builtin_job_completes_and_is_verified_in_fresh_process(tmp_path, p
     with ElasticJob(spec, tmp_path / "job", pool=pool) as job:
         job.start(1)
         report = job.wait(timeout=WAIT_S)
-        assert report.state is JobState.COMPLETED, report.error
+        assert report.state is JobState.SUCCEEDED, report.error
         assert report.final_metric is not None and report.final_metric <= spec.target
         record = json.loads((tmp_path / "job" / "verification.json").read_text())
         assert record["reached"] and record["metric"] == report.final_metric
@@ -104,7 +104,7 @@ def test_tiny_builtin_job_completes_and_is_verified_in_fresh_process(tmp_path, p
         assert record["pid"] not in {p for e in report.events for p in e.details.get("pids", [])}
         assert [e.kind for e in report.events][-2:] == ["target_reached", "verified"]
         assert report.progress >= report.step  # gain >= 1 at batch >= M0
-        with pytest.raises(InvalidProblem, match="is completed; it cannot be started"):
+        with pytest.raises(InvalidProblem, match="job .job. has ended .succeeded.; it takes no more commands"):
             job.start(1)
 
 
@@ -117,7 +117,7 @@ def test_rescale_1_2_1_loses_and_repeats_no_step(tmp_path, pool):
         job.wait(timeout=WAIT_S, until=lambda r: r.num_replicas == 2 and r.state is JobState.RUNNING and r.step >= 90)
         job.rescale(1)
         report = job.wait(timeout=WAIT_S)
-    assert report.state is JobState.STOPPED and report.step == 150
+    assert report.state is JobState.QUEUED and report.step == 150
     rescales = report.events_of("rescaled")
     assert [e.details["num_replicas"] for e in rescales] == [2, 1]
     for event in rescales:
@@ -143,7 +143,7 @@ def test_a_pinned_batch_on_the_same_workers_switches_without_a_restart(tmp_path,
         job.wait(timeout=WAIT_S, until=lambda r: r.state is JobState.RUNNING and r.step >= 40)
         job.rescale(2, local_bsz=32, accum_steps=1)
         report = job.wait(timeout=WAIT_S)
-    assert report.state is JobState.STOPPED and report.step == 120
+    assert report.state is JobState.QUEUED and report.step == 120
     assert (report.local_bsz, report.accum_steps) == (32, 1)  # last run (a stopped job holds no replicas)
     kinds = [e.kind for e in report.events]
     assert kinds.count("started") == 1 and "rescaled" not in kinds and "restarted" not in kinds
@@ -165,10 +165,10 @@ def test_stop_and_resume_reproduces_an_uninterrupted_run_bitwise(tmp_path, pool)
         job.wait(timeout=WAIT_S, until=lambda r: r.state is JobState.RUNNING and r.step >= 20)
         job.stop()
         paused = job.wait(timeout=WAIT_S)
-        assert paused.state is JobState.STOPPED and 20 <= paused.step < 80
+        assert paused.state is JobState.QUEUED and 20 <= paused.step < 80
     # A new handle on the same workdir, as after a scheduler restart.
     with ElasticJob.from_workdir(tmp_path / "interrupted", pool=pool) as job:
-        assert job.poll() is JobState.STOPPED and job.report().step == paused.step
+        assert job.poll() is JobState.QUEUED and job.report().step == paused.step
         job.start(1)
         resumed = job.wait(timeout=WAIT_S)
     assert straight.step == resumed.step == 80
@@ -188,7 +188,7 @@ def _kill_rank_and_finish(tmp_path, pool, rank: int):
         os.kill(before.worker_pids[rank], signal.SIGKILL)
         report = job.wait(timeout=WAIT_S)
         steps = _steps(job)
-    assert report.state is JobState.STOPPED and report.step == 200, report.error
+    assert report.state is JobState.QUEUED and report.step == 200, report.error
     assert report.num_restarts == 1
     lost = report.events_of("worker_lost")
     assert len(lost) == 1 and lost[0].details["rank"] == rank and lost[0].details["exitcode"] == -signal.SIGKILL
@@ -234,7 +234,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path, pool):
     assert [e.details["step"] for e in corrupt] == [40]
     assert report.events_of("started")[-1].details["from_checkpoint"] == 30
     assert (workdir / "checkpoints" / "ckpt-0000000040.pt.corrupt").exists()
-    assert report.state is JobState.STOPPED and report.step == 40
+    assert report.state is JobState.QUEUED and report.step == 40
 
 
 def test_raising_job_code_fails_the_job_without_hanging_peers(tmp_path, pool):
@@ -357,6 +357,6 @@ def test_builtin_job_reaches_its_target_on_one_core(tmp_path, pool, name):
     with ElasticJob(spec, tmp_path / name, pool=pool) as job:
         job.start(1)
         report = job.wait(timeout=600)
-    assert report.state is JobState.COMPLETED, report.error
+    assert report.state is JobState.SUCCEEDED, report.error
     assert spec.reached(report.final_metric)
     assert report.progress >= report.step  # M0-equivalent progress never below the step count (gain >= 1)

@@ -28,7 +28,8 @@ from pollux_opt.runtime.checkpoint import (
     prune,
     save_checkpoint,
 )
-from pollux_opt.runtime.report import JobReport, JobState, Measurements, RuntimeOptions, normalize_placement
+from pollux_opt.lifecycle import JobState
+from pollux_opt.runtime.report import JobReport, Measurements, RuntimeOptions, normalize_placement
 from pollux_opt.runtime.stats import GradStatsEMA, adascale_gain, lr_factor, micro_batch_estimates
 from pollux_opt.runtime import JobSpec, get_job, heldout_error, job_names, register_job
 
@@ -303,7 +304,7 @@ def test_measurements_fit_and_heldout_error_on_exact_model_data():
 def test_report_goodput_model_needs_measurements_and_statistics():
     meas = Measurements.from_profile({})
     base = dict(
-        job_id="j", kind="k", state=JobState.PENDING, step=0, progress=0.0, samples=0, epoch=0.0,
+        job_id="j", kind="k", state=JobState.QUEUED, step=0, progress=0.0, samples=0, epoch=0.0,
         metric_name="m", target=1.0, higher_is_better=True, metric=None, final_metric=None, placement={},
         num_replicas=0, num_nodes=0, local_bsz=0, accum_steps=0, batch_size=0, fixed_batch_size=None,
         measurements=meas, throughput_params=None, grad_stats=None, limits=LIMITS, restart_delay=None,
@@ -368,7 +369,7 @@ def test_elastic_job_rejects_bad_arguments_before_starting_anything(tmp_path):
         job.start(1, local_bsz=8, accum_steps=99)
     with pytest.raises(InvalidProblem, match="num_replicas=600 admits no batch configuration"):
         job.start(600)
-    assert job.poll() is JobState.PENDING  # nothing was started
+    assert job.poll() is JobState.QUEUED  # nothing was started
     job.close()
     with pytest.raises(InvalidProblem, match="job 'a' is closed"):
         job.start(1)
@@ -381,7 +382,7 @@ def test_elastic_job_rejects_bad_arguments_before_starting_anything(tmp_path):
     with pytest.raises(InvalidProblem, match="holds no job"):
         ElasticJob.from_workdir(tmp_path / "empty")
     reopened = ElasticJob.from_workdir(tmp_path / "a")
-    assert reopened.spec == get_job("digits-cnn") and reopened.poll() is JobState.PENDING
+    assert reopened.spec == get_job("digits-cnn") and reopened.poll() is JobState.QUEUED
     reopened.close()
     with pytest.raises(InvalidProblem, match="spares must be an integer >= 0, got -1"):
         WorkerPool(spares=-1)
@@ -447,7 +448,6 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
     the request must keep rank 1's report: the target pause then completes."""
     from pollux_opt.runtime import ElasticJob
     from pollux_opt.runtime.allocation import WorkerAllocation
-    from pollux_opt.runtime.phase import Phase
 
     job = ElasticJob("digits-cnn", tmp_path / "job")
     ctl = job._ctl
@@ -456,7 +456,9 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
     ctl._start_verification = lambda: verifications.append(ctl.status.step)
     workers = [_FakeWorker(100), _FakeWorker(101)]
     ctl._workers, ctl._gen = workers, 1
-    ctl.status.alloc, ctl.status.phase = WorkerAllocation({"n0": 2}), Phase.RUNNING
+    ctl.status.alloc = WorkerAllocation({"n0": 2})
+    ctl._enter(JobState.RESCALING, "launching: start")
+    ctl._enter(JobState.RUNNING, "workers resumed: start")
 
     def paused(rank: int) -> dict:
         return {"generation": 1, "rank": rank, "step": 554, "reason": "target", "checksum": "c",
@@ -466,11 +468,40 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
     if request_kind == "rescale":
         ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
     else:
-        ctl._request_stop()
+        ctl._request_stop(cancel=False)
     assert workers[0].conn.sent == [("stop",)]  # the request reached rank 0, which ignores it once paused
     ctl._on_message(0, "paused", paused(0))
     assert [e.kind for e in ctl.status.events][-1] == "target_reached"
     assert verifications == [554] and not ctl._workers and ctl._pool.released == workers
+    job.close()
+
+
+def test_a_cancelled_running_job_checkpoints_then_ends_cancelled_ignoring_later_allocations(tmp_path):
+    """cancel() takes the stop path (the workers finish their step, checkpoint
+    and leave) and then ends the job: a rescale asked for meanwhile is ignored."""
+    from pollux_opt.runtime import ElasticJob
+    from pollux_opt.runtime.allocation import WorkerAllocation
+
+    job = ElasticJob("digits-cnn", tmp_path / "job")
+    ctl = job._ctl
+    ctl._pool = _FakePool()
+    workers = [_FakeWorker(100), _FakeWorker(101)]
+    ctl._workers, ctl._gen = workers, 1
+    ctl.status.alloc = WorkerAllocation({"n0": 2})
+    ctl._enter(JobState.RESCALING, "launching: start")
+    ctl._enter(JobState.RUNNING, "workers resumed: start")
+    ctl._request_stop(cancel=True)
+    assert job.poll() is JobState.RESCALING and workers[0].conn.sent == [("stop",)]
+    ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
+    for rank in (0, 1):
+        ctl._on_message(rank, "paused", {"generation": 1, "rank": rank, "step": 30, "reason": "request",
+                                         "checksum": "c", "progress": 3.0, "samples": 960, "metric": None})
+    stopped = ctl.status.events[-1]
+    assert stopped.kind == "stopped" and stopped.details == {"reason": "request", "step": 30, "checksum": "c",
+                                                             "cancel": True}
+    assert job.poll() is JobState.CANCELLED and ctl._pool.released == workers and not job.report().placement
+    assert [t.new for t in ctl.status.lifecycle.history] == [
+        JobState.RESCALING, JobState.RUNNING, JobState.RESCALING, JobState.CANCELLED]
     job.close()
 
 
@@ -483,7 +514,6 @@ def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, 
     made while it was verifying is served instead."""
     from pollux_opt.runtime import ElasticJob
     from pollux_opt.runtime.allocation import WorkerAllocation
-    from pollux_opt.runtime.phase import Phase
 
     with pytest.raises(InvalidProblem, match="resume_after_failed_verification must be true or false, got 1"):
         RuntimeOptions(resume_after_failed_verification=1)
@@ -491,14 +521,17 @@ def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, 
     ctl = job._ctl
     launched = []
     ctl._launch = lambda alloc, kind, t0: launched.append((alloc.placement, kind))
-    ctl.status.alloc, ctl.status.phase = WorkerAllocation({"n0": 2}), Phase.VERIFYING
+    ctl.status.alloc = WorkerAllocation({"n0": 2})
+    ctl._enter(JobState.RUNNING, "target reached", verifying=True)
     ctl._after_failed_verification()
     if resume:
         assert launched == [({"n0": 2}, "restart")]
     else:
-        assert launched == [] and job.report().state is JobState.STOPPED
+        assert launched == [] and job.report().state is JobState.QUEUED
         assert ctl.status.events[-1].kind == "stopped" and ctl.status.events[-1].details["reason"] == "verification_failed"
-    ctl.status.phase, ctl._verification_failures = Phase.VERIFYING, 0
+    if not resume:
+        ctl._enter(JobState.RUNNING, "target reached", verifying=True)
+    ctl._verification_failures = 0
     ctl._request_alloc(WorkerAllocation({"n1": 1}), 0.0)  # the scheduler moved it meanwhile
     ctl._after_failed_verification()
     assert launched[-1] == ({"n1": 1}, "restart")

@@ -249,7 +249,7 @@ def test_rescale_1_2_1_of_a_user_loop_sees_each_sample_once_and_matches_an_unint
         job.wait(timeout=WAIT_S, until=lambda r: r.num_replicas == 2 and r.state is JobState.RUNNING and r.step >= 70)
         job.rescale(1)
         report = job.wait(timeout=WAIT_S)
-    assert report.state is JobState.STOPPED and report.step == 120, report.error
+    assert report.state is JobState.QUEUED and report.step == 120, report.error
     rescales = report.events_of("rescaled")
     assert [e.details["num_replicas"] for e in rescales] == [2, 1]
     for event in rescales:
@@ -287,7 +287,7 @@ def test_the_example_scripts_run_to_verified_completion_from_the_cli(tmp_path, p
     assert proc.returncode == 0, proc.stderr[-3000:]
     for job in ("digits", "charlm"):
         state = json.loads((out / "jobs" / job / "state.json").read_text())
-        assert state["state"] == "completed", (job, state["error"])
+        assert state["state"] == "succeeded", (job, state["error"])
         record = json.loads((out / "jobs" / job / "verification.json").read_text())
         assert record["reached"]
     assert json.loads((out / "jobs" / "charlm" / "verification.json").read_text())["epochs"] == 1

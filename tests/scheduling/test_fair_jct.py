@@ -10,6 +10,7 @@ import pytest
 from solvers import InvalidProblem
 
 from pollux_opt import Cluster
+from pollux_opt.lifecycle import JobState
 from pollux_opt.backends.sim import SimBackend
 from pollux_opt.backends.sim.traces import ParametricProfile
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
@@ -38,7 +39,7 @@ from pollux_opt.scheduling.policies.remaining import (
 
 
 def _view(job_id: str, **kw) -> JobView:
-    base = dict(job_id=job_id, submit_time=0.0, state="pending", placement={}, restarts=0, age=0.0,
+    base = dict(job_id=job_id, submit_time=0.0, state=JobState.QUEUED, placement={}, restarts=0, age=0.0,
                 min_replicas=0, max_replicas=4, submitted_replicas=1, submitted_batch_size=128,
                 goodput_model=None, restart_delay=30.0, progress=0.0, attained_service=0.0)
     return JobView(**{**base, **kw})
@@ -144,7 +145,7 @@ def test_a_lighter_job_pays_for_a_move_as_a_pollux_job_would():
     pol = FairJctPolicy(alpha=1.0)
     pol._history = _history([100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0])
     cluster = Cluster.uniform(1, 4)
-    running = dict(placement={"n0": 1}, state="running", restarts=2)
+    running = dict(placement={"n0": 1}, state=JobState.RUNNING, restarts=2)
     long_ = _view("long", goodput_model=m, progress=150.0 * reference_rate(m), age=3000.0, **running)
     short = _view("short", goodput_model=m, age=3000.0, **running)
     views = [short, long_]

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem, Options
+from pollux_opt.lifecycle import JobState
 from pollux_opt.model import restart_factor, to_problem
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.scheduling.policies import (
@@ -27,7 +28,7 @@ from pollux_opt.scheduling.policies.views import fair_share, job_for_allocator, 
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView, Policy
 
 
-def view(job_id, *, t=0.0, state="pending", placement=None, model=None, replicas=1, batch=32,
+def view(job_id, *, t=0.0, state=JobState.QUEUED, placement=None, model=None, replicas=1, batch=32,
          max_replicas=8, min_replicas=1, age=100.0, restarts=0, delay=5.0):
     return JobView(
         job_id=job_id, submit_time=t, state=state, placement=placement or {}, restarts=restarts, age=age,
@@ -97,7 +98,7 @@ def test_make_policy_names_an_unknown_option():
 def test_fixed_is_fifo_gang_with_submitted_cpus_and_never_moves_running_jobs():
     cluster = Cluster.uniform(1, 4)
     jobs = [
-        view("run", t=0, state="running", placement={"n0": 1}, replicas=1),
+        view("run", t=0, state=JobState.RUNNING, placement={"n0": 1}, replicas=1),
         view("late", t=30, replicas=1),
         view("first", t=10, replicas=2, batch=64),
         view("second", t=20, replicas=2),
@@ -204,8 +205,8 @@ def test_pollux_restart_penalty_uses_each_jobs_measured_delay():
     cluster = Cluster.uniform(1, 4)
     m = model(noise=2000.0)
     # A young job whose restarts are slow stays where it is; one whose restarts are fast grows.
-    slow = view("a", state="running", placement={"n0": 1}, model=m, age=20.0, delay=60.0)
-    fast = view("a", state="running", placement={"n0": 1}, model=m, age=20.0, delay=0.5)
+    slow = view("a", state=JobState.RUNNING, placement={"n0": 1}, model=m, age=20.0, delay=60.0)
+    fast = view("a", state=JobState.RUNNING, placement={"n0": 1}, model=m, age=20.0, delay=0.5)
     assert PolluxPolicy().decide(0.0, cluster, [slow]).placement["a"] == {"n0": 1}
     assert sum(PolluxPolicy().decide(0.0, cluster, [fast]).placement["a"].values()) == 4
 
@@ -270,7 +271,7 @@ def test_pollux_interference_avoidance_keeps_distributed_jobs_apart():
 def test_completed_and_failed_views_are_ignored():
     cluster = Cluster.uniform(1, 2)
     for policy in (FixedPolicy(), DynamicPolicy(), PolluxPolicy()):
-        d = policy.decide(0.0, cluster, [view("done", state="completed"), view("x", state="failed")])
+        d = policy.decide(0.0, cluster, [view("done", state=JobState.SUCCEEDED), view("x", state=JobState.FAILED)])
         assert used(d) == 0 and "done" not in d.placement
 
 
@@ -281,14 +282,14 @@ def test_oversubscribed_cluster_keeps_running_jobs_and_admits_first_come_first(p
     cluster = Cluster.uniform(1, 2)
     m = model(noise=100.0)
     jobs = [view("d", t=3, model=m), view("c", t=2, model=m),
-            view("b", t=1, state="running", placement={"n0": 1}, model=m, age=30),
-            view("a", t=0, state="running", placement={"n0": 1}, model=m, age=30)]
+            view("b", t=1, state=JobState.RUNNING, placement={"n0": 1}, model=m, age=30),
+            view("a", t=0, state=JobState.RUNNING, placement={"n0": 1}, model=m, age=30)]
     for _ in range(3):
         d = policy.decide(40.0, cluster, jobs)
         assert d.placement["a"] == d.placement["b"] == {"n0": 1}
         assert d.placement["c"] == d.placement["d"] == {}
     jobs = [view("d", t=3, model=m), view("c", t=2, model=m),
-            view("a", t=0, state="running", placement={"n0": 1}, model=m, age=30)]
+            view("a", t=0, state=JobState.RUNNING, placement={"n0": 1}, model=m, age=30)]
     d = policy.decide(40.0, cluster, jobs)
     assert d.placement["a"] == {"n0": 1} and d.placement["c"] == {"n0": 1} and d.placement["d"] == {}
 
@@ -298,8 +299,8 @@ def test_over_committed_views_are_made_to_fit(policy):
     """A backend may briefly report more replicas on a node than it has; the
     youngest job there is treated as holding nothing instead of crashing the allocator."""
     cluster = Cluster.uniform(1, 2)
-    jobs = [view("old", t=0, state="running", placement={"n0": 2}, model=model(noise=10.0)),
-            view("young", t=5, state="running", placement={"n0": 1}, model=model(noise=10.0))]
+    jobs = [view("old", t=0, state=JobState.RUNNING, placement={"n0": 2}, model=model(noise=10.0)),
+            view("young", t=5, state=JobState.RUNNING, placement={"n0": 1}, model=model(noise=10.0))]
     d = policy.decide(10.0, cluster, jobs)
     assert used(d) <= 2
     if policy.name == "fixed":
@@ -308,7 +309,7 @@ def test_over_committed_views_are_made_to_fit(policy):
 
 def test_unknown_node_in_a_view_is_an_error():
     with pytest.raises(InvalidProblem, match=r"job 'a': placement on unknown node 'n9'"):
-        FixedPolicy().decide(0.0, Cluster.uniform(1, 2), [view("a", state="running", placement={"n9": 1})])
+        FixedPolicy().decide(0.0, Cluster.uniform(1, 2), [view("a", state=JobState.RUNNING, placement={"n9": 1})])
 
 
 # ------------------------------------------------------------------ packing
@@ -357,7 +358,7 @@ def test_pack_moves_a_spread_job_only_onto_fewer_nodes():
 
 def test_tiresias_consolidates_two_jobs_split_over_the_same_two_nodes():
     split = {"n0": 2, "n1": 2}
-    jobs = [view(j, state="running", placement=split, replicas=4, t=i) for i, j in enumerate(("a", "b"))]
+    jobs = [view(j, state=JobState.RUNNING, placement=split, replicas=4, t=i) for i, j in enumerate(("a", "b"))]
     d = TiresiasPolicy().decide(0.0, Cluster.uniform(2, 4), jobs)
     assert d.placement == {"a": {"n0": 4}, "b": {"n1": 4}}
 

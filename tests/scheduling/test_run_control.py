@@ -76,7 +76,7 @@ def test_ctrl_c_checkpoints_and_stops_every_job_and_a_rerun_resumes_them(tmp_pat
         mine = [e for e in events if e["job_id"] == jid]
         assert [(e["type"], e["placement"]) for e in mine[-2:]] == [("rescale_begin", {}), ("rescale_end", {})]
         assert mine[-2]["reason"] == name
-        assert json.loads((tmp_path / "jobs" / jid / "fake.json").read_text())["state"] == "stopped"
+        assert json.loads((tmp_path / "jobs" / jid / "fake.json").read_text())["state"] == "queued"
     summary = run_workload(tmp_path, progress=False, backend_kwargs=fake_jobs.backend_kwargs(clock))
     assert all(j["completed"] for j in summary["jobs"]) and len(summary["jobs"]) == 3
     events = read_events(tmp_path / "events.jsonl")

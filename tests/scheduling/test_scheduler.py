@@ -14,6 +14,7 @@ from pollux_opt import Cluster, InvalidProblem
 from pollux_opt.records.events import EventLog, read_events
 from pollux_opt.scheduling.policies import FixedPolicy, PolluxPolicy, TiresiasPolicy
 from pollux_opt.backends.local import RealBackend, run_workload
+from pollux_opt.lifecycle import JobState
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView, run
 from pollux_opt.workloads import Workload, WorkloadJob
 
@@ -39,7 +40,8 @@ class ScriptedBackend:
         for j, a in self.arrivals.items():
             if a <= self.t and self.done.get(j, 0.0) < self.work:
                 k = self.held.get(j, 0)
-                out.append(JobView(j, a, "running" if k else "pending", {"n0": k} if k else {}, 0, self.t - a,
+                state = JobState.RUNNING if k else JobState.QUEUED
+                out.append(JobView(j, a, state, {"n0": k} if k else {}, 0, self.t - a,
                                    1, 4, 1, 32, None, 1.0, self.done.get(j, 0.0), 0.0))
         return out
 

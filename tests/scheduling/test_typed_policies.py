@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pollux_opt import InvalidProblem
+from pollux_opt.lifecycle import JobState
 from pollux_opt.model import BatchLimits, Cluster, GoodputModel, GradientStats, Job, Options, ThroughputParams
 from pollux_opt.model.cluster_types import ClusterTypes, NodeType
 from pollux_opt.model.projection import project_params
@@ -28,7 +29,7 @@ def model(speed: float = 1.0, *, noise: float = 4.0, max_local: int = 256, m0: i
 
 def view(job_id, models=None, *, single=None, placement=None, age=1000.0, restarts=0, profiled=8, t=0.0):
     return JobView(
-        job_id=job_id, submit_time=t, state="running" if placement else "pending", placement=placement or {},
+        job_id=job_id, submit_time=t, state=JobState.RUNNING if placement else JobState.QUEUED, placement=placement or {},
         restarts=restarts, age=age, min_replicas=0, max_replicas=16, submitted_replicas=1, submitted_batch_size=32,
         goodput_model=single if single is not None else (models or {}).get("slow"), restart_delay=30.0,
         progress=0.0, attained_service=0.0, max_profiled_replicas=profiled, goodput_models=models,
@@ -194,7 +195,7 @@ def test_a_running_jobs_other_types_carry_its_restart_factor_once_more():
         problem = to_problem(cluster, [job_for_allocator(v, cluster, Options(), fixed_batch=False)], Options())
         return {t: problem.cfg_speedup[problem.cfg_type == i] for i, t in enumerate(cluster.types)}
 
-    moved, pending = speedups(running), speedups(replace(running, placement={}, state="pending"))
+    moved, pending = speedups(running), speedups(replace(running, placement={}, state=JobState.QUEUED))
     np.testing.assert_allclose(moved["slow"], pending["slow"])
     np.testing.assert_allclose(moved["fast"], pending["fast"] * r)
 

@@ -9,7 +9,21 @@ replicas to CPUs (:mod:`~pollux_opt.backends.local.cpus`) and applies the
 policy's decisions.  :func:`pollux_opt.backends.local.run.run_workload` runs one
 policy on one workload with it in a run directory.
 
-**Recovery** and **stopping early**: see :mod:`~pollux_opt.backends.local.lifecycle`.
+**Recovery.**  A backend created on a run directory whose event log already
+has events resumes the run: the submitted and finished jobs and the CPUs they
+held come from a replay of the log (:func:`~pollux_opt.backends.local.bookkeeping.replay_log`),
+and each unfinished job is re-opened from its work directory, so that it
+resumes from its newest good checkpoint when next started.  Jobs that held
+CPUs get a ``restart_after_fault`` event with an empty placement (their
+workers ended with the scheduler).
+
+**Stopping early.**  ``should_stop`` (a stop signal, see
+:mod:`~pollux_opt.backends.local.signals`) is checked at every poll of
+:meth:`RealBackend.advance` and before each round's views, which then raise
+:class:`RunStopping`; :meth:`RealBackend.stop_run` checkpoints and stops every
+unfinished job, logs the stops (``rescale_begin`` to ``{}``, then what the
+jobs report) and a ``run_stop`` event, and the run resumes from there like
+after a kill.
 
 **Rounds.**  The loop decides every ``interval`` seconds, and also as soon as a
 job arrives, finishes or fails (``advance`` returns early), so CPUs freed by a
@@ -45,12 +59,12 @@ import numpy as np
 from solvers import InvalidProblem
 
 from pollux_opt.backends.local import polling
-from pollux_opt.backends.local.bookkeeping import JobBookkeeping
+from pollux_opt.backends.local.bookkeeping import STOP_GRACE_S, JobBookkeeping, replay_log, stop_jobs
 from pollux_opt.backends.local.cpus import CpuPinning
 from pollux_opt.backends.local.handle import JobFactory, JobOpener, elastic_factory, elastic_opener, make_options
 from pollux_opt.backends.local.handle import new_pool
-from pollux_opt.backends.local.lifecycle import STOP_GRACE_S, RunLifecycle
 from pollux_opt.backends.local.nodes import RunNodes
+from pollux_opt.lifecycle import JobState
 from pollux_opt.model import Cluster
 from pollux_opt.records.events import EventLog
 from pollux_opt.records.files import safe_name
@@ -86,7 +100,7 @@ class RunStopping(Exception):
     """Raised by :meth:`RealBackend.advance` once ``should_stop`` holds (see the module docstring)."""
 
 
-class RealBackend(RunLifecycle):
+class RealBackend:
     """:class:`pollux_opt.scheduling.loop.Backend` over real elastic CPU jobs.
 
     Args:
@@ -176,10 +190,60 @@ class RealBackend(RunLifecycle):
             self.nodes.close()
             raise
 
+    def _restore(self) -> None:
+        """Rebuild the jobs from the event log and re-open the unfinished ones
+        (a resumed run; see the module docstring)."""
+        self._measured_delays = replay_log(self.jobs, self.events.path, self.started_unix)
+        now = self.now()
+        for job in self.jobs.values():
+            if not job.submitted or job.finished:
+                continue
+            try:
+                job.handle = self._opener(self._workdir(job), self.pool)
+            except InvalidProblem:
+                job.handle = None  # never created (killed between the submit event and creation)
+            if job.handle is None:
+                try:
+                    job.handle = self._create(job)
+                except InvalidProblem as exc:
+                    self._finish_failed(job, now, f"could not re-create the job on resume: {exc}")
+                    continue
+            if job.placement:
+                job.hold(now, {})
+                self._emit("restart_after_fault", now, job.id, placement={},
+                           reason="scheduler restarted; workers ended with it")
+            job.report_t = math.nan
+
+    def stop_run(self, reason: str, timeout: float = STOP_GRACE_S) -> list[str]:
+        """Checkpoint and stop every unfinished job and log it: a stop order per
+        job holding CPUs, what the jobs then report (their stops, or a
+        completion that came first) and a ``run_stop`` event.  Returns the ids of
+        the jobs left stopped (they resume when the run does)."""
+        now = self.now()
+        live = [j for j in self.jobs.values() if j.handle is not None and not j.finished and j.started]
+        for job in live:
+            if job.placement:
+                self._emit("rescale_begin", now, job.id, old_placement=job.placement, placement={}, reason=reason)
+                job.hold(now, {})
+                job.change_t = now
+                self._pinning.release(job.id)
+        stop_jobs(live, timeout)
+        self._poll(arrivals=False)
+        stopped = [j.id for j in self.jobs.values() if j.submitted and not j.finished]
+        self._emit("run_stop", self.now(), None, reason=reason, stopped=stopped)
+        return stopped
+
     def close(self, *, graceful: bool = True, timeout: float = STOP_GRACE_S) -> None:
-        """Stop the jobs and end the workers (see :class:`RunLifecycle`), then remove the node cgroups."""
+        """Stop unfinished jobs (checkpointing them if ``graceful``), end all
+        workers and remove the node cgroups."""
         try:
-            super().close(graceful=graceful, timeout=timeout)
+            if graceful:
+                stop_jobs([j for j in self.jobs.values() if j.handle is not None and not j.finished], timeout)
+            for j in self.jobs.values():
+                if j.handle is not None:
+                    j.handle.close()
+            if self._own_pool and self.pool is not None:
+                self.pool.close()
         finally:
             self.nodes.close()
 
@@ -224,14 +288,12 @@ class RealBackend(RunLifecycle):
 
     # --------------------------------------------------------------- events
     def _emit(self, etype: str, t: float, job_id: str | None, **fields: Any) -> None:
-        """Append an event (the log keeps one ordered history: a runtime event
-        stamped a moment before an already-written one moves up to it)."""
-        self.events.emit(etype, t, job_id, **fields)
+        self.events.emit(etype, t, job_id, **fields)  # in time order: see EventLog.emit
 
     def _finish_failed(self, job: JobBookkeeping, t: float, reason: str) -> None:
         job.hold(t, {})
         self._pinning.release(job.id)
-        job.failed, job.end, job.state = True, t, "failed"
+        job.state, job.end = JobState.FAILED, t
         self._emit("failed", t, job.id, reason=reason)
         self._wake = True
 
@@ -240,16 +302,14 @@ class RealBackend(RunLifecycle):
         self._pinning.release(job.id)
         self._emit("complete", now, job.id, **fields)
         job.hold(now, {})
-        job.completed, job.end = True, now
+        job.state, job.end = JobState.SUCCEEDED, now
         self._wake = True
 
     # --------------------------------------------------------------- polling
     def _read(self, job: JobBookkeeping, now: float, full: bool):
         """The job's report if it needs a full read now (else None); a failing read fails the job."""
         try:
-            if not full and now - job.read_t < FULL_READ_S and (
-                polling.state_name(job.handle.poll()) == job.state
-            ):
+            if not full and now - job.read_t < FULL_READ_S and job.handle.poll() is job.state:
                 return None
             report = job.handle.report()
             job.read_t = now
@@ -298,15 +358,16 @@ class RealBackend(RunLifecycle):
             job.last_metric = report.metric
             self._emit("validation", now, job.id, value=report.metric,
                        metric=report.metric_name, step=report.step, progress=report.progress)
-        job.state = state = polling.state_name(report.state)
-        if state == "running" and (math.isnan(job.report_t) or now - job.report_t >= self.report_every_s):
+        job.state = state = report.state
+        if (state is JobState.RUNNING and report.placement
+                and (math.isnan(job.report_t) or now - job.report_t >= self.report_every_s)):
             fields = polling.report_fields(job, report, now)
             if fields is not None:
                 self._emit("report", now, job.id, **fields)
-        if state == "completed":
+        if state is JobState.SUCCEEDED:
             self._complete(job, report, now)
-        elif state == "failed":
-            self._finish_failed(job, now, report.error or "failed")
+        elif state.terminal:  # failed, or cancelled from outside the backend
+            self._finish_failed(job, now, report.error or state.value)
 
     # ------------------------------------------------------------- Backend API
     def views(self) -> list[JobView]:
@@ -369,7 +430,7 @@ class RealBackend(RunLifecycle):
         (the same placement and CPUs: the job applies it without a restart)."""
         for job in self.jobs.values():
             if (job.id in moved or job.id not in self._sent or not job.placement or job.finished
-                    or job.handle is None or polling.VIEW_STATE.get(job.state) is None):
+                    or job.handle is None or polling.verifying(job)):
                 continue
             cpus, sent = self._sent[job.id]
             batch = self._decided_batch(job, job.placement, decision)

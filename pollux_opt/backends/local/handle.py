@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, ru
 from solvers import InvalidProblem
 
 if TYPE_CHECKING:
-    from pollux_opt.runtime.report import JobReport, JobState, RuntimeOptions
+    from pollux_opt.lifecycle import JobState
+    from pollux_opt.runtime.report import JobReport, RuntimeOptions
     from pollux_opt.runtime.spec import JobSpec
 
 __all__ = ["JobFactory", "JobHandle", "JobOpener", "elastic_factory", "elastic_opener", "make_options", "new_pool"]
@@ -40,8 +41,8 @@ class JobHandle(Protocol):
     ``{node id: cgroup directory}`` of the placement's nodes; see
     :class:`~pollux_opt.runtime.allocation.WorkerAllocation`); otherwise never.  The
     commands return at once; the job reports their outcome through
-    :meth:`report` (``JobReport.events``).  A command on a completed or failed
-    job raises :class:`solvers.InvalidProblem`.
+    :meth:`report` (``JobReport.events``).  A command on an ended job raises
+    :class:`solvers.InvalidProblem`.
     """
 
     def start(self, replicas: Mapping[str, int], num_nodes: int | None = None, *,
@@ -55,7 +56,7 @@ class JobHandle(Protocol):
                 cpus: Sequence[int] | None = None, local_bsz: int | None = None,
                 accum_steps: int | None = None, node_types: Mapping[str, str] | None = None,
               cgroups: Mapping[str, str] | None = None) -> None:
-        """Move to a new placement (a stopped or pending job is started); the
+        """Move to a new placement (a ``queued`` job is started); the
         same placement and CPUs with another batch configuration switch the
         batch without a restart."""
 
@@ -69,7 +70,7 @@ class JobHandle(Protocol):
         """A consistent snapshot: state, progress, measurements, model, runtime events."""
 
     def wait(self, timeout: float | None = None) -> JobReport:
-        """Block until the job is stopped, completed or failed (TimeoutError after ``timeout`` s)."""
+        """Block until the job is ``queued`` or ended (TimeoutError after ``timeout`` s)."""
 
     def close(self) -> None:
         """End the job's supervisor and workers now (no checkpoint)."""

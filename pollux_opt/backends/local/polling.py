@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -26,33 +26,25 @@ from solvers import InvalidProblem
 
 from pollux_opt.backends.local.bookkeeping import JobBookkeeping
 from pollux_opt.backends.local.handle import JobHandle
+from pollux_opt.lifecycle import JobState
 from pollux_opt.records.events import goodput_model_to_json
 from pollux_opt.records.replay import clean_placement
 from pollux_opt.scheduling.loop import Decision, JobView
 
 __all__ = [
-    "VIEW_STATE", "Translation", "checkpoint_events", "command", "complete_fields", "final_model",
-    "job_view", "max_feasible_replicas", "model_of", "models_of", "plan_moves", "report_fields", "state_name",
-    "translate_runtime_events",
+    "Translation", "checkpoint_events", "command", "complete_fields", "final_model", "job_view",
+    "max_feasible_replicas", "model_of", "models_of", "plan_moves", "report_fields", "translate_runtime_events",
+    "verifying",
 ]
-
-#: Runtime states -> what a policy sees (None: not shown to policies).
-VIEW_STATE = {
-    "pending": "pending",
-    "stopped": "pending",
-    "running": "running",
-    "rescaling": "running",
-    "verifying": None,  # reached the target, holds no CPUs, re-checking the metric
-    "completed": "completed",
-    "failed": "failed",
-}
 
 _CKPT_META_RE = re.compile(r"^ckpt-(\d+)\.json$")
 
 
-def state_name(state: Any) -> str:
-    """A runtime ``JobState`` (or its value) as its string value."""
-    return getattr(state, "value", str(state))
+def verifying(job: JobBookkeeping) -> bool:
+    """The job reached its target and its final checkpoint is being re-checked
+    in a fresh process: ``running`` with no CPUs held (``report.placement``
+    empty).  It is not offered to policies, nor moved, until the check ends."""
+    return job.state is JobState.RUNNING and job.report is not None and not job.report.placement
 
 
 def max_feasible_replicas(spec, batch_size: int | None) -> int:
@@ -269,18 +261,16 @@ def job_view(job: JobBookkeeping, now: float, max_replicas: int, fallback_delay:
     cluster of several node ``types`` the view carries the job's per-type
     goodput models (:func:`models_of`).
     """
-    state = VIEW_STATE.get(job.state, "pending")
-    if state is None or state in ("completed", "failed") or job.report is None:
+    if job.report is None or job.state.terminal or verifying(job):
         return None
-    if state == "running" and not job.placement:
-        state = "pending"  # stopping: holds nothing the policy may keep
+    # Only a job whose workers exist holds its placement (one asked to stop, or not yet started, holds none).
+    held = dict(job.placement) if job.state.holds_workers else {}
     report = job.report
     delays = list(report.rescale_times) or list(report.start_times)
     delay = float(np.median(delays)) if delays else fallback_delay
     job.account(now)
     return JobView(
-        job_id=job.id, submit_time=job.submit, state=state,
-        placement=dict(job.placement) if state == "running" else {},
+        job_id=job.id, submit_time=job.submit, state=job.state if held else JobState.QUEUED, placement=held,
         restarts=job.restarts, age=max(now - job.submit, 0.0),
         min_replicas=min(job.wl.min_replicas, max_replicas), max_replicas=max_replicas,
         submitted_replicas=job.wl.replicas, submitted_batch_size=job.wl.batch_size,
@@ -300,7 +290,7 @@ def plan_moves(jobs: Iterable[JobBookkeeping], decision: Decision,
     """
     moves = []
     for job in jobs:
-        if not job.submitted or job.finished or job.handle is None or VIEW_STATE.get(job.state) is None:
+        if not job.submitted or job.finished or job.handle is None or verifying(job):
             continue
         target = clean_placement(decision.placement.get(job.id))
         if target == job.placement:

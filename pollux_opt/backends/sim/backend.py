@@ -30,6 +30,7 @@ import numpy as np
 
 from solvers import InvalidProblem
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.records.events import EventLog, goodput_model_to_json
 from pollux_opt.model import BatchConfig, Cluster, GoodputModel
 from pollux_opt.model.domains import Real, check
@@ -173,7 +174,7 @@ class SimBackend:
                 JobView(
                     job_id=job.spec.id,
                     submit_time=job.spec.arrival_s,
-                    state="running" if job.placement else "pending",
+                    state=JobState.RUNNING if job.placement else JobState.QUEUED,
                     placement=dict(job.placement),
                     restarts=job.restarts,
                     age=self._now - job.spec.arrival_s,

@@ -1,6 +1,6 @@
 """What the policies read from :class:`~pollux_opt.scheduling.loop.JobView` s.
 
-* :func:`active_views`: the pending and running views, made to fit the cluster.
+* :func:`active_views`: the views of live jobs, made to fit the cluster.
 * :func:`job_for_allocator`: the allocator's :class:`~pollux_opt.model.Job` for
   one view (speedups, replica range with Pollux's exploration cap, restart
   penalty with the job's own delay, the fair-share base of :func:`fair_share`).
@@ -16,12 +16,13 @@ from typing import Sequence
 
 from solvers import InvalidProblem
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.model import BatchConfig, Cluster, Job, Options
 from pollux_opt.model.configs import node_replica_pairs, top_sums
 from pollux_opt.model.domains import Integer, check
 from pollux_opt.model.job import WEIGHT, restart_factor
 from pollux_opt.model.typed import TypedGoodput
-from pollux_opt.scheduling.loop import ACTIVE_STATES, JobView
+from pollux_opt.scheduling.loop import JobView
 
 __all__ = [
     "EXPLORATION_FACTOR",
@@ -51,7 +52,7 @@ _NUM_JOBS = Integer(ge=1)
 
 
 def active_views(jobs: Sequence[JobView], cluster: Cluster) -> list[JobView]:
-    """The pending and running views (in their given order), with placements made to fit the cluster.
+    """The views of live jobs (in their given order), with placements made to fit the cluster.
 
     A backend may report more replicas on a node than it has (e.g. a job
     restarted by hand on CPUs the scheduler has given to another job; the
@@ -63,7 +64,7 @@ def active_views(jobs: Sequence[JobView], cluster: Cluster) -> list[JobView]:
     Raises:
         InvalidProblem: a view places replicas on a node the cluster lacks.
     """
-    active = [v for v in jobs if v.state in ACTIVE_STATES]
+    active = [v for v in jobs if not v.state.terminal]
     caps = {n.id: n.cpus for n in cluster.nodes}
     load: dict[str, int] = {}
     for v in active:
@@ -83,7 +84,7 @@ def active_views(jobs: Sequence[JobView], cluster: Cluster) -> list[JobView]:
         log.warning("nodes %s over capacity: treating job %s as holding nothing", sorted(hit), v.job_id)
         for nid, k in v.placement.items():
             load[nid] -= k
-        out[i] = replace(v, placement={}, state="pending")
+        out[i] = replace(v, placement={}, state=JobState.QUEUED)
         over = {nid for nid in over if load[nid] > caps[nid]}
         if not over:
             break

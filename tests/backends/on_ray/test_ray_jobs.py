@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from pollux_opt.lifecycle import JobState
 from pollux_opt.workloads import WorkloadJob
 
 #: A tiny regression job: an easy target, a few seconds of training on one core.
@@ -60,7 +61,7 @@ def _wait_step(job, step: int, timeout: float = JOB_TIMEOUT_S):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         r = job.report()
-        if r.state.value == "running" and r.step >= step or r.state.value in ("completed", "failed"):
+        if r.state is JobState.RUNNING and r.step >= step or r.state.terminal:
             return r
         time.sleep(0.2)
     raise TimeoutError(f"job did not reach step {step}")
@@ -71,10 +72,10 @@ def test_a_job_on_two_nodes_all_reduces_across_them_and_completes_verified(pool_
     with _job(TINY, tmp_path, pool) as job:
         job.start({a: 1, b: 1})
         r = _wait_step(job, 5)
-        assert r.state.value == "running", r.error
+        assert r.state is JobState.RUNNING, r.error
         assert [pool.ray_node_of(p) for p in r.worker_pids] == [nodes.get(a).ray_id, nodes.get(b).ray_id]
         r = job.wait(timeout=JOB_TIMEOUT_S)
-    assert r.state.value == "completed", r.error
+    assert r.state is JobState.SUCCEEDED, r.error
     m = r.measurements
     two = (m.num_nodes == 2) & (m.num_replicas == 2)
     assert two.any() and np.all(m.sync_time[two] > 0)  # inter-node synchronisation, measured
@@ -94,7 +95,7 @@ def test_a_job_rescaled_one_two_one_across_nodes_resumes_exactly_from_each_check
         step = _wait_step(job, step + 30).step
         job.rescale({b: 1})
         r = job.wait(timeout=JOB_TIMEOUT_S)
-    assert r.state.value == "completed", r.error
+    assert r.state is JobState.SUCCEEDED, r.error
     rescales = _events(r, "rescaled")
     assert [e.details["placement"] for e in rescales] == [{a: 1, b: 1}, {b: 1}]
     for e in rescales:  # the step, progress counters and parameters carried across the checkpoint, exactly
@@ -111,7 +112,7 @@ def test_a_killed_replica_actor_restarts_the_job_from_its_checkpoint(pool_and_no
         r = _wait_step(job, 40)
         os.kill(r.worker_pids[1], signal.SIGKILL)  # every node of the test cluster runs on this machine
         r = job.wait(timeout=JOB_TIMEOUT_S)
-    assert r.state.value == "completed", r.error
+    assert r.state is JobState.SUCCEEDED, r.error
     (lost,) = _events(r, "worker_lost")
     (restarted,) = _events(r, "restarted")
     assert lost.details["rank"] == 1 and restarted.details["from_checkpoint"] == lost.details["step"]
@@ -126,4 +127,4 @@ def test_a_job_whose_code_raises_fails_without_hanging_its_peer(pool_and_nodes, 
         job.start({a: 1, b: 1})
         r = job.wait(timeout=JOB_TIMEOUT_S)
     # Failed by the rank's own error report (not as a lost worker: its report came before it exited).
-    assert r.state.value == "failed" and r.error.startswith("rank ") and r.num_restarts == 0, r.error
+    assert r.state is JobState.FAILED and r.error.startswith("rank ") and r.num_restarts == 0, r.error

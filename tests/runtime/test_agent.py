@@ -1,21 +1,21 @@
 """The job agent (measurements, refit rule, goodput model), typed measurement
-keys, the supervisor's phase table, and who owns the batch a job runs.  No
+keys, and who owns the batch a job runs.  No
 worker processes here."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import pytest
 
 from pollux_opt import InvalidProblem
+from pollux_opt.lifecycle import JobState
 from pollux_opt.model import BatchConfig, BatchLimits, ThroughputParams, step_time, sync_time
 from pollux_opt.runtime.adapt import decided_batch, executor_batch, split_batch
 from pollux_opt.runtime.agent import REFIT_GROWTH, JobAgent
 from pollux_opt.runtime.measurements import ConfigKey, Measurements, profile_from_json, profile_to_json, record_step
-from pollux_opt.runtime.phase import TRANSITIONS, IllegalTransition, Phase, check_transition
-from pollux_opt.runtime.report import JobState
 
 LIMITS = BatchLimits(init_batch_size=32, max_batch_size=1024, min_local_bsz=4, max_local_bsz=128)
 TRUTH = ThroughputParams(alpha_c=0.002, beta_c=3e-5, alpha_n=0.004, beta_n=0.0, alpha_r=0.004, beta_r=0.0, gamma=1.0)
@@ -122,35 +122,6 @@ def test_fixed_batch_agent_stands_in_neutral_statistics():
     assert model is not None and model.grad_stats.grad_var == 0.0
 
 
-# ---------------------------------------------------------------------- phases
-def test_phase_table_covers_every_phase_and_keeps_the_public_states():
-    assert set(TRANSITIONS) == set(Phase)
-    assert {p for p in Phase if p.terminal} == {Phase.COMPLETED, Phase.FAILED}
-    assert all(Phase.FAILED in TRANSITIONS[p] for p in Phase if not p.terminal)
-    assert {p.state for p in Phase} == set(JobState)
-    assert Phase.LAUNCHING.state is Phase.PAUSING.state is JobState.RESCALING
-    assert {p for p in Phase if p.has_workers} == {p for p in Phase if p.state.holds_workers}
-    assert Phase.restored(JobState.RESCALING) is Phase.STOPPED and Phase.restored(JobState.COMPLETED) is Phase.COMPLETED
-    with pytest.raises(IllegalTransition, match="job 'j' cannot move from phase 'completed' to 'running'"):
-        check_transition("j", Phase.COMPLETED, Phase.RUNNING)
-    with pytest.raises(IllegalTransition, match="allowed: failed, launching, stopped, verifying"):
-        check_transition("j", Phase.PENDING, Phase.RUNNING)
-
-
-def test_supervisor_refuses_an_illegal_transition(tmp_path):
-    from pollux_opt.runtime import ElasticJob
-
-    job = ElasticJob("digits-cnn", tmp_path / "job")
-    ctl = job._ctl
-    with pytest.raises(IllegalTransition):
-        ctl._enter(Phase.RUNNING)  # pending jobs launch first
-    assert job.poll() is JobState.PENDING
-    ctl._request_stop()
-    assert job.poll() is JobState.STOPPED and ctl.status.events[-1].details["never_started"]
-    job.close()
-
-
-# ------------------------------------------------------------- who owns the batch
 def test_a_decided_batch_runs_as_decided_or_re_split_to_the_limits():
     assert decided_batch(BatchConfig(48, 0, 96), 2, LIMITS, split_single=True) == BatchConfig(48, 0)
     # a micro-batch beyond max_local_bsz: the decided total re-split
@@ -194,7 +165,8 @@ def test_real_backend_sends_the_decided_batch_and_logs_it(tmp_path, monkeypatch)
         decide({"n0": 1}, BatchConfig(64, 0, 64, 1.0))
         assert sent[-1].placement == {"n0": 1} and sent[-1].pin == executor_batch(BatchConfig(64, 0, 64), 1, limits)
         assert sent[-1].pin == BatchConfig(32, 1)  # one replica: two micro-batches
-        backend.jobs["a"].state = "running"
+        job = backend.jobs["a"]  # now training there
+        job.state, job.report = JobState.RUNNING, dataclasses.replace(job.report, placement={"n0": 1})
         decide({"n0": 1}, BatchConfig(64, 0, 64, 1.0))
         assert len(sent) == 1  # nothing changed: nothing sent
         decide({"n0": 1}, BatchConfig(96, 0, 96, 1.0))
