@@ -12,10 +12,9 @@ import time
 import numpy as np
 
 from pollux_opt.model import BatchConfig
-from pollux_opt.runtime.adapt import params_from_dict, params_to_dict
-from pollux_opt.runtime.agent import JobAgent
+from pollux_opt.agent.agent import JobAgent, params_from_dict, params_to_dict
 from pollux_opt.runtime.allocation import WorkerAllocation
-from pollux_opt.runtime.measurements import profile_from_json
+from pollux_opt.agent.measurements import profile_from_json
 from pollux_opt.runtime.phase import Phase
 from pollux_opt.runtime.report import Event, JobReport, JobState, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from pollux_opt.runtime.adapt import split_batch
+from pollux_opt.agent.batch import split_batch
+from pollux_opt.backends.sim.state import batch_limits
 
 if TYPE_CHECKING:
     from pollux_opt.backends.sim.backend import SimBackend
@@ -31,9 +32,8 @@ class Oracle:
     def step_time(self, job_id: str, placement: Sequence[int], batch_size: int) -> float:
         """True seconds per optimizer step of ``batch_size`` on ``placement`` (replicas per node)."""
         p = self._backend._jobs[job_id].profile
-        k = sum(placement)
-        atomic, accum = split_batch(batch_size, k, p.max_local_bsz, p.min_local_bsz)
-        step, sync = p.step_sync(tuple(placement), atomic)
+        local, accum = split_batch(batch_size, sum(placement), batch_limits(p))
+        step, sync = p.step_sync(tuple(placement), local)
         return step + accum * (step - sync)
 
     def max_local_bsz(self, job_id: str) -> int:

@@ -34,8 +34,8 @@ from solvers import InvalidProblem
 from pollux_opt.backends.sim.typed_profiles import TypedProfile
 from pollux_opt.model import BatchLimits, GoodputModel
 from pollux_opt.model.hetero import project_params, projection_plan
-from pollux_opt.runtime.agent import REFIT_GROWTH, JobAgent
-from pollux_opt.runtime.measurements import ConfigKey
+from pollux_opt.agent.agent import REFIT_GROWTH, JobAgent
+from pollux_opt.agent.measurements import ConfigKey
 
 __all__ = ["TypedJobState", "mixed_step_sync", "per_type_profiles", "pooled_limits", "type_limits"]
 
