@@ -242,6 +242,20 @@ def test_start_delay_replaces_the_restart_delay_for_the_first_start_only():
     assert _alone_jct(SimConfig(restart_delay=30.0, start_delay={"synth": 4.0})) == pytest.approx(base + 4.0)
 
 
+def test_a_co_adapting_job_starts_at_m0_and_grows_its_batch_as_its_model_improves():
+    """The policy decides only the placement: the job picks its batch, at M0
+    until measured, then the goodput-best on the same allocation, without a restart."""
+    b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4))
+    batches = []
+    for _ in range(3):
+        b.apply(Decision({"j0": {"n0": 2}}, math.nan, 0.0, "t"))
+        (v,) = b.views()
+        batches.append(v.batch_size)
+        b.advance(60.0)
+    assert batches[0] == SYNTH["synth"].init_batch_size and batches[-1] > batches[0]
+    assert v.restarts == 0
+
+
 def test_split_single_runs_one_replica_as_two_micro_batches():
     for split, expected in ((False, (256, 0)), (True, (128, 1))):
         b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4), config=SimConfig(split_single=split), fixed_batch=True)

@@ -130,7 +130,7 @@ class SimBackend:
                 job.typed = TypedJobState.create(per_type[spec.kind], self._fits, spec.id)
             self._jobs[spec.id] = job
         self._order = {nid: i for i, nid in enumerate(cluster.node_ids)}
-        self.oracle = Oracle(self)
+        self.oracle = Oracle(self._jobs)
         self._admit()
 
     def _restart_delay(self, job: SimJob) -> float:
