@@ -79,13 +79,14 @@ def choose_batch(
     """
     k = num_replicas
     adaptive = fixed_batch_size is None
-    if adaptive and not _admits(limits, k):
-        raise InvalidProblem(f"num_replicas={k} admits no batch configuration under the job's batch limits ({limits})")
     if adaptive and model is not None:
         choice = model.optimize(num_nodes, k)
-        local, accum = int(choice.local_bsz), int(choice.accum_steps)
+        local, accum, feasible = int(choice.local_bsz), int(choice.accum_steps), bool(choice.feasible)
     else:
         local, accum = split_batch(fixed_batch_size or limits.init_batch_size, k, limits)
+        feasible = not adaptive or _admits(limits, k)  # a user's fixed batch always runs
+    if not feasible:
+        raise InvalidProblem(f"num_replicas={k} admits no batch configuration under the job's batch limits ({limits})")
     local = max(min(local, limits.max_batch_size // (k * (accum + 1))), 1)
     if split_single and k == 1 and accum == 0 and local >= 2 and -(-local // 2) >= limits.min_local_bsz:
         local, accum = -(-local // 2), 1
@@ -109,5 +110,7 @@ def _keeps(model: GoodputModel, limits: BatchLimits, num_nodes: int, k: int,
         and (limits.init_batch_size <= cur_batch <= limits.max_batch_size + k if adaptive
              else abs(cur_batch - new.total_batch(k)) <= k)
     )
-    gain = float(value(num_nodes, k, new.local_bsz, new.accum_steps))
-    return allowed and gain <= float(value(num_nodes, k, current.local_bsz, current.accum_steps)) * (1.0 + ADAPT_MIN_GAIN)
+    if not allowed:
+        return False
+    promised = float(value(num_nodes, k, new.local_bsz, new.accum_steps))
+    return promised <= float(value(num_nodes, k, current.local_bsz, current.accum_steps)) * (1.0 + ADAPT_MIN_GAIN)

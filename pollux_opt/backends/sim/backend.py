@@ -17,10 +17,10 @@ measurements a job reported at configurations it has actually run (optionally
 perturbed by multiplicative noise, the "profile error" of the sensitivity
 study) and a :class:`~pollux_opt.GoodputModel` fitted online from them by the
 job's :class:`~pollux_opt.agent.agent.JobAgent`, the same agent a real job
-runs.  It never sees the profile.  The policy decides placements; each job
-picks its batch for its allocation as a real job does
-(:func:`~pollux_opt.agent.batch.choose_batch`, every round, with its own model).  Only
-:class:`Oracle` (for Optimus+Oracle, by construction) reads the truth.
+runs.  It never sees the profile.  Only :class:`Oracle` (for Optimus+Oracle,
+by construction) reads the truth.  The policy decides placements; each job
+picks its batch for its allocation every round with its own model, as a real
+job does (:func:`~pollux_opt.agent.batch.choose_batch`).
 """
 
 from __future__ import annotations
@@ -304,9 +304,9 @@ class SimBackend:
     def _choose_batch(self, job: SimJob) -> None:
         """The job picks its batch for its allocation, as a real job does, with its
         own model (of the type it runs on); a job that is not elastic trains at
-        its pinned batch, whatever the policy.  Every round: a batch switch
-        costs a simulated job nothing, so it keeps no configuration it has
-        (no ``current``; the real job's hysteresis is against warmup steps)."""
+        its pinned batch, whatever the policy.  A batch switch costs a
+        simulated job nothing, so it does not hold on to its current one (the
+        real job's hysteresis guards against unmeasured warmup steps)."""
         _, limits = self._run_truth(job)
         if job.pinned is not None:
             fixed = min(job.pinned[1], job.profile.max_batch_size)

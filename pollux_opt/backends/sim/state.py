@@ -90,7 +90,7 @@ class SimConfig:
             (:func:`~pollux_opt.workloads.adaptdl.pinned_config`: one replica
             at the tuned batch size), not the one in their workload row; their
             views submit it and offer at most its replicas, and they always
-            train at its batch size, whatever batch the policy picks
+            train at its batch size, whatever the policy
             (default: NCF, as in the paper's simulator; ``()``: none).
         sia: Sia's simulator calibration (per-application goodput slowdowns
             and restart delays; :class:`~pollux_opt.backends.sim.sia_settings.SiaSimSettings`),
