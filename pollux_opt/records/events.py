@@ -86,9 +86,9 @@ EVENT_TYPES = (
     "run_stop",         # cluster: the scheduler stopped early, jobs checkpointed; fields: reason, stopped
     "nodes",            # cluster: nodes joined or left (Ray backend); fields: cluster, joined, left
     "submit",           # job arrived; fields: submitted_replicas, submitted_batch_size, workload
-    "start",            # job's first start; fields: placement, batch_size
+    "start",            # job's first start; fields: placement
     "allocation",       # cluster: a decision; fields: placement, objective, solver_s, overhead_s, status
-    "rescale_begin",    # fields: old_placement, placement, batch_size
+    "rescale_begin",    # fields: old_placement, placement
     "rescale_end",      # fields: placement, duration_s
     "checkpoint",       # fields: step, progress
     "restart_after_fault",  # fields: placement, reason

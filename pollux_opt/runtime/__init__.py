@@ -29,8 +29,8 @@ Signatures:
   a scheduler restart: everything lives in the work directory)
 * ``start(replicas: int | {node: int} = 1, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None)``
 * ``rescale(replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None)``
-  (``local_bsz``/``accum_steps`` pin the batch a scheduler decided; the same
-  placement and CPUs with another pin switch the batch without a restart)
+  (``local_bsz``/``accum_steps``: a user's own batch, e.g. to profile it; the
+  same placement and CPUs with another one switch the batch without a restart)
 * ``stop()``, ``cancel()``, ``close()``, ``poll() -> JobState``, ``report() -> JobReport``,
   ``wait(timeout=None, until=None) -> JobReport``, ``step_log() -> pandas.DataFrame``
 * ``WorkerPool(spares=1, *, max_idle=None, start_method=None)`` with
@@ -76,9 +76,8 @@ Modules: :mod:`~pollux_opt.runtime.job` (the handle),
 :mod:`~pollux_opt.runtime.control` and :mod:`~pollux_opt.runtime.state` (the
 worker processes; :mod:`~pollux_opt.runtime.user_loop` and
 :mod:`~pollux_opt.runtime.elastic_data` for a user's loop),
-:mod:`~pollux_opt.runtime.divergence` (the divergence rule),
-:mod:`~pollux_opt.runtime.measurements` (typed
-configuration keys), :mod:`~pollux_opt.runtime.agent`, :mod:`~pollux_opt.runtime.adapt`.
+:mod:`~pollux_opt.runtime.divergence` (the divergence rule); the job agent
+they run, shared with the simulator, is :mod:`pollux_opt.agent`.
 
 * K replicas = K worker processes, one thread each, all-reducing
   gradients with ``torch.distributed`` (gloo); "nodes" are logical (recorded for
@@ -88,15 +87,15 @@ configuration keys), :mod:`~pollux_opt.runtime.agent`, :mod:`~pollux_opt.runtime
 * Each step records compute and sync seconds, and unbiased estimates of
   |G|^2 and of the gradient variance at M0 from the per-replica (and
   per-micro-batch) gradients, smoothed; with one replica the local batch runs
-  as two micro-batches (see :mod:`~pollux_opt.runtime.stats` and
-  :func:`~pollux_opt.runtime.adapt.executable`).
+  as two micro-batches (see :mod:`~pollux_opt.agent.stats` and
+  :func:`~pollux_opt.agent.batch.choose_batch`).
 * Progress is counted in M0-equivalent iterations (sum of AdaScale gains).
-* The job agent (:class:`~pollux_opt.runtime.agent.JobAgent`, shared with the
+* The job agent (:class:`~pollux_opt.agent.agent.JobAgent`, shared with the
   simulator) fits :class:`ThroughputParams` online to the job's own step times
-  (priors until data exist).  The batch is the one the allocation pins, if
-  any; otherwise the job picks local batch and accumulation with its
-  :class:`GoodputModel` for the current allocation, and re-picks them as
-  measurements arrive (:mod:`~pollux_opt.runtime.adapt`).  The learning rate
+  (priors until data exist).  The job picks local batch and accumulation
+  with its :class:`GoodputModel` for the current allocation, and re-picks
+  them as measurements arrive (:func:`~pollux_opt.agent.batch.choose_batch`;
+  a scheduler decides only where and on how many replicas).  The learning rate
   follows the job's rule (AdaScale for SGD, square root for Adam).
 * Rescale = finish the step, atomic checkpoint (temp, fsync, rename, with a
   SHA-256 checked on load and fallback to the previous good one), re-form the

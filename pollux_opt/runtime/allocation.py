@@ -1,6 +1,6 @@
-"""What a scheduler asks an elastic job to run on: replicas per node, optional
-CPU pins, optionally the batch configuration, and on a cluster of several node
-types the type of each node and the cgroup its replicas run in
+"""What an elastic job is asked to run on: replicas per node, optional CPU
+pins, optionally a user's batch configuration, and on a cluster of several
+node types the type of each node and the cgroup its replicas run in
 (:class:`WorkerAllocation`), and what the supervisor does once a transition
 ends (:class:`FollowUp`)."""
 
@@ -13,7 +13,7 @@ from solvers import InvalidProblem
 
 from pollux_opt.model import BatchConfig, BatchLimits
 from pollux_opt.model.domains import NAME, Integer, check
-from pollux_opt.runtime.adapt import check_allocation
+from pollux_opt.agent.batch import choose_batch
 from pollux_opt.runtime.report import normalize_placement
 
 __all__ = ["FollowUp", "WorkerAllocation", "parse_allocation"]
@@ -29,8 +29,9 @@ class WorkerAllocation:
     Attributes:
         placement: ``{node: replicas}`` (string node keys, no zero entries).
         cpus: CPU ids to pin the replicas to, one per replica in rank order, or None.
-        pin: the batch configuration to run, exactly, until the next allocation
-            (None: the job chooses its own, see :mod:`~pollux_opt.runtime.adapt`).
+        pin: the batch configuration a user chose to run, exactly, until the
+            next allocation (e.g. to profile it; None: the job chooses its own,
+            see :func:`~pollux_opt.agent.batch.choose_batch`).
         node_types: ``{node: node type}`` of every node of ``placement`` (None:
             an untyped cluster).  The job's step times go to the type it runs
             on (see :mod:`~pollux_opt.runtime.status`).
@@ -113,7 +114,7 @@ def parse_allocation(
             raise InvalidProblem(f"cpus must list one CPU id >= 0 per replica ({k}), got {cpus!r}")
         cpus = tuple(int(c) for c in cpus)
     if local_bsz is None and accum_steps is None:
-        check_allocation(limits, len(placement), k, fixed_batch_size)
+        choose_batch(limits, len(placement), k, None, fixed_batch_size=fixed_batch_size)  # raises if none fits
         return WorkerAllocation(placement, cpus, None, **extra)
     m = limits.min_local_bsz if local_bsz is None else local_bsz
     s = 0 if accum_steps is None else accum_steps

@@ -2,7 +2,7 @@
 watches the job's worker processes (their pipes and process sentinels),
 applies the scheduler's commands at step boundaries, moves the job through its
 states (:mod:`~pollux_opt.lifecycle`), re-fits its throughput model
-(:class:`~pollux_opt.runtime.agent.JobAgent`), records events and persists the
+(:class:`~pollux_opt.agent.agent.JobAgent`), records events and persists the
 job's state, so that a job keeps adapting while the scheduler thread is busy.
 
 The scheduler's handle, :class:`~pollux_opt.runtime.job.ElasticJob`, puts
@@ -29,7 +29,8 @@ from typing import Any
 from pollux_opt.lifecycle import JobState
 from pollux_opt.model import BatchConfig
 from pollux_opt.records.events import jsonable
-from pollux_opt.runtime.adapt import choose_batch, params_to_dict
+from pollux_opt.agent.agent import params_to_dict
+from pollux_opt.agent.batch import choose_batch
 from pollux_opt.runtime.allocation import FollowUp, WorkerAllocation
 from pollux_opt.runtime.checkpoint import (
     CheckpointInfo, checkpoint_dir, latest_good, list_checkpoints, wait_for_writer,
@@ -268,18 +269,14 @@ class JobController(WorkerIntake):
         })
 
     # ------------------------------------------------------------- launching
-    def _batch_for(self, alloc: WorkerAllocation) -> BatchConfig:
-        """The configuration a new generation on ``alloc`` starts with: the pin,
-        else the job's own choice (keeping the current one on the same replica count)."""
+    def _batch_for(self, alloc: WorkerAllocation, current: BatchConfig | None) -> BatchConfig:
+        """The batch to run on ``alloc``: the user's pin, else the job's own choice
+        (:func:`~pollux_opt.agent.batch.choose_batch` with its freshest model),
+        keeping ``current`` unless a better one is clear."""
         if alloc.pin is not None:
             return alloc.pin
-        st = self.status
-        k = alloc.num_replicas
-        current = st.config if (st.alloc is not None and st.alloc.num_replicas == k) else None
-        return choose_batch(
-            self.limits, alloc.num_nodes, k, params=st.agent.params, stats=st.agent.grad_stats,
-            stats_steps=st.agent.stats_steps, fixed_batch_size=self.options.fixed_batch_size, current=current,
-        )
+        return choose_batch(self.limits, alloc.num_nodes, alloc.num_replicas, self.status.agent.batch_model(),
+                            fixed_batch_size=self.options.fixed_batch_size, current=current)
 
     def _launch(self, alloc: WorkerAllocation, kind: str, t0: float) -> None:
         """Start a new generation of workers on ``alloc`` from the newest good
@@ -295,7 +292,8 @@ class JobController(WorkerIntake):
             self._verify_final(info, alloc)
             return
         k, n = alloc.num_replicas, alloc.num_nodes
-        config = self._batch_for(alloc)
+        st = self.status
+        config = self._batch_for(alloc, st.config if st.alloc is not None and st.alloc.num_replicas == k else None)
         workers = self._pool.regroup(self._workers, alloc, job_key=self.job_id)
         self._gen += 1
         self._launch_wall = time.time()
@@ -375,8 +373,8 @@ class JobController(WorkerIntake):
 
     # ------------------------------------------------------------ adaptation
     def _maybe_adapt(self) -> None:
-        """Re-fit the throughput model and, unless the allocation pins the batch,
-        re-choose the batch for the current allocation (every ``adapt_interval_s``)."""
+        """Re-fit the throughput model and, unless the user pinned the batch,
+        re-choose it for the current allocation (every ``adapt_interval_s``)."""
         lifecycle = self.status.lifecycle
         if lifecycle.state is not JobState.RUNNING or lifecycle.verifying:
             return
@@ -384,16 +382,11 @@ class JobController(WorkerIntake):
         if now - self._last_adapt < self.options.adapt_interval_s:
             return
         self._last_adapt = now
-        agent = self.status.agent
         params = self.status.refit()
         alloc = self.status.alloc
         if alloc is None or alloc.pin is not None:
             return
-        new = choose_batch(
-            self.limits, alloc.num_nodes, alloc.num_replicas, params=params, stats=agent.grad_stats,
-            stats_steps=agent.stats_steps, fixed_batch_size=self.options.fixed_batch_size,
-            current=self.status.config,
-        )
+        new = self._batch_for(alloc, self.status.config)
         if new != self.status.config:
             self._send_batch(new)
         elif params is not self._params_sent:

@@ -146,7 +146,8 @@ class ElasticJob:
             cpus: optional CPU ids, one per replica (rank order), to pin workers to.
             local_bsz, accum_steps: pin the batch configuration: the job runs
                 exactly this, with no adaptation, until the next start/rescale
-                without them (the batch a scheduler decided; profiling).
+                without them (a user's choice, e.g. to profile it; otherwise
+                the job picks its own for each allocation).
             node_types: ``{node: node type}`` of the placement's nodes on a
                 cluster of several types (the job's measurements go to the
                 type it runs on); None on an untyped cluster.

@@ -22,7 +22,7 @@ from pollux_opt.model import ThroughputParams, step_time
 from pollux_opt.model.domains import Integer, check
 from pollux_opt.records.files import safe_name
 from pollux_opt.runtime.job import ElasticJob
-from pollux_opt.runtime.measurements import ConfigKey
+from pollux_opt.agent.measurements import ConfigKey
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.report import Measurements, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec

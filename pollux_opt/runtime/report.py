@@ -11,9 +11,9 @@ from solvers import InvalidProblem
 from pollux_opt.lifecycle import JobState
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.model.domains import Boolean, Integer, Real, check, check_fields, domain_field
-from pollux_opt.runtime.agent import goodput_model
+from pollux_opt.agent.agent import goodput_model
 from pollux_opt.runtime.divergence import DEFAULT_DIVERGENCE_FACTOR, DEFAULT_DIVERGENCE_REPORTS
-from pollux_opt.runtime.measurements import Measurements
+from pollux_opt.agent.measurements import Measurements
 
 __all__ = [
     "Event",

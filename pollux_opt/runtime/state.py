@@ -13,8 +13,8 @@ import hashlib
 import random
 from dataclasses import dataclass, field, fields
 
-from pollux_opt.runtime.measurements import profile_from_json, profile_to_json
-from pollux_opt.runtime.stats import GradStatsEMA
+from pollux_opt.agent.measurements import profile_from_json, profile_to_json
+from pollux_opt.agent.stats import GradStatsEMA
 
 __all__ = ["EVAL_HISTORY_KEPT", "EpochSampler", "TrainingState", "param_checksum", "restore_rng", "rng_state",
            "step_seed"]

@@ -15,10 +15,9 @@ from solvers import InvalidProblem
 
 from pollux_opt.lifecycle import JobState, Lifecycle
 from pollux_opt.model import BatchConfig
-from pollux_opt.runtime.adapt import params_from_dict, params_to_dict
-from pollux_opt.runtime.agent import JobAgent
+from pollux_opt.agent.agent import JobAgent, params_from_dict, params_to_dict
 from pollux_opt.runtime.allocation import WorkerAllocation
-from pollux_opt.runtime.measurements import profile_from_json
+from pollux_opt.agent.measurements import profile_from_json
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 

@@ -11,9 +11,9 @@ data loader and its optimizer's ``step``) run the same machinery:
 * :meth:`Trainer.add_micro`, once per micro-batch (``accum_steps + 1`` per
   replica, after its ``backward``): folds its gradient into the step's sum;
 * :meth:`Trainer.finish_step`: all-reduces the mean gradient, updates the
-  gradient statistics and the AdaScale gain (:mod:`~pollux_opt.runtime.stats`),
+  gradient statistics and the AdaScale gain (:mod:`~pollux_opt.agent.stats`),
   applies the learning rate rule and, past the warm-up steps, adds the step's
-  times to the measurement profile (:mod:`~pollux_opt.runtime.measurements`);
+  times to the measurement profile (:mod:`~pollux_opt.agent.measurements`);
   then :meth:`Trainer.after_step` (rank 0) evaluates, checkpoints, reports and
   applies the divergence rule (:mod:`~pollux_opt.runtime.divergence`).
 
@@ -41,12 +41,12 @@ from pollux_opt.runtime.control import (
 )
 from pollux_opt.runtime.checkpoint import CheckpointInfo, checkpoint_dir, prune, save_checkpoint
 from pollux_opt.runtime.divergence import check_divergence
-from pollux_opt.runtime.measurements import ConfigKey, profile_to_json, record_step
+from pollux_opt.agent.measurements import ConfigKey, profile_to_json, record_step
 from pollux_opt.runtime.spec import JobParts, JobSpec
 from pollux_opt.runtime.state import (
     EVAL_HISTORY_KEPT, EpochSampler, TrainingState, param_checksum, restore_rng, rng_state, step_seed,
 )
-from pollux_opt.runtime.stats import adascale_gain, lr_factor, micro_batch_estimates
+from pollux_opt.agent.stats import adascale_gain, lr_factor, micro_batch_estimates
 
 if TYPE_CHECKING:
     from pollux_opt.runtime.worker import Assignment

@@ -2,8 +2,10 @@
 
 The loop is the same for real runs (:mod:`pollux_opt.backends.local.backend`) and the
 cluster-scale simulator: every ``interval`` seconds it reads the active jobs'
-views from the backend, asks the policy for a :class:`Decision`, logs it, and
-applies it through the backend (start, rescale, stop).
+views from the backend, asks the policy for a :class:`Decision` (where each
+job runs, on how many replicas), logs it, and applies it through the backend
+(start, rescale, stop).  Each job picks its own batch for its allocation
+(:func:`pollux_opt.agent.batch.choose_batch`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from solvers import Status
 
 from pollux_opt.lifecycle import JobState
 from pollux_opt.records.events import EventLog
-from pollux_opt.model import BatchConfig, Cluster, GoodputModel
+from pollux_opt.model import Cluster, GoodputModel
 from pollux_opt.model.domains import Integer, Real, check
 
 __all__ = [
@@ -53,7 +55,7 @@ class JobView:
         restarts: restarts (rescales and fault recoveries) so far.
         age: seconds since submission.
         min_replicas, max_replicas: the replica range the job accepts.
-        submitted_replicas, submitted_batch_size: the user's fixed configuration.
+        submitted_replicas, submitted_batch_size: the user's submitted configuration.
         goodput_model: fitted online (priors until measured); None if unknown.
         restart_delay: seconds a restart costs (measured for real jobs,
             configured in simulation).
@@ -70,6 +72,10 @@ class JobView:
             model per type (measured there, or projected from another type;
             one shared statistical efficiency); None: ``goodput_model`` serves
             every type.
+        fixed_batch_size: the total batch the job trains at on any allocation
+            (its submitted one, under a policy whose :attr:`Policy.fixed_batch`
+            is true; None: it co-adapts its batch with its goodput model).
+        batch_size: the total batch the job last ran (0: none yet).
     """
 
     job_id: str
@@ -89,6 +95,8 @@ class JobView:
     max_profiled_replicas: int | None = None
     weight: float = 1.0
     goodput_models: Mapping[str, GoodputModel] | None = None
+    fixed_batch_size: int | None = None
+    batch_size: int = 0
 
 
 class DecisionStatus(str, enum.Enum):
@@ -110,11 +118,10 @@ class DecisionStatus(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Decision:
-    """A policy's answer for one round.
+    """A policy's answer for one round: where each job runs (its batch is the job's own choice).
 
     Attributes:
         placement: job id -> {node id: replicas}; a job mapped to {} (or absent) gets nothing.
-        batch: job id -> batch configuration to run with (jobs with replicas).
         objective: the policy's objective value (nan if it has none).
         solver_seconds: wall seconds the policy took to decide, measured by
             :func:`run` around ``decide``; a policy returns nan (not timed yet).
@@ -125,7 +132,6 @@ class Decision:
     """
 
     placement: dict[str, dict[str, int]]
-    batch: dict[str, BatchConfig]
     objective: float
     solver_seconds: float
     status: DecisionStatus | Status
@@ -138,12 +144,13 @@ class Policy(Protocol):
 
     Attributes:
         name: the policy's name (as registered, and in the event log).
-        adapts_batch: the jobs choose their own batch size (co-adaptation);
-            false: they train at their submitted batch size.
+        fixed_batch: the policy runs jobs at their submitted batch size: the
+            backend gives each job that ``fixed_batch_size``
+            (:attr:`JobView.fixed_batch_size`); false: jobs co-adapt their batch.
     """
 
     name: str
-    adapts_batch: bool
+    fixed_batch: bool
 
     def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Decision: ...
 
@@ -205,7 +212,6 @@ def _log_decision(events: EventLog, t: float, now: float, policy: Policy, decisi
     decision, ``allocator_s`` the part the policy reports spending in a solver."""
     events.emit(
         "allocation", t, None, decided_t=now, policy=policy.name, placement=_placement_json(decision),
-        batch={j: b.batch_size for j, b in decision.batch.items()},
         objective=decision.objective, solver_s=decision.solver_seconds, allocator_s=decision.allocator_seconds,
         status=getattr(decision.status, "value", decision.status), load1=_load1(), **fields,
     )

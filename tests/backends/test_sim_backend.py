@@ -8,8 +8,9 @@ import math
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem
+from pollux_opt.agent.batch import split_batch
 from pollux_opt.lifecycle import JobState
-from pollux_opt.model import BatchConfig
+from pollux_opt.model import BatchLimits
 from pollux_opt.scheduling.loop import Decision
 from pollux_opt.backends.sim import (
     ParametricProfile,
@@ -18,7 +19,6 @@ from pollux_opt.backends.sim import (
     default_trace_dir,
     load_profiles,
     simulate,
-    split_batch,
 )
 from pollux_opt.scheduling.policies import TiresiasPolicy
 from pollux_opt.workloads import WorkloadJob, philly_workload, read_adaptdl_csv, tuned_config, write_adaptdl_csv
@@ -39,8 +39,10 @@ def _jobs(n=4, spacing=30.0, replicas=2, batch=256):
 
 
 def test_split_batch_fits_max_local():
-    assert split_batch(1000, 3, 128) == (112, 2)  # 334 per replica in 3 micro-batches
-    assert split_batch(64, 4, 128) == (16, 0)
+    limits = BatchLimits(1, 4096, max_local_bsz=128)
+    assert split_batch(1000, 3, limits) == (112, 2)  # 334 per replica in 3 micro-batches
+    assert split_batch(64, 4, limits) == (16, 0)
+    assert split_batch(64, 4, BatchLimits(1, 4096, min_local_bsz=32, max_local_bsz=128)) == (32, 0)
 
 
 def test_parametric_profile_rejects_bad_fields_naming_them():
@@ -62,7 +64,7 @@ def test_views_hide_truth_until_measured():
     (v,) = b.views()
     assert v.goodput_model is None and v.max_profiled_replicas == 0 and v.state is JobState.QUEUED
     assert v.max_replicas == 64 and replica_cap(v, b.cluster) == 1  # the policy's exploration cap
-    b.apply(Decision({"j0": {"n0": 1}}, {}, math.nan, 0.0, "test"))
+    b.apply(Decision({"j0": {"n0": 1}}, math.nan, 0.0, "test"))
     b.advance(60.0)
     (v,) = b.views()
     assert v.goodput_model is not None and v.max_profiled_replicas == 1 and v.max_replicas == 64
@@ -73,7 +75,7 @@ def test_views_hide_truth_until_measured():
 def test_restart_delay_costs_progress():
     def progress(delay):
         b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4), config=SimConfig(restart_delay=delay))
-        b.apply(Decision({"j0": {"n0": 1}}, {}, math.nan, 0.0, "t"))
+        b.apply(Decision({"j0": {"n0": 1}}, math.nan, 0.0, "t"))
         b.advance(60.0)
         return b.views()[0].progress
 
@@ -82,7 +84,7 @@ def test_restart_delay_costs_progress():
 
 def test_interference_slows_shared_multi_node_jobs():
     jobs = [WorkloadJob("a", "synth", 0, 2, 256), WorkloadJob("b", "synth", 0, 2, 256)]
-    dec = Decision({"a": {"n0": 1, "n1": 1}, "b": {"n0": 1, "n1": 1}}, {}, math.nan, 0.0, "t")
+    dec = Decision({"a": {"n0": 1, "n1": 1}, "b": {"n0": 1, "n1": 1}}, math.nan, 0.0, "t")
     out = {}
     for x in (0.0, 0.5):
         b = SimBackend(jobs, SYNTH, Cluster.uniform(2, 4), config=SimConfig(restart_delay=0, interference=x))
@@ -99,12 +101,13 @@ def test_fixed_applications_run_their_pinned_configuration():
         SimConfig(fixed_applications="ncf")
     assert SimConfig().fixed_applications == ("ncf",)
     assert pinned_config(SYNTH["synth"]) == (1, 128)
-    for fixed, want_batch, want_max in [(("synth",), 128, 1), ((), 1024, 8)]:
-        b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(2, 4), config=SimConfig(fixed_applications=fixed))
-        b.apply(Decision({"j0": {"n0": 2}}, {"j0": BatchConfig(512, 0, 1024, 1.0)}, math.nan, 0.0, "t"))
+    for fixed, want_batch, want_max in [(("synth",), 128, 1), ((), 256, 8)]:
+        b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(2, 4), config=SimConfig(fixed_applications=fixed),
+                       fixed_batch=True)
+        b.apply(Decision({"j0": {"n0": 2}}, math.nan, 0.0, "t"))
         b.advance(60.0)
         assert b._jobs["j0"].batch_size == want_batch
-        b.apply(Decision({"j0": {"n0": 4}}, {"j0": BatchConfig(256, 0, 1024, 1.0)}, math.nan, 0.0, "t"))
+        b.apply(Decision({"j0": {"n0": 4}}, math.nan, 0.0, "t"))
         b.advance(60.0)
         (v,) = b.views()
         assert v.max_profiled_replicas == 4 and v.max_replicas == (1 if fixed else 64)
@@ -132,7 +135,7 @@ def test_pinned_ncf_ignores_its_workload_row(policy):
 def test_overload_rejected():
     b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4))
     with pytest.raises(InvalidProblem, match="overloads node 'n0': 5 replicas > 4"):
-        b.apply(Decision({"j0": {"n0": 5}}, {}, math.nan, 0.0, "t"))
+        b.apply(Decision({"j0": {"n0": 5}}, math.nan, 0.0, "t"))
 
 
 def test_pack_keeps_unchanged_placements():
@@ -228,7 +231,7 @@ def test_completion_delay_adds_to_jct_and_frees_cpus_meanwhile():
     base = _alone_jct(SimConfig(restart_delay=0.0))
     assert _alone_jct(SimConfig(restart_delay=0.0, completion_delay={"synth": 7.0})) == pytest.approx(base + 7.0)
     b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4), config=SimConfig(restart_delay=0.0, completion_delay=1e6))
-    b.apply(Decision({"j0": {"n0": 4}}, {}, math.nan, 0.0, "t"))
+    b.apply(Decision({"j0": {"n0": 4}}, math.nan, 0.0, "t"))
     while not b.jcts():
         b.advance(60.0)
     assert b.views() == [] and b.jcts()["j0"] > 1e6  # verifying: no CPUs, not schedulable
@@ -240,10 +243,24 @@ def test_start_delay_replaces_the_restart_delay_for_the_first_start_only():
     assert _alone_jct(SimConfig(restart_delay=30.0, start_delay={"synth": 4.0})) == pytest.approx(base + 4.0)
 
 
+def test_a_co_adapting_job_starts_at_m0_and_grows_its_batch_as_its_model_improves():
+    """The policy decides only the placement: the job picks its batch, at M0
+    until measured, then the goodput-best on the same allocation, without a restart."""
+    b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4))
+    batches = []
+    for _ in range(3):
+        b.apply(Decision({"j0": {"n0": 2}}, math.nan, 0.0, "t"))
+        (v,) = b.views()
+        batches.append(v.batch_size)
+        b.advance(60.0)
+    assert batches[0] == SYNTH["synth"].init_batch_size and batches[-1] > batches[0]
+    assert v.restarts == 0
+
+
 def test_split_single_runs_one_replica_as_two_micro_batches():
     for split, expected in ((False, (256, 0)), (True, (128, 1))):
-        b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4), config=SimConfig(split_single=split))
-        b.apply(Decision({"j0": {"n0": 1}}, {"j0": BatchConfig(256, 0, 256, math.nan)}, math.nan, 0.0, "t"))
+        b = SimBackend(_jobs(1), SYNTH, Cluster.uniform(1, 4), config=SimConfig(split_single=split), fixed_batch=True)
+        b.apply(Decision({"j0": {"n0": 1}}, math.nan, 0.0, "t"))
         job = b._jobs["j0"]
         assert (job.local_bsz, job.accum_steps) == expected
 

@@ -21,7 +21,7 @@ from pollux_opt.scheduling.loop import Decision
 from pollux_opt.backends.sim import ParametricProfile, SimBackend, simulate
 from pollux_opt.workloads import WorkloadJob
 import pollux_opt.backends.sim.backend as sim_backend
-from pollux_opt.runtime.measurements import Measurements
+from pollux_opt.agent.measurements import Measurements
 
 
 def _model(phi_var=2.0):
@@ -92,7 +92,7 @@ def test_identical_measurements_are_fitted_once(monkeypatch):
     profiles = {"synth": ParametricProfile("synth", max_epochs=3, epoch_progress=200.0)}
     jobs = [WorkloadJob(f"j{i}", "synth", 0.0, 1, 128) for i in range(3)]
     b = SimBackend(jobs, profiles, Cluster.uniform(1, 4))
-    b.apply(Decision({f"j{i}": {"n0": 1} for i in range(3)}, {}, math.nan, 0.0, "t"))
+    b.apply(Decision({f"j{i}": {"n0": 1} for i in range(3)}, math.nan, 0.0, "t"))
     b.advance(60.0)
     views = b.views()
     assert len(calls) == 1  # three jobs, one measurement set

@@ -13,7 +13,6 @@ from pollux_opt.backends.sim import ParametricProfile, SimBackend, SimConfig, si
 from pollux_opt.backends.sim.sia_settings import SiaSimSettings
 from pollux_opt.backends.sim.typed_profiles import TypedProfile, load_typed_profiles
 from pollux_opt.cli.simulate import cluster_and_profiles
-from pollux_opt.model import BatchConfig
 from pollux_opt.model.cluster_types import ClusterTypes, NodeType
 from pollux_opt.scheduling.loop import Decision
 from pollux_opt.workloads import WorkloadJob
@@ -37,8 +36,8 @@ def _jobs(n=3, spacing=30.0):
     return [WorkloadJob(f"j{i}", "toy", i * spacing, 1, 256) for i in range(n)]
 
 
-def _run(backend, placement, batch=None, seconds=60.0):
-    backend.apply(Decision(placement, batch or {}, 0.0, 0.0, "fifo"))
+def _run(backend, placement, seconds=60.0):
+    backend.apply(Decision(placement, 0.0, 0.0, "fifo"))
     backend.advance(seconds)
 
 
@@ -71,8 +70,8 @@ def test_unmeasured_types_are_projected_from_the_measured_one():
 def test_a_job_runs_at_its_type_speed_and_over_two_types_at_the_slowest():
     rates = {}
     for name, placement in (("slow", {"slow-0": 2}), ("fast", {"fast-0": 2}), ("mixed", {"slow-0": 1, "fast-0": 1})):
-        backend = SimBackend(_jobs(1), TYPED, _cluster())
-        _run(backend, {"j0": placement}, {"j0": BatchConfig(64, 0, 128)}, seconds=600.0)
+        backend = SimBackend(_jobs(1), TYPED, _cluster(), fixed_batch=True)  # one batch on every type
+        _run(backend, {"j0": placement}, seconds=600.0)
         rates[name] = backend._jobs["j0"].last_throughput
     assert rates["fast"] > 2.5 * rates["slow"]
     # two replicas on two nodes: inter-node sync, at the slow type's compute speed

@@ -27,7 +27,7 @@ from pollux_opt.model.throughput_fit import (
     RETROGRESSION_PRIOR_WEIGHT,
 )
 from pollux_opt.records.events import goodput_model_from_json, goodput_model_to_json
-from pollux_opt.runtime.adapt import params_from_dict, params_to_dict
+from pollux_opt.agent.agent import params_from_dict, params_to_dict
 from solvers import InvalidProblem
 
 TRUTH = ThroughputParams(

@@ -12,10 +12,9 @@ import pytest
 
 from pollux_opt import InvalidProblem
 from pollux_opt.lifecycle import JobState
-from pollux_opt.model import BatchConfig, BatchLimits, ThroughputParams, step_time, sync_time
-from pollux_opt.runtime.adapt import decided_batch, executor_batch, split_batch
-from pollux_opt.runtime.agent import REFIT_GROWTH, JobAgent
-from pollux_opt.runtime.measurements import ConfigKey, Measurements, profile_from_json, profile_to_json, record_step
+from pollux_opt.model import BatchLimits, ThroughputParams, step_time, sync_time
+from pollux_opt.agent.agent import REFIT_GROWTH, JobAgent
+from pollux_opt.agent.measurements import ConfigKey, Measurements, profile_from_json, profile_to_json, record_step
 
 LIMITS = BatchLimits(init_batch_size=32, max_batch_size=1024, min_local_bsz=4, max_local_bsz=128)
 TRUTH = ThroughputParams(alpha_c=0.002, beta_c=3e-5, alpha_n=0.004, beta_n=0.0, alpha_r=0.004, beta_r=0.0, gamma=1.0)
@@ -122,24 +121,10 @@ def test_fixed_batch_agent_stands_in_neutral_statistics():
     assert model is not None and model.grad_stats.grad_var == 0.0
 
 
-def test_a_decided_batch_runs_as_decided_or_re_split_to_the_limits():
-    assert decided_batch(BatchConfig(48, 0, 96), 2, LIMITS, split_single=True) == BatchConfig(48, 0)
-    # a micro-batch beyond max_local_bsz: the decided total re-split
-    assert split_batch(600, 2, 128, 4) == (100, 2)
-    assert decided_batch(BatchConfig(300, 0, 600), 2, LIMITS, split_single=False) == BatchConfig(100, 2)
-    # one replica: two micro-batches (the executor's rule), optional in the simulator
-    assert decided_batch(BatchConfig(64, 0, 64), 1, LIMITS, split_single=True) == BatchConfig(32, 1)
-    assert decided_batch(BatchConfig(64, 0, 64), 1, LIMITS, split_single=False) == BatchConfig(64, 0)
-    # never beyond the largest batch
-    assert decided_batch(BatchConfig(128, 7, 4096), 4, LIMITS, split_single=False).total_batch(4) <= 1024
-    few = BatchLimits(32, 4096, 4, 64, max_accum_steps=3)
-    assert executor_batch(BatchConfig(64, 0, 64), 1, LIMITS) == BatchConfig(32, 1)
-    assert executor_batch(BatchConfig(1024, 0, 1024), 1, few) is None  # needs 16 micro-batches of 64
-
-
-def test_real_backend_sends_the_decided_batch_and_logs_it(tmp_path, monkeypatch):
-    """The backend passes the decision's batch to the job, pinned: a changed
-    batch on the same placement is sent without a restart; no batch unpins."""
+# ------------------------------------------------------------- who owns the batch
+def test_real_backend_sends_placements_and_the_job_picks_its_batch(tmp_path, monkeypatch):
+    """The backend's commands carry placements only; under a fixed-batch policy
+    each job is made to train at its submitted batch size, which the log records."""
     from pollux_opt.backends.local.backend import RealBackend
     from pollux_opt.backends.local.handle import elastic_factory, elastic_opener
     from pollux_opt.model import Cluster
@@ -153,28 +138,23 @@ def test_real_backend_sends_the_decided_batch_and_logs_it(tmp_path, monkeypatch)
     workload = Workload("one", (WorkloadJob("a", "digits-cnn", 0.0, 1, 64),))
     clock = [1000.0]
     with EventLog(tmp_path / "events.jsonl") as events:
-        backend = RealBackend(tmp_path, workload, Cluster.uniform(1, 2), events, adapts_batch=True,
+        backend = RealBackend(tmp_path, workload, Cluster.uniform(1, 2), events, fixed_batch=True,
                               started_unix=1000.0, pin_cpus=False, job_factory=elastic_factory,
                               job_opener=elastic_opener, clock=lambda: clock[0], sleep=lambda s: None)
         backend.views()
-        limits = backend.jobs["a"].spec.limits()
+        assert backend.jobs["a"].handle.options.fixed_batch_size == 64
 
-        def decide(placement, batch):
-            backend.apply(Decision({"a": placement}, {} if batch is None else {"a": batch}, math.nan, 0.0, "test"))
+        def decide(placement):
+            backend.apply(Decision({"a": placement}, math.nan, 0.0, "test"))
 
-        decide({"n0": 1}, BatchConfig(64, 0, 64, 1.0))
-        assert sent[-1].placement == {"n0": 1} and sent[-1].pin == executor_batch(BatchConfig(64, 0, 64), 1, limits)
-        assert sent[-1].pin == BatchConfig(32, 1)  # one replica: two micro-batches
+        decide({"n0": 1})
+        assert sent[-1].placement == {"n0": 1} and sent[-1].pin is None
         job = backend.jobs["a"]  # now training there
         job.state, job.report = JobState.RUNNING, dataclasses.replace(job.report, placement={"n0": 1})
-        decide({"n0": 1}, BatchConfig(64, 0, 64, 1.0))
+        decide({"n0": 1})
         assert len(sent) == 1  # nothing changed: nothing sent
-        decide({"n0": 1}, BatchConfig(96, 0, 96, 1.0))
-        assert len(sent) == 2 and sent[-1].placement == {"n0": 1} and sent[-1].pin == BatchConfig(48, 1)
-        decide({"n0": 1}, None)  # no decided batch: the job chooses its own again
-        assert len(sent) == 3 and sent[-1].pin is None
-        decide({"n0": 2}, BatchConfig(48, 0, 96, 1.0))
-        assert sent[-1].placement == {"n0": 2} and sent[-1].pin == BatchConfig(48, 0)
-    logged = [e for e in read_events(tmp_path / "events.jsonl") if e["type"] in ("start", "rescale_begin")]
-    assert [(e["type"], e["local_bsz"], e["accum_steps"], e["batch_size"]) for e in logged] == [
-        ("start", 32, 1, 64), ("rescale_begin", 48, 0, 96)]
+        decide({"n0": 2})
+        assert len(sent) == 2 and sent[-1].placement == {"n0": 2} and sent[-1].pin is None
+    logged = {e["type"]: e for e in read_events(tmp_path / "events.jsonl")}
+    assert logged["submit"]["fixed_batch_size"] == 64
+    assert "batch_size" not in logged["start"] and "batch_size" not in logged["rescale_begin"]

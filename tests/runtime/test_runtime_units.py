@@ -18,8 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pollux_opt import InvalidProblem
-from pollux_opt.model import BatchConfig, BatchLimits, GradientStats, ThroughputParams
-from pollux_opt.runtime.adapt import MIN_STATS_STEPS, check_allocation, choose_batch, executable
+from pollux_opt.model import BatchConfig, BatchLimits, GoodputModel, GradientStats, ThroughputParams
+from pollux_opt.agent.agent import MIN_STATS_STEPS, JobAgent
+from pollux_opt.agent.batch import choose_batch
+from pollux_opt.agent.measurements import ConfigKey
 from pollux_opt.runtime.checkpoint import (
     atomic_write_json,
     latest_good,
@@ -30,7 +32,7 @@ from pollux_opt.runtime.checkpoint import (
 )
 from pollux_opt.lifecycle import JobState
 from pollux_opt.runtime.report import JobReport, Measurements, RuntimeOptions, normalize_placement
-from pollux_opt.runtime.stats import GradStatsEMA, adascale_gain, lr_factor, micro_batch_estimates
+from pollux_opt.agent.stats import GradStatsEMA, adascale_gain, lr_factor, micro_batch_estimates
 from pollux_opt.runtime import JobSpec, get_job, heldout_error, job_names, register_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,47 +107,58 @@ LIMITS = BatchLimits(init_batch_size=32, max_batch_size=1024, max_local_bsz=256)
 PARAMS = ThroughputParams(alpha_c=0.01, beta_c=1e-4, alpha_n=0.005, beta_n=0.0, alpha_r=0.005, beta_r=0.0, gamma=1.0)
 
 
+def _model(grad_var: float) -> GoodputModel:
+    """A goodput model of ``PARAMS`` with |G|^2 = 1 and the given gradient variance at M0."""
+    return GoodputModel(PARAMS, GradientStats(grad_sqr=1.0, grad_var=grad_var, init_batch_size=32), LIMITS)
+
+
 def test_single_replica_runs_two_micro_batches():
-    assert executable(1, BatchConfig(64, 0), LIMITS) == BatchConfig(32, 1)
-    assert executable(1, BatchConfig(63, 0), LIMITS) == BatchConfig(32, 1)
-    assert executable(2, BatchConfig(64, 0), LIMITS) == BatchConfig(64, 0)
-    assert executable(1, BatchConfig(64, 2), LIMITS) == BatchConfig(64, 2)
+    assert choose_batch(LIMITS, 1, 1, None, fixed_batch_size=64) == BatchConfig(32, 1)
+    assert choose_batch(LIMITS, 1, 1, None, fixed_batch_size=63) == BatchConfig(32, 1)
+    assert choose_batch(LIMITS, 1, 1, None, fixed_batch_size=64, split_single=False) == BatchConfig(64, 0)
+    assert choose_batch(LIMITS, 1, 2, None, fixed_batch_size=128) == BatchConfig(64, 0)
+    assert choose_batch(LIMITS, 1, 1, None, fixed_batch_size=768) == BatchConfig(256, 2)
+
+
+def test_a_fixed_batch_is_split_to_the_limits_and_never_beyond_the_largest():
+    assert choose_batch(LIMITS, 1, 2, None, fixed_batch_size=1000, split_single=False) == BatchConfig(250, 1)
+    assert choose_batch(LIMITS, 1, 4, None, fixed_batch_size=4096).total_batch(4) <= LIMITS.max_batch_size
+    few = BatchLimits(32, 4096, 4, 64, max_accum_steps=3)
+    # a user's fixed batch takes the accumulation steps it needs
+    assert choose_batch(few, 1, 1, None, fixed_batch_size=1024) == BatchConfig(64, 15)
 
 
 def test_batch_stays_at_m0_until_statistics_are_trusted():
-    stats = GradientStats(grad_sqr=1.0, grad_var=100.0, init_batch_size=32)
-    early = choose_batch(LIMITS, 1, 2, params=PARAMS, stats=stats, stats_steps=MIN_STATS_STEPS - 1,
-                         fixed_batch_size=None)
-    assert early.total_batch(2) == 32
-    late = choose_batch(LIMITS, 1, 2, params=PARAMS, stats=stats, stats_steps=MIN_STATS_STEPS,
-                        fixed_batch_size=None)
-    assert late.total_batch(2) > 32  # noise scale 3200 samples: a larger batch pays
+    agent = JobAgent(LIMITS)
+    agent.add_measurement(ConfigKey(1, 1, 32, 0), 0.05, 0.0)
+    agent.add_measurement(ConfigKey(1, 2, 32, 0), 0.06, 0.01)
+    agent.update_stats((1.0, 100.0), MIN_STATS_STEPS - 1)
+    assert agent.model() is not None and agent.batch_model() is None
+    assert choose_batch(LIMITS, 1, 2, agent.batch_model()).total_batch(2) == 32
+    agent.update_stats((1.0, 100.0), MIN_STATS_STEPS)
+    assert agent.batch_model() is agent.model()
+    assert choose_batch(LIMITS, 1, 2, agent.batch_model()).total_batch(2) > 32  # noise scale 3200: a larger batch pays
 
 
 def test_low_noise_keeps_a_small_batch_and_fixed_mode_keeps_the_users_batch():
-    quiet = GradientStats(grad_sqr=1.0, grad_var=0.01, init_batch_size=32)
-    cfg = choose_batch(LIMITS, 1, 2, params=PARAMS, stats=quiet, stats_steps=100, fixed_batch_size=None)
-    assert cfg.total_batch(2) <= 64
-    fixed = choose_batch(LIMITS, 1, 3, params=PARAMS, stats=quiet, stats_steps=100, fixed_batch_size=600)
+    assert choose_batch(LIMITS, 1, 2, _model(0.01)).total_batch(2) <= 64
+    fixed = choose_batch(LIMITS, 1, 3, _model(0.01), fixed_batch_size=600)
     assert fixed.total_batch(3) == 600 and fixed.local_bsz <= LIMITS.max_local_bsz
 
 
 def test_current_configuration_is_kept_on_a_near_tie():
-    stats = GradientStats(grad_sqr=1.0, grad_var=100.0, init_batch_size=32)
-    best = choose_batch(LIMITS, 1, 2, params=PARAMS, stats=stats, stats_steps=100, fixed_batch_size=None)
+    model = _model(100.0)
+    best = choose_batch(LIMITS, 1, 2, model)
     near = BatchConfig(best.local_bsz - 1, best.accum_steps)
-    kept = choose_batch(LIMITS, 1, 2, params=PARAMS, stats=stats, stats_steps=100, fixed_batch_size=None,
-                        current=near)
-    assert kept == near
-    far = BatchConfig(16, 0)
-    assert choose_batch(LIMITS, 1, 2, params=PARAMS, stats=stats, stats_steps=100, fixed_batch_size=None,
-                        current=far) == best
+    assert choose_batch(LIMITS, 1, 2, model, current=near) == near
+    assert choose_batch(LIMITS, 1, 2, model, current=BatchConfig(16, 0)) == best
 
 
 def test_infeasible_allocation_is_rejected_with_its_numbers():
     tight = BatchLimits(init_batch_size=32, max_batch_size=64, min_local_bsz=16)
-    with pytest.raises(InvalidProblem, match="num_replicas=5 admits no batch configuration"):
-        check_allocation(tight, 1, 5, None)
+    with pytest.raises(InvalidProblem, match=r"num_replicas=5 admits no batch configuration under the job's "
+                                             r"batch limits \(BatchLimits\(init_batch_size=32"):
+        choose_batch(tight, 1, 5, None)
 
 
 # ------------------------------------------------------------------- checkpoints

@@ -13,7 +13,7 @@ from pollux_opt import InvalidProblem
 from pollux_opt.model import BatchLimits, ThroughputParams, step_time, sync_time
 from pollux_opt.model.projection import projection_plan
 from pollux_opt.runtime.allocation import parse_allocation
-from pollux_opt.runtime.measurements import ConfigKey, profile_to_json, record_step
+from pollux_opt.agent.measurements import ConfigKey, profile_to_json, record_step
 from pollux_opt.runtime.registry import get_job
 from pollux_opt.runtime.report import RuntimeOptions
 from pollux_opt.runtime.state import TrainingState

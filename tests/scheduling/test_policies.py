@@ -10,6 +10,7 @@ import pytest
 from pollux_opt import Cluster, InvalidProblem, Options
 from pollux_opt.lifecycle import JobState
 from pollux_opt.model import restart_factor, to_problem
+from pollux_opt.agent.batch import choose_batch
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.scheduling.policies import (
     POLICIES,
@@ -29,12 +30,13 @@ from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView, Policy
 
 
 def view(job_id, *, t=0.0, state=JobState.QUEUED, placement=None, model=None, replicas=1, batch=32,
-         max_replicas=8, min_replicas=1, age=100.0, restarts=0, delay=5.0):
+         max_replicas=8, min_replicas=1, age=100.0, restarts=0, delay=5.0, fixed=False):
+    """A job's view; with ``fixed``, one that trains at its submitted ``batch``."""
     return JobView(
         job_id=job_id, submit_time=t, state=state, placement=placement or {}, restarts=restarts, age=age,
         min_replicas=min_replicas, max_replicas=max_replicas, submitted_replicas=replicas,
         submitted_batch_size=batch, goodput_model=model, restart_delay=delay, progress=0.0,
-        attained_service=0.0,
+        attained_service=0.0, fixed_batch_size=batch if fixed else None,
     )
 
 
@@ -60,8 +62,8 @@ def test_registry_and_protocol():
         policy = make_policy(name, provides={Requirement.ORACLE: object()})
         assert policy.name == name and type(policy) is info.factory
         assert isinstance(policy, Policy)
-    assert make_policy("pollux").adapts_batch and not make_policy("fixed").adapts_batch
-    assert not make_policy("dynamic").adapts_batch and not make_policy("tiresias").adapts_batch
+    assert make_policy("fixed").fixed_batch and not make_policy("pollux").fixed_batch
+    assert make_policy("dynamic").fixed_batch and make_policy("tiresias").fixed_batch and not make_policy("sia").fixed_batch
     with pytest.raises(InvalidProblem, match=r"unknown policy 'gavel'; choose one of "
                                              r"\['dynamic', 'fair-jct', 'fair-jct-oracle', 'fixed', 'optimus', 'pollux', "
                                              r"'pollux-unaware', 'sia', 'tiresias'\]"):
@@ -87,7 +89,7 @@ def test_registry_records_what_each_policy_needs_from_its_backend():
 
 def test_make_policy_names_an_unknown_option():
     with pytest.raises(InvalidProblem, match=r"policy 'fixed' has no option\(s\) \['foo'\]; its options are "
-                                             r"\['adapts_batch', 'name'\]"):
+                                             r"\['fixed_batch', 'name'\]"):
         make_policy("fixed", foo=1)
     assert make_policy("pollux", exploration_factor=3).exploration_factor == 3
     with pytest.raises(InvalidProblem, match=r"exploration_factor must be an integer >= 1, got 0"):
@@ -108,7 +110,6 @@ def test_fixed_is_fifo_gang_with_submitted_cpus_and_never_moves_running_jobs():
     assert d.placement["first"] == {"n0": 2}        # head of the queue, its submitted 2 CPUs
     assert d.placement["second"] == {}              # 1 CPU left: does not fit, blocks ...
     assert d.placement["late"] == {}                # ... the job behind it (strict FIFO)
-    assert d.batch["first"].batch_size == 64 and d.batch["first"].local_bsz == 32
     assert d.status is DecisionStatus.FIFO and d.status == "fifo" and math.isnan(d.objective)
 
 
@@ -137,37 +138,34 @@ def test_fixed_runs_the_submitted_cpus_whatever_the_job_has_been_measured_on():
     assert PolluxPolicy().decide(0.0, cluster, [v]).placement["a"] == {"n0": 1}
 
 
-def test_fixed_uses_the_models_split_of_the_submitted_batch():
-    m = model(noise=100.0)
-    d = FixedPolicy().decide(0.0, Cluster.uniform(1, 4), [view("a", replicas=2, batch=100, model=m)])
-    assert d.batch["a"].batch_size >= 100 and d.batch["a"].local_bsz == 50
-
-
 # ----------------------------------------------------------------- dynamic
-def test_dynamic_gives_idle_cpus_to_jobs_and_keeps_the_submitted_batch():
+def test_dynamic_gives_idle_cpus_to_jobs():
     cluster = Cluster.uniform(1, 4)
     m = model(noise=1000.0)
-    d = DynamicPolicy().decide(0.0, cluster, [view("a", model=m, batch=64), view("b", t=1, model=m, batch=64)])
+    jobs = [view("a", model=m, batch=64, fixed=True), view("b", t=1, model=m, batch=64, fixed=True)]
+    d = DynamicPolicy().decide(0.0, cluster, jobs)
     assert used(d) == 4 and all(sum(p.values()) == 2 for p in d.placement.values())
-    for b in d.batch.values():
-        assert b.batch_size == 64  # throughput only: the user's batch, split over the replicas
     assert d.status == "optimal" and d.objective > 0
 
 
 def test_dynamic_ignores_statistical_efficiency():
     """Two jobs with the same throughput model but different gradient noise: the
-    throughput-only policy treats them alike at the submitted batch; Pollux grows
-    the batch of the noisy job (large batches keep its efficiency) and not of the quiet one."""
+    throughput-only policy treats them alike at the submitted batch; under Pollux
+    the noisy job grows its batch on its allocation (large batches keep its
+    efficiency) and the quiet one does not."""
     cluster = Cluster.uniform(1, 6)
     quiet, noisy = model(noise=1.0), model(noise=5000.0)
     jobs = [view("quiet", model=quiet, batch=32), view("noisy", t=1, model=noisy, batch=32)]
-    dyn = DynamicPolicy().decide(0.0, cluster, jobs)
+    dyn = DynamicPolicy().decide(0.0, cluster, [replace(v, fixed_batch_size=32) for v in jobs])
     pol = PolluxPolicy().decide(0.0, cluster, jobs)
     k = lambda d, j: sum(d.placement[j].values())  # noqa: E731
     assert k(dyn, "quiet") == k(dyn, "noisy") == 3  # identical throughput models
-    assert dyn.batch["quiet"].batch_size == dyn.batch["noisy"].batch_size == 33  # 32 split over 3, rounded up
-    assert pol.batch["noisy"].batch_size > 4 * 32
-    assert pol.batch["quiet"].batch_size < 2 * 32
+
+    def chosen(j: str, m: GoodputModel) -> int:
+        p = pol.placement[j]
+        return choose_batch(m.limits, len(p), k(pol, j), m).total_batch(k(pol, j))
+
+    assert chosen("noisy", noisy) > 4 * 32 and chosen("quiet", quiet) < 2 * 32
 
 
 # ------------------------------------------------------------------ pollux
@@ -175,7 +173,6 @@ def test_pollux_unmeasured_jobs_get_the_linear_prior_within_the_exploration_cap(
     cluster = Cluster.uniform(1, 8)
     d = PolluxPolicy().decide(0.0, cluster, [view("new")])
     assert d.placement["new"] == {"n0": 1}  # never measured: one replica
-    assert "new" not in d.batch  # no model yet: the job trains at M0 until measured
     m = model(noise=5000.0)
     for profiled, expected in [(1, 2), (2, 4), (3, 6), (None, 8)]:
         v = replace(view("a", model=m), max_profiled_replicas=profiled)
@@ -196,7 +193,7 @@ def test_replica_cap_is_the_exploration_cap_within_the_jobs_and_the_clusters_lim
     for max_replicas, profiled, mdl, cap in cases:
         v = replace(view("a", model=mdl, max_replicas=max_replicas, min_replicas=0), max_profiled_replicas=profiled)
         assert replica_cap(v, cluster) == cap, (max_replicas, profiled)
-        assert job_for_allocator(v, cluster, Options(), fixed_batch=False).max_replicas == cap
+        assert job_for_allocator(v, cluster, Options()).max_replicas == cap
     assert replica_cap(replace(view("a", model=m), max_profiled_replicas=1), cluster, exploration_factor=3) == 3
 
 
@@ -215,8 +212,7 @@ def test_job_for_allocator_passes_the_jobs_own_delay():
     options = Options(restart_delay=30.0)
     cluster = Cluster.uniform(1, 2)
     for age, restarts, delay in [(100.0, 2, 5.0), (12.0, 1, 10.0), (1000.0, 0, 0.25), (50.0, 3, 0.0)]:
-        job = job_for_allocator(view("a", age=age, restarts=restarts, delay=delay), cluster,
-                                options, fixed_batch=False)
+        job = job_for_allocator(view("a", age=age, restarts=restarts, delay=delay), cluster, options)
         assert (job.age, job.restarts, job.restart_delay) == (age, restarts, delay)
         problem = to_problem(cluster, [job], options)
         assert problem.restart_factor[0] == restart_factor(age, restarts, delay)
@@ -234,12 +230,12 @@ def test_fair_share_is_an_exclusive_one_over_j_share_of_the_cluster():
 def test_speedups_are_measured_against_the_fair_share():
     cluster, options = Cluster.uniform(2, 4), Options()
     m = model(noise=2000.0)
-    job = job_for_allocator(view("a", model=m), cluster, options, fixed_batch=False, share=(2, 6))
+    job = job_for_allocator(view("a", model=m), cluster, options, share=(2, 6))
     assert job.base == (1, 6)  # the share's replicas on one node, as Pollux's simulator
     # reduced to what the job can run: a submitted batch of 4 has at most 4 one-sample micro-batches
-    job = job_for_allocator(view("a", model=m, batch=4), cluster, options, fixed_batch=True, share=(2, 6))
+    job = job_for_allocator(view("a", model=m, batch=4, fixed=True), cluster, options, share=(2, 6))
     assert job.base == (1, 4)
-    prior = job_for_allocator(view("new"), cluster, options, fixed_batch=False, share=(1, 4))
+    prior = job_for_allocator(view("new"), cluster, options, share=(1, 4))
     assert prior.speedup[(1, 1)] == pytest.approx(0.25)  # linear prior over the same base
     # The policy uses the fair share of the jobs it allocates: 8 CPUs / 2 jobs.
     seen = {}
@@ -376,7 +372,6 @@ def test_tiresias_runs_the_submitted_configuration_within_the_jobs_range():
     jobs = [view("a", replicas=3, batch=64), view("b", t=1, replicas=6, max_replicas=4)]
     d = TiresiasPolicy().decide(0.0, cluster, jobs)
     assert d.placement == {"a": {"n1": 3}, "b": {"n0": 4}} or d.placement == {"a": {"n0": 3}, "b": {"n1": 4}}
-    assert d.batch["a"].batch_size == 66 and d.batch["a"].local_bsz == 22  # ceil(64 / 3) a replica
     assert d.status is DecisionStatus.LAS_2D and math.isnan(d.solver_seconds)  # the loop times decisions
     assert d.allocator_seconds == 0.0  # no solver
 

@@ -89,11 +89,11 @@ def test_loop_times_each_decision(tmp_path, monkeypatch):
     @dataclass
     class Slow:
         name: str = "slow"
-        adapts_batch: bool = False
+        fixed_batch: bool = False
 
         def decide(self, now, cluster, jobs):
             clock[0] += 2.5  # the decision takes 2.5 s
-            return Decision({v.job_id: {"n0": 1} for v in jobs}, {}, 1.0, math.nan, DecisionStatus.GREEDY,
+            return Decision({v.job_id: {"n0": 1} for v in jobs}, 1.0, math.nan, DecisionStatus.GREEDY,
                             allocator_seconds=0.75)
 
     seen = []

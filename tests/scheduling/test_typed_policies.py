@@ -49,7 +49,7 @@ def test_job_for_allocator_gives_per_type_models_over_the_slot_weighted_fair_sha
     cluster = two_types(slow_nodes=2, fast_nodes=1)  # 8 slow slots, 4 fast ones
     v = view("a", {"slow": model(1.0), "fast": model(3.0)})
     share = fair_share(cluster, 2)
-    job = job_for_allocator(v, cluster, Options(), fixed_batch=False, share=share)
+    job = job_for_allocator(v, cluster, Options(), share=share)
     assert isinstance(job.speedup, TypedGoodput) and job.speedup.types == ("slow", "fast")
     assert job.speedup.base("slow") == job.speedup.base("fast") == (1, share[1])
     slow, fast = (float(model(s).optimize(1, share[1]).goodput) for s in (1.0, 3.0))
@@ -57,7 +57,7 @@ def test_job_for_allocator_gives_per_type_models_over_the_slot_weighted_fair_sha
     # a fair share of the whole cluster: 2/3 of it slow slots, 1/3 fast ones
     assert job.speedup.base_goodput() == pytest.approx((8 * slow + 4 * fast) / 12)
     # one type: the untyped model, unchanged
-    flat = job_for_allocator(v, cluster.untyped(), Options(), fixed_batch=False, share=share)
+    flat = job_for_allocator(v, cluster.untyped(), Options(), share=share)
     assert flat.speedup is v.goodput_model
 
 
@@ -71,7 +71,6 @@ def test_aware_pollux_keeps_every_job_on_one_type_and_prefers_the_fast_one():
                                                                                "fast": model(4.0)})])
     placement = decision.placement["a"]
     assert types_of(cluster, placement) == {"fast"}
-    assert decision.batch["a"].local_bsz <= 256
 
 
 def test_aware_pollux_never_spans_two_types():
@@ -158,8 +157,6 @@ def test_one_type_cluster_pollux_equals_untyped_pollux():
     a = PolluxPolicy(options=_greedy()).decide(0.0, typed, views)
     b = PolluxPolicy(options=_greedy()).decide(0.0, flat, views)
     assert a.placement == b.placement and a.objective == b.objective
-    np.testing.assert_equal([a.batch[j].batch_size for j in sorted(a.batch)],
-                            [b.batch[j].batch_size for j in sorted(b.batch)])
 
 
 def test_configuration_packing_leaves_out_what_a_fragmented_type_cannot_hold():
@@ -192,7 +189,7 @@ def test_a_running_jobs_other_types_carry_its_restart_factor_once_more():
     assert type_move_factors(replace(running, restarts=0, age=0.0), cluster, ("slow", "fast")) == {}  # r = 0
 
     def speedups(v):
-        problem = to_problem(cluster, [job_for_allocator(v, cluster, Options(), fixed_batch=False)], Options())
+        problem = to_problem(cluster, [job_for_allocator(v, cluster, Options())], Options())
         return {t: problem.cfg_speedup[problem.cfg_type == i] for i, t in enumerate(cluster.types)}
 
     moved, pending = speedups(running), speedups(replace(running, placement={}, state=JobState.QUEUED))

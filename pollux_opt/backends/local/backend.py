@@ -30,19 +30,12 @@ job arrives, finishes or fails (``advance`` returns early), so CPUs freed by a
 finishing job are not left idle until the next round; this applies to every
 policy alike.
 
-**Batch mode.**  A policy whose ``adapts_batch`` is false (``fixed``,
-``dynamic``) runs each job at its submitted batch size
-(``RuntimeOptions.fixed_batch_size``); otherwise the job co-adapts its batch
-size with its goodput model (Pollux).
-
-**Who owns the batch.**  When the decision carries a batch for a job, the job
-runs it (made runnable by the executor's rule,
-:func:`pollux_opt.runtime.adapt.executor_batch`), pinned until the next
-decision: a changed batch on an unchanged placement is applied at the job's
-next step, without a restart.  Only when the decision carries none (a job
-without a fitted model yet) does the job choose its own, and re-choose it
-between rounds.  ``start`` and ``rescale_begin`` events carry the batch sent;
-``report`` events the batch that ran.
+**The job owns its batch.**  The policy decides placements; each job picks
+its batch for its allocation with its own goodput model, and re-picks it as
+the model improves (:func:`pollux_opt.agent.batch.choose_batch`).  Under a
+policy whose ``fixed_batch`` is true (``fixed``, ``dynamic``, ...) each job
+trains at its submitted batch size (``RuntimeOptions.fixed_batch_size``).
+``report`` events carry the batch that ran.
 """
 
 from __future__ import annotations
@@ -68,7 +61,6 @@ from pollux_opt.lifecycle import JobState
 from pollux_opt.model import Cluster
 from pollux_opt.records.events import EventLog
 from pollux_opt.records.files import safe_name
-from pollux_opt.runtime.adapt import executor_batch
 from pollux_opt.scheduling.loop import Decision, JobView
 from pollux_opt.workloads.job import Workload
 
@@ -109,8 +101,8 @@ class RealBackend:
         cluster: nodes and CPUs (node ids must be those the policy places on).
         events: the run's event log (job events are appended to it; events
             already in it are replayed, see the module docstring).
-        adapts_batch: jobs co-adapt their batch size (Pollux) instead of
-            training at their submitted batch size.
+        fixed_batch: jobs train at their submitted batch size (the policy's
+            ``fixed_batch``) instead of co-adapting it (Pollux).
         started_unix: Unix time of the run's start (the clock's zero).
         pin_cpus: pin each replica to its own CPU, node by node (only when the
             cluster has no more CPUs than this process may use).
@@ -144,7 +136,7 @@ class RealBackend:
         cluster: Cluster,
         events: EventLog,
         *,
-        adapts_batch: bool,
+        fixed_batch: bool,
         started_unix: float,
         pin_cpus: bool = True,
         runtime_options: Mapping[str, Any] | None = None,
@@ -162,7 +154,7 @@ class RealBackend:
         self.workload = workload
         self.cluster = cluster
         self.events = events
-        self.adapts_batch = bool(adapts_batch)
+        self.fixed_batch = bool(fixed_batch)
         self.started_unix = float(started_unix)
         self._clock, self._sleep, self._should_stop = clock, sleep, should_stop
         self.poll_s, self.report_every_s = float(poll_s), float(report_every_s)
@@ -181,7 +173,6 @@ class RealBackend:
             wl.id: JobBookkeeping(id=wl.id, wl=wl, spec=wl.job_spec()) for wl in workload.jobs
         }
         self._measured_delays: list[float] = []
-        self._sent: dict[str, tuple] = {}  # job id -> (cpus, batch) of the last command applied
         self._queued: list[tuple] = []
         self.nodes = RunNodes(cluster, cpu_quota)
         try:
@@ -257,7 +248,7 @@ class RealBackend:
 
     def _create(self, job: JobBookkeeping):
         opts_kwargs = dict(self._runtime_options)
-        opts_kwargs["fixed_batch_size"] = None if self.adapts_batch else job.wl.batch_size
+        opts_kwargs["fixed_batch_size"] = self._fixed_batch_size(job)
         # Its CPUs are released when it reaches the target: after a failed
         # check it must wait for the scheduler, not reclaim them.
         opts_kwargs["resume_after_failed_verification"] = False
@@ -271,7 +262,7 @@ class RealBackend:
                 "submit", now, job.id, kind=job.wl.kind, arrival_s=job.wl.arrival_s,
                 submitted_replicas=job.wl.replicas, submitted_batch_size=job.wl.batch_size,
                 max_replicas=self._max_replicas(job), min_replicas=job.wl.min_replicas,
-                target=job.spec.target, metric=job.spec.metric, adapts_batch=self.adapts_batch,
+                target=job.spec.target, metric=job.spec.metric, fixed_batch_size=self._fixed_batch_size(job),
             )
             job.submit_at(now)
             try:
@@ -283,8 +274,11 @@ class RealBackend:
     def _max_replicas(self, job: JobBookkeeping) -> int:
         total = self.cluster.total_cpus
         cap = job.wl.max_replicas or total
-        batch = None if self.adapts_batch else job.wl.batch_size
-        return max(1, min(cap, total, polling.max_feasible_replicas(job.spec, batch)))
+        return max(1, min(cap, total, polling.max_feasible_replicas(job.spec, self._fixed_batch_size(job))))
+
+    def _fixed_batch_size(self, job: JobBookkeeping) -> int | None:
+        """The total batch ``job`` trains at: its submitted one under a fixed-batch policy, else None."""
+        return job.wl.batch_size if self.fixed_batch else None
 
     # --------------------------------------------------------------- events
     def _emit(self, etype: str, t: float, job_id: str | None, **fields: Any) -> None:
@@ -395,54 +389,22 @@ class RealBackend:
         for job, target in moves:
             old = job.placement
             cpus = self._pinning.grow(job.id, target)
-            batch = self._decided_batch(job, target, decision)
             job.account(now)
             try:
-                polling.command(job.handle, job.started, target, cpus, batch, **self.nodes.command_kwargs(target))
+                polling.command(job.handle, job.started, target, cpus, **self.nodes.command_kwargs(target))
             except InvalidProblem as exc:
                 # The job finished (or failed) since the views were read; the next poll records it.
                 log.warning("job %s: could not apply %s: %s", job.id, target, exc)
                 self._pinning.release(job.id)
                 continue
-            self._sent[job.id] = (cpus, batch)
-            sent = {} if batch is None else {"local_bsz": batch.local_bsz, "accum_steps": batch.accum_steps,
-                                             "batch_size": batch.total_batch(sum(target.values()))}
             if not job.started:
                 job.started = True
-                self._emit("start", now, job.id, placement=target, cpus=cpus, **sent)
+                self._emit("start", now, job.id, placement=target, cpus=cpus)
             else:
                 job.restarts += 1 if target else 0
-                self._emit("rescale_begin", now, job.id, old_placement=old, placement=target, cpus=cpus, **sent)
+                self._emit("rescale_begin", now, job.id, old_placement=old, placement=target, cpus=cpus)
             job.hold(now, target)
             job.change_t, job.report_t = now, math.nan
-        self._apply_batches(decision, {job.id for job, _ in moves})
-
-    def _decided_batch(self, job: JobBookkeeping, target: Mapping[str, int], decision: Decision):
-        """The batch ``job`` is to run on ``target``: the decision's, as the executor
-        runs it; None where the decision has none (the job chooses its own)."""
-        config = decision.batch.get(job.id)
-        if not target or config is None:
-            return None
-        return executor_batch(config, sum(target.values()), job.spec.limits())
-
-    def _apply_batches(self, decision: Decision, moved: set[str]) -> None:
-        """Send a changed decided batch to the live jobs whose placement stays
-        (the same placement and CPUs: the job applies it without a restart)."""
-        for job in self.jobs.values():
-            if (job.id in moved or job.id not in self._sent or not job.placement or job.finished
-                    or job.handle is None or polling.verifying(job)):
-                continue
-            cpus, sent = self._sent[job.id]
-            batch = self._decided_batch(job, job.placement, decision)
-            if batch == sent:
-                continue
-            try:
-                polling.command(job.handle, True, job.placement, cpus, batch,
-                                **self.nodes.command_kwargs(job.placement))
-            except InvalidProblem as exc:
-                log.warning("job %s: could not apply batch %s: %s", job.id, batch, exc)
-                continue
-            self._sent[job.id] = (cpus, batch)
 
     def advance(self, seconds: float) -> None:
         deadline = self._clock() + seconds

@@ -53,8 +53,7 @@ class ConsoleProgress:
             table.add_column(col)
         for v in views:
             p = decision.placement.get(v.job_id, {})
-            b = decision.batch.get(v.job_id)
-            table.add_row(v.job_id, v.state.value, str(sum(p.values())), str(b.batch_size) if b else "-",
+            table.add_row(v.job_id, v.state.value, str(sum(p.values())), str(v.batch_size) if v.batch_size else "-",
                           f"{v.progress:.0f}", str(v.restarts))
         if self._live is not None:
             self._live.update(table, refresh=True)

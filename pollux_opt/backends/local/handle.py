@@ -46,19 +46,15 @@ class JobHandle(Protocol):
     """
 
     def start(self, replicas: Mapping[str, int], num_nodes: int | None = None, *,
-              cpus: Sequence[int] | None = None, local_bsz: int | None = None,
-              accum_steps: int | None = None, node_types: Mapping[str, str] | None = None,
+              cpus: Sequence[int] | None = None, node_types: Mapping[str, str] | None = None,
               cgroups: Mapping[str, str] | None = None) -> None:
         """Start on a placement, resuming from the newest good checkpoint if there
-        is one; with ``local_bsz``/``accum_steps``, run that batch configuration."""
+        is one; the job picks its own batch there."""
 
     def rescale(self, replicas: Mapping[str, int], num_nodes: int | None = None, *,
-                cpus: Sequence[int] | None = None, local_bsz: int | None = None,
-                accum_steps: int | None = None, node_types: Mapping[str, str] | None = None,
-              cgroups: Mapping[str, str] | None = None) -> None:
-        """Move to a new placement (a ``queued`` job is started); the
-        same placement and CPUs with another batch configuration switch the
-        batch without a restart."""
+                cpus: Sequence[int] | None = None, node_types: Mapping[str, str] | None = None,
+                cgroups: Mapping[str, str] | None = None) -> None:
+        """Move to a new placement (a ``queued`` job is started)."""
 
     def stop(self) -> None:
         """Checkpoint and release all workers (the job can be started again)."""

@@ -222,7 +222,7 @@ def type_models_json(report) -> dict[str, dict]:
     fit there, no projections), for the ``complete`` event; a type measured after
     the runtime's last periodic fit (a short job) is fitted here, as in :func:`final_model`."""
     from pollux_opt.model import GoodputModel
-    from pollux_opt.runtime.agent import neutral_stats
+    from pollux_opt.agent.agent import neutral_stats
 
     stats = report.grad_stats or neutral_stats(report.limits)
     params = {t: report.type_params.get(t) or _fit_here(m) for t, m in report.type_measurements.items()}
@@ -277,6 +277,7 @@ def job_view(job: JobBookkeeping, now: float, max_replicas: int, fallback_delay:
         goodput_model=model_of(report), restart_delay=delay, progress=float(report.progress),
         attained_service=job.cpu_seconds, max_profiled_replicas=_max_profiled(report), weight=job.wl.weight,
         goodput_models=None if types is None else models_of(report, types),
+        fixed_batch_size=getattr(report, "fixed_batch_size", None), batch_size=int(report.batch_size or 0),
     )
 
 
@@ -303,20 +304,16 @@ def plan_moves(jobs: Iterable[JobBookkeeping], decision: Decision,
 
 
 def command(handle: JobHandle, started: bool, target: Mapping[str, int], cpus: Sequence[int] | None,
-            batch=None, **nodes: Mapping[str, str]) -> None:
-    """Move a job to ``target``: stop it (``{}``), start it (first placement) or rescale it.
+            **nodes: Mapping[str, str]) -> None:
+    """Move a job to ``target``: stop it (``{}``), start it (first placement) or rescale it
+    (the job picks its batch there).
 
-    ``batch`` (a :class:`~pollux_opt.model.BatchConfig`): the configuration to
-    run, pinned until the next command; None: the job chooses its own.
     ``nodes``: ``node_types`` and ``cgroups`` of the target's nodes, on a typed
     or throttled cluster (see :class:`~pollux_opt.runtime.allocation.WorkerAllocation`).
     """
-    pin = {} if batch is None else {"local_bsz": batch.local_bsz, "accum_steps": batch.accum_steps}
-    if target:
-        pin.update(nodes)
     if not target:
         handle.stop()
     elif not started:
-        handle.start(target, cpus=cpus, **pin)
+        handle.start(target, cpus=cpus, **nodes)
     else:
-        handle.rescale(target, cpus=cpus, **pin)
+        handle.rescale(target, cpus=cpus, **nodes)

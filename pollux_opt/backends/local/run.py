@@ -128,7 +128,7 @@ def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress
         if cfg.get("cpu_quota"):
             extra["cpu_quota"] = cfg["cpu_quota"]
         backend = backend_class(
-            run_dir, workload, cluster, events, adapts_batch=pol.adapts_batch,
+            run_dir, workload, cluster, events, fixed_batch=pol.fixed_batch,
             started_unix=cfg["started_unix"], pin_cpus=cfg["pin_cpus"],
             runtime_options=cfg["runtime_options"], should_stop=signals.requested, **extra,
         )

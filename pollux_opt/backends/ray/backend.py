@@ -139,7 +139,6 @@ class RayBackend(RealBackend):
         job.handle = self._opener(self._workdir(job), self.pool)
         job.hold(now, {})
         self._pinning.release(job.id)
-        self._sent.pop(job.id, None)
         job.change_t, job.report_t = now, math.nan
         self._emit("restart_after_fault", now, job.id, placement={},
                    reason=f"node(s) {', '.join(lost)} left the Ray cluster")

@@ -10,7 +10,7 @@ one-call driver; workloads come from :mod:`pollux_opt.workloads`::
     result = simulate(jobs, profiles, "tiresias", out_dir="runs/w6-tiresias")
 """
 
-from pollux_opt.backends.sim.backend import Oracle, SimBackend, SimConfig, split_batch
+from pollux_opt.backends.sim.backend import Oracle, SimBackend, SimConfig
 from pollux_opt.backends.sim.traces import (
     APP_SETTINGS,
     AppSettings,
@@ -26,5 +26,5 @@ from pollux_opt.backends.sim.run import SimResult, quiet_library_logs, run_tasks
 __all__ = [
     "APP_SETTINGS", "AppSettings", "Oracle", "ParametricProfile", "Profile", "SimBackend", "SimConfig",
     "SimResult", "TraceProfile", "default_trace_dir", "load_profiles", "load_trace_profile",
-    "quiet_library_logs", "run_tasks", "simulate", "split_batch",
+    "quiet_library_logs", "run_tasks", "simulate",
 ]

@@ -16,9 +16,11 @@ The policy sees only :class:`~pollux_opt.scheduling.loop.JobView` objects: the
 measurements a job reported at configurations it has actually run (optionally
 perturbed by multiplicative noise, the "profile error" of the sensitivity
 study) and a :class:`~pollux_opt.GoodputModel` fitted online from them by the
-job's :class:`~pollux_opt.runtime.agent.JobAgent`, the same agent a real job
-runs.  It never sees the profile.  Only
-:class:`Oracle` (for Optimus+Oracle, by construction) reads the truth.
+job's :class:`~pollux_opt.agent.agent.JobAgent`, the same agent a real job
+runs.  It never sees the profile.  Only :class:`Oracle` (for Optimus+Oracle,
+by construction) reads the truth.  The policy decides placements; each job
+picks its batch for its allocation every round with its own model, as a real
+job does (:func:`~pollux_opt.agent.batch.choose_batch`).
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ from solvers import InvalidProblem
 
 from pollux_opt.lifecycle import JobState
 from pollux_opt.records.events import EventLog, goodput_model_to_json
-from pollux_opt.model import BatchConfig, Cluster, GoodputModel
+from pollux_opt.model import Cluster, GoodputModel
 from pollux_opt.model.domains import Real, check
-from pollux_opt.runtime.adapt import decided_batch, runnable, split_batch
-from pollux_opt.runtime.agent import REFIT_GROWTH, JobAgent
-from pollux_opt.runtime.measurements import ConfigKey
+from pollux_opt.agent.batch import choose_batch
+from pollux_opt.agent.agent import REFIT_GROWTH, JobAgent
+from pollux_opt.agent.measurements import ConfigKey
 from pollux_opt.scheduling.loop import Decision, JobView
 from pollux_opt.backends.sim.state import (  # noqa: F401  (the simulator's settings, importable from here too)
     DEFAULT_MAX_REPLICAS,
@@ -59,7 +61,7 @@ from pollux_opt.backends.sim.typed_profiles import TypedProfile
 from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
 
-__all__ = ["SimConfig", "SimBackend", "Oracle", "split_batch"]
+__all__ = ["SimConfig", "SimBackend", "Oracle"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,9 @@ class SimBackend:
             select the per-type truth, see :class:`~pollux_opt.backends.sim.state.TypedJobState`).
         events: the run's event log (submit, start, rescale, complete events).
         config: simulation settings.
+        fixed_batch: the jobs train at their submitted batch size (the
+            policy's :attr:`~pollux_opt.scheduling.loop.Policy.fixed_batch`;
+            set before the first round); false: they co-adapt it.
 
     Raises:
         InvalidProblem: a job names an application without a profile, or a
@@ -93,8 +98,11 @@ class SimBackend:
         cluster: Cluster,
         events: EventLog | None = None,
         config: SimConfig | None = None,
+        *,
+        fixed_batch: bool = False,
     ) -> None:
         self.config = config or SimConfig()
+        self.fixed_batch = bool(fixed_batch)
         self.cluster = cluster
         self.events = events
         self._now = 0.0
@@ -191,6 +199,8 @@ class SimBackend:
                                            else max(job.agent.most_replicas, job.typed.most_replicas)),
                     weight=job.spec.weight,
                     goodput_models=None if job.typed is None else job.typed.models(),
+                    fixed_batch_size=job.submitted_config[1] if self.fixed_batch else None,
+                    batch_size=job.batch_size,
                 )
             )
         return out
@@ -207,7 +217,7 @@ class SimBackend:
             if new != job.placement:
                 self._reallocate(job, new)
             if job.placement:
-                self._set_batch(job, decision.batch.get(jid))
+                self._choose_batch(job)
         load: dict[str, int] = {}
         for job in self._jobs.values():
             for n, k in job.placement.items():
@@ -295,31 +305,22 @@ class SimBackend:
             job.restarts += 1
             self._emit("rescale_begin", self._now, job.spec.id, old_placement=old, placement=new)
 
-    def _set_batch(self, job: SimJob, config: BatchConfig | None) -> None:
-        p, limits = self._run_truth(job)
-        k = job.replicas
-        # With split_single, as the real executor runs it (runtime.adapt.executable).
-        split = self.config.split_single
-        if config is not None and config.batch_size > 0 and not job.fixed:
-            run = decided_batch(config, k, limits, split_single=split)  # the rule the real backend applies
-            job.local_bsz, job.accum_steps = run.local_bsz, run.accum_steps
-            return
-        if job.fixed:  # not elastic: the pinned batch, whatever the policy chose
-            batch = min(job.submitted_config[1], p.max_batch_size)
-            local, accum = split_batch(batch, k, p.max_local_bsz, p.min_local_bsz)
+    def _choose_batch(self, job: SimJob) -> None:
+        """The job picks its batch for its allocation, as a real job does, with its
+        own model (of the type it runs on); a job that is not elastic trains at
+        its pinned batch, whatever the policy.  A batch switch costs a
+        simulated job nothing, so it does not hold on to its current one (the
+        real job's hysteresis guards against unmeasured warmup steps)."""
+        _, limits = self._run_truth(job)
+        if job.pinned is not None:
+            fixed = min(job.pinned[1], job.profile.max_batch_size)
         else:
-            model = self._model(job) if job.typed is None else job.typed.models().get(self._run_type(job))
-            model = self._model(job) if model is None else model
-            if model is not None:
-                choice = model.optimize(len(job.placement), k)
-                local, accum = int(choice.local_bsz), int(choice.accum_steps)
-            else:
-                local, accum = 0, 0
-            if local <= 0:  # no model yet, or infeasible: the initial batch, as the artifact does
-                local, accum = split_batch(
-                    max(p.init_batch_size, p.min_local_bsz * k), k, p.max_local_bsz, p.min_local_bsz
-                )
-        run = runnable(local, accum, k, limits, split_single=split)  # never beyond the largest batch
+            fixed = job.spec.batch_size if self.fixed_batch else None
+        model = job.agent.batch_model()
+        if job.typed is not None and model is not None:
+            model = job.typed.models().get(self._run_type(job), model)
+        run = choose_batch(limits, len(job.placement), job.replicas, model, fixed_batch_size=fixed,
+                           split_single=self.config.split_single)
         job.local_bsz, job.accum_steps = run.local_bsz, run.accum_steps
 
     def _slowdowns(self) -> dict[str, float]:
@@ -342,7 +343,7 @@ class SimBackend:
     def _report(self, job: SimJob, placement: tuple[int, ...], step: float, sync: float, sqr: float, var: float) -> None:
         """What the job tells the scheduler: this configuration's times and its gradient stats."""
         stats = (sqr * self._noise(), var * self._noise())
-        job.agent.update_stats(stats)
+        job.agent.update_stats(stats, int(job.steps))
         # The profile's times are those of one micro-batch step: accum_steps 0.
         key = ConfigKey(len(placement), sum(placement), job.local_bsz, 0)
         if job.typed is not None:
@@ -390,6 +391,7 @@ class SimBackend:
             if job.progress + goodput * seconds < target:
                 job.progress += goodput * seconds
                 job.attained += seconds * k
+                job.steps += seconds / total
                 now += seconds
                 seconds = 0.0
             else:
@@ -397,6 +399,7 @@ class SimBackend:
                 job.epoch += 1
                 job.progress = target
                 job.attained += delta * k
+                job.steps += delta / total
                 now += delta
                 seconds -= delta
                 if job.epoch >= p.max_epochs:
@@ -407,6 +410,7 @@ class SimBackend:
                                progress=job.progress, model=goodput_model_to_json(self._model(job)),
                                verify_s=verify)
                     job.placement = {}
+        job.agent.update_stats(job.agent.reported_stats, int(job.steps))  # the steps its statistics span
         if self.config.emit_reports and job.completion_time is None:
             self._emit(
                 "report", now, job.spec.id, throughput=job.last_throughput, goodput=job.last_goodput,

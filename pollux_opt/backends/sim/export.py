@@ -30,7 +30,7 @@ Conversions (runtime convention -> trace convention):
   checkpoint step precedes the generation's first step.  On one machine that
   is one node unless the run's ``config.json`` split the cores into nodes.
 * Gradient statistics.  ``grad_sqr_est`` / ``grad_var_est`` are the per-step
-  unbiased estimates of :func:`~pollux_opt.runtime.stats.micro_batch_estimates`
+  unbiased estimates of :func:`~pollux_opt.agent.stats.micro_batch_estimates`
   (not smoothed); ``grad_var_est`` is already the variance of a batch of the
   spec's ``init_batch_size`` M0 samples (``sigma^2 / M0``), which is the trace
   convention because every exported application's smallest validated batch
@@ -65,7 +65,7 @@ from solvers import InvalidProblem
 from pollux_opt.backends.sim.run_records import JobData, find_run_dirs, read_job, read_jsonl, workload_of_run
 from pollux_opt.backends.sim.traces import PLACEMENT_COLUMNS, SCALABILITY_COLUMNS
 from pollux_opt.records.files import atomic_write_csv, atomic_write_json, safe_name
-from pollux_opt.runtime.stats import MIN_GRAD_SQR_FRACTION
+from pollux_opt.agent.stats import MIN_GRAD_SQR_FRACTION
 from pollux_opt.workloads.adaptdl import write_adaptdl_csv
 
 __all__ = ["EXPORT_EPOCHS", "ExportedApp", "export_profiles"]
@@ -114,7 +114,7 @@ def _mean_rows(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Mean step and sync time per configuration.
 
     The mean, not the runtime's lower quartile
-    (``pollux_opt.runtime.measurements.STEP_TIME_QUANTILE``, a model of a
+    (``pollux_opt.agent.measurements.STEP_TIME_QUANTILE``, a model of a
     configuration's own cost) nor the median: a job's training
     time is the sum of its steps, slow ones included, and the simulator should
     reproduce the time jobs took on a shared machine.  Replaying four

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pollux_opt.backends.sim.state import SimJob
-from pollux_opt.runtime.adapt import split_batch
+from pollux_opt.agent.batch import split_batch
+from pollux_opt.backends.sim.state import SimJob, batch_limits
 
 __all__ = ["Oracle"]
 
@@ -16,7 +16,7 @@ class Oracle:
     The oracle answers from the hidden profiles; no other policy gets one.
 
     Args:
-        jobs: the simulator's jobs by id, read only.
+        jobs: the simulator's jobs by id (read live: each job's current epoch).
     """
 
     def __init__(self, jobs: Mapping[str, SimJob]) -> None:
@@ -32,9 +32,8 @@ class Oracle:
     def step_time(self, job_id: str, placement: Sequence[int], batch_size: int) -> float:
         """True seconds per optimizer step of ``batch_size`` on ``placement`` (replicas per node)."""
         p = self._jobs[job_id].profile
-        k = sum(placement)
-        atomic, accum = split_batch(batch_size, k, p.max_local_bsz, p.min_local_bsz)
-        step, sync = p.step_sync(tuple(placement), atomic)
+        local, accum = split_batch(batch_size, sum(placement), batch_limits(p))
+        step, sync = p.step_sync(tuple(placement), local)
         return step + accum * (step - sync)
 
     def max_local_bsz(self, job_id: str) -> int:

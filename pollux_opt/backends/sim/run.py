@@ -166,6 +166,7 @@ def simulate(
         provides = {Requirement.ORACLE: backend.oracle}
         pol = (make_policy(policy, provides=provides, **dict(policy_options or {}))
                if isinstance(policy, str) else policy)
+        backend.fixed_batch = pol.fixed_batch  # the policy's, before its first round
         if events is not None:
             events.emit("run_start", 0.0, None, policy=pol.name, resumed=False, simulated=True,
                         cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes))

@@ -20,9 +20,9 @@ from solvers import InvalidProblem
 from pollux_opt.model import BatchLimits, GoodputModel
 from pollux_opt.model.domains import Boolean, Integer, Keyed, Real, check_fields, domain_field
 from pollux_opt.model.options import DEFAULT_RESTART_DELAY
+from pollux_opt.agent.agent import REFIT_GROWTH, JobAgent
+from pollux_opt.agent.measurements import ConfigKey
 from pollux_opt.model.projection import project_params, projection_plan
-from pollux_opt.runtime.agent import REFIT_GROWTH, JobAgent
-from pollux_opt.runtime.measurements import ConfigKey
 from pollux_opt.backends.sim.sia_settings import SiaSimSettings
 from pollux_opt.backends.sim.traces import Profile
 from pollux_opt.backends.sim.typed_profiles import TypedProfile
@@ -95,13 +95,13 @@ class SimConfig:
         split_single: run a one-replica job's batch without accumulation as two
             micro-batches of half the size, as the real executor does so that
             every step yields two gradients for the variance estimate
-            (``pollux_opt.runtime.adapt.executable``); False: as configured.
+            (:func:`pollux_opt.agent.batch.choose_batch`); False: as configured.
         fixed_applications: applications whose jobs are not elastic: they
             run at their profile's pinned configuration
             (:func:`~pollux_opt.workloads.adaptdl.pinned_config`: one replica
             at the tuned batch size), not the one in their workload row; their
             views submit it and offer at most its replicas, and they always
-            train at its batch size, whatever batch the policy picks
+            train at its batch size, whatever the policy
             (default: NCF, as in the paper's simulator; ``()``: none).
         sia: Sia's simulator calibration (per-application goodput slowdowns
             and restart delays; :class:`~pollux_opt.backends.sim.sia_settings.SiaSimSettings`),
@@ -157,6 +157,7 @@ class SimJob:
     local_bsz: int = 0
     accum_steps: int = 0
     rescale_left: float = 0.0
+    steps: float = 0.0  # optimizer steps trained
     epoch: int = 0
     progress: float = 0.0
     attained: float = 0.0

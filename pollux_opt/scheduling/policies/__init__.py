@@ -7,8 +7,8 @@ lists every policy with a short description and what it needs from its backend
 beyond the views (:class:`Requirement`): Optimus+Oracle needs the simulator's
 step oracle, so only the simulator can run it.
 
-Adding a policy is one small class with a ``name``, an ``adapts_batch`` flag
-(does the job choose its batch size, or train at the submitted one?) and a
+Adding a policy is one small class with a ``name``, a ``fixed_batch`` flag
+(do its jobs train at their submitted batch size, or choose their own?) and a
 ``decide`` method, and one :class:`PolicyInfo` line here.
 """
 

@@ -10,10 +10,10 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from pollux_opt.model import BatchConfig, Cluster
+from pollux_opt.model import Cluster
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView
 from pollux_opt.scheduling.policies.packing import take
-from pollux_opt.scheduling.policies.views import active_views, requested_replicas, submitted_batch
+from pollux_opt.scheduling.policies.views import active_views, requested_replicas
 
 __all__ = ["FixedPolicy"]
 
@@ -30,7 +30,7 @@ class FixedPolicy:
     """
 
     name: str = "fixed"
-    adapts_batch: bool = False
+    fixed_batch: bool = True
 
     def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Decision:
         free = {n.id: n.cpus for n in cluster.nodes}
@@ -47,8 +47,4 @@ class FixedPolicy:
             where = None if blocked else take(free, requested_replicas(v, cluster), rank)
             blocked = where is None
             placement[v.job_id] = where or {}
-        batch: dict[str, BatchConfig] = {
-            v.job_id: submitted_batch(v, len(p), sum(p.values()), model_split=True)
-            for v in active if (p := placement[v.job_id])
-        }
-        return Decision(placement, batch, math.nan, math.nan, DecisionStatus.FIFO)
+        return Decision(placement, math.nan, math.nan, DecisionStatus.FIFO)

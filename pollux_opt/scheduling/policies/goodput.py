@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from pollux_opt.model import BatchConfig, Cluster, Job, Options
+from pollux_opt.model import Cluster, Job, Options
 from pollux_opt.model.allocate import allocate
 from pollux_opt.model.domains import check_fields, domain_field
 from pollux_opt.model.goodput import SearchCache
@@ -43,7 +43,6 @@ from pollux_opt.scheduling.policies.views import (
     active_views,
     fair_share,
     job_for_allocator,
-    submitted_batch,
 )
 
 __all__ = ["AllocatorPolicy", "DynamicPolicy", "PolluxPolicy", "PolluxUnawarePolicy", "TIE_BREAK"]
@@ -63,6 +62,10 @@ TIE_BREAK = 0.01
 class AllocatorPolicy:
     """Shared body of the allocator-based policies (subclasses set name and fixed_batch).
 
+    A job's speedups come from throughput at its ``fixed_batch_size`` where
+    its view has one, else from goodput at the batch it would choose per
+    allocation (:func:`~pollux_opt.scheduling.policies.views.job_for_allocator`).
+
     Attributes:
         options: the allocation options (p, restart delay, solver, ...).
         fair_share_base: speedups over each job's goodput at a fair share of
@@ -76,7 +79,6 @@ class AllocatorPolicy:
 
     options: Options = field(default_factory=Options)
     name: str = ""
-    adapts_batch: bool = True
     fixed_batch: bool = False
     fair_share_base: bool = True
     exploration_factor: int = domain_field(EXPLORATION_FACTOR, EXPLORATION_FACTORS)
@@ -105,27 +107,18 @@ class AllocatorPolicy:
         weight = self.weights(cluster, active)
         share = fair_share(cluster, len(active)) if self.fair_share_base else (1, 1)
         return [
-            job_for_allocator(v, cluster, self.options, fixed_batch=self.fixed_batch, weight=weight[v.job_id],
-                              share=share, exploration_factor=self.exploration_factor)
+            job_for_allocator(v, cluster, self.options, weight=weight[v.job_id], share=share,
+                              exploration_factor=self.exploration_factor)
             for v in active
         ]
 
     def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Decision:
         active = active_views(jobs, cluster)
         if not active:
-            return Decision({}, {}, math.nan, math.nan, DecisionStatus.IDLE)
+            return Decision({}, math.nan, math.nan, DecisionStatus.IDLE)
         result = allocate(cluster, self.allocator_jobs(cluster, active), self.options, cache=self._search_cache)
-        batch: dict[str, BatchConfig] = dict(result.batch)
-        if self.fixed_batch:
-            # No model yet: the allocator chose no batch; run the submitted one.
-            # (An adaptive job without a model trains at M0, the runtime's choice.)
-            by_id = {v.job_id: v for v in active}
-            for jid, p in result.placement.items():
-                if p and jid not in batch:
-                    batch[jid] = submitted_batch(by_id[jid], len(p), sum(p.values()), model_split=True)
         return Decision(
             placement={j: dict(p) for j, p in result.placement.items()},
-            batch=batch,
             objective=float(result.objective),
             solver_seconds=math.nan,  # the loop times the decision
             status=result.status,
@@ -143,7 +136,6 @@ class DynamicPolicy(AllocatorPolicy):
     """
 
     name: str = "dynamic"
-    adapts_batch: bool = False
     fixed_batch: bool = True
 
 
@@ -153,7 +145,6 @@ class PolluxPolicy(AllocatorPolicy):
     fitted goodput model at its goodput-optimal batch size per allocation."""
 
     name: str = "pollux"
-    adapts_batch: bool = True
     fixed_batch: bool = False
 
 

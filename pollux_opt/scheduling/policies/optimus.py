@@ -26,7 +26,7 @@ from typing import Protocol, Sequence
 from pollux_opt.model import Cluster
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView
 from pollux_opt.scheduling.policies.packing import pack
-from pollux_opt.scheduling.policies.views import active_views, submitted_batch
+from pollux_opt.scheduling.policies.views import active_views
 
 __all__ = ["OptimusPolicy", "StepOracle"]
 
@@ -57,7 +57,7 @@ class OptimusPolicy:
     oracle: StepOracle | None = None
     replicas_per_node: int | None = None
     name: str = "optimus"
-    adapts_batch: bool = False
+    fixed_batch: bool = True
     _cache: dict = field(default_factory=dict, repr=False)
 
     def _step(self, view: JobView, k: int, per_node: int) -> float:
@@ -125,8 +125,6 @@ class OptimusPolicy:
         rank = {v.job_id: i for i, v in enumerate(active)}
         order = sorted(k, key=lambda j: (-k[j], rank[j]))
         placement = pack(cluster, k, {v.job_id: v.placement for v in active}, order)
-        by_id = {v.job_id: v for v in active}
-        batch = {j: submitted_batch(by_id[j], len(placement[j]), n, model_split=False) for j, n in k.items()}
         for v in active:
             placement.setdefault(v.job_id, {})
-        return Decision(placement, batch, math.nan, math.nan, DecisionStatus.GREEDY)
+        return Decision(placement, math.nan, math.nan, DecisionStatus.GREEDY)

@@ -39,7 +39,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from solvers import Status
 
-from pollux_opt.model import BatchConfig, Cluster, restart_factor
+from pollux_opt.model import Cluster, restart_factor
 from pollux_opt.model.configs import typed_configurations
 from pollux_opt.model.domains import Boolean, Real, check_fields, domain_field
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView
@@ -82,7 +82,7 @@ class SiaPolicy:
     own_restart_delay: bool = domain_field(False, Boolean())
     time_limit: float | None = domain_field(None, Real(gt=0, unit="seconds", none=True))
     name: str = "sia"
-    adapts_batch: bool = True
+    fixed_batch: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -90,15 +90,14 @@ class SiaPolicy:
     def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Decision:
         active = active_views(jobs, cluster)
         if not active:
-            return Decision({}, {}, math.nan, math.nan, DecisionStatus.IDLE)
+            return Decision({}, math.nan, math.nan, DecisionStatus.IDLE)
         t0 = time.perf_counter()
         shapes = _type_shapes(cluster)
         configs = typed_configurations({t: (len(nodes), cap) for t, (nodes, cap) in shapes.items()})
         cost = np.array([self._costs(v, cluster, configs) for v in active])  # [J, C], inf: not allowed
         chosen, objective, status = self._solve(cost, configs, shapes, [v.weight for v in active])
         placement = _place(cluster, shapes, active, {v.job_id: c for v, c in zip(active, chosen)}, configs)
-        batch = _batches(active, cluster, placement)
-        return Decision(placement=placement, batch=batch, objective=objective, solver_seconds=math.nan,
+        return Decision(placement=placement, objective=objective, solver_seconds=math.nan,
                         status=status, allocator_seconds=time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ rows
@@ -199,20 +198,4 @@ def _place(cluster: Cluster, shapes, active: Sequence[JobView], chosen: dict, co
     return out
 
 
-def _batches(active: Sequence[JobView], cluster: Cluster, placement) -> dict[str, BatchConfig]:
-    """The goodput-best batch of each placed job on its type's model (jobs with a model)."""
-    types = {n.id: n.type for n in cluster.nodes}
-    out = {}
-    for v in active:
-        p = placement.get(v.job_id)
-        if not p:
-            continue
-        t = types[next(iter(p))]
-        model = (v.goodput_models or {}).get(t, v.goodput_model)
-        if model is None:
-            continue
-        choice = model.optimize(len(p), sum(p.values()))
-        if bool(choice.feasible):
-            out[v.job_id] = choice.config()
-    return out
 

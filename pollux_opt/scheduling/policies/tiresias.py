@@ -28,7 +28,7 @@ from pollux_opt.model import Cluster
 from pollux_opt.model.domains import Real
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView
 from pollux_opt.scheduling.policies.packing import pack
-from pollux_opt.scheduling.policies.views import active_views, requested_replicas, submitted_batch
+from pollux_opt.scheduling.policies.views import active_views, requested_replicas
 
 __all__ = ["TIRESIAS_THRESHOLDS_S", "TiresiasPolicy"]
 
@@ -50,7 +50,7 @@ class TiresiasPolicy:
 
     thresholds: Sequence[float] = TIRESIAS_THRESHOLDS_S
     name: str = "tiresias"
-    adapts_batch: bool = False
+    fixed_batch: bool = True
 
     def __post_init__(self) -> None:
         t = list(self.thresholds)
@@ -73,8 +73,6 @@ class TiresiasPolicy:
                 free -= k
         ids = [v.job_id for v in order]
         placement = pack(cluster, wanted, {v.job_id: v.placement for v in active}, ids)
-        by_id = {v.job_id: v for v in active}
-        batch = {j: submitted_batch(by_id[j], len(placement[j]), k, model_split=False) for j, k in wanted.items()}
         for j in ids:
             placement.setdefault(j, {})
-        return Decision(placement, batch, math.nan, math.nan, DecisionStatus.LAS_2D)
+        return Decision(placement, math.nan, math.nan, DecisionStatus.LAS_2D)

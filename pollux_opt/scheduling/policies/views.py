@@ -4,8 +4,8 @@
 * :func:`job_for_allocator`: the allocator's :class:`~pollux_opt.model.Job` for
   one view (speedups, replica range with Pollux's exploration cap, restart
   penalty with the job's own delay, the fair-share base of :func:`fair_share`).
-* :func:`requested_replicas` and :func:`submitted_batch`: a job's own (user
-  submitted) configuration, for the policies that run jobs as submitted.
+* :func:`requested_replicas`: a job's own (user submitted) replica count, for
+  the policies that run jobs as submitted.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Sequence
 from solvers import InvalidProblem
 
 from pollux_opt.lifecycle import JobState
-from pollux_opt.model import BatchConfig, Cluster, Job, Options
+from pollux_opt.model import Cluster, Job, Options
 from pollux_opt.model.configs import node_replica_pairs, top_sums
 from pollux_opt.model.domains import Integer, check
 from pollux_opt.model.job import WEIGHT, restart_factor
@@ -32,7 +32,6 @@ __all__ = [
     "job_for_allocator",
     "replica_cap",
     "requested_replicas",
-    "submitted_batch",
     "type_gpus",
     "type_move_factors",
     "typed_goodput",
@@ -137,11 +136,10 @@ def _linear_prior(cluster: Cluster, max_replicas: int, base_replicas: int = 1) -
     return {(n, k): k / base_replicas for n, k in node_replica_pairs(1, max_replicas, top_sums(cluster))}
 
 
-def _feasible_base(view: JobView, share: tuple[int, int], fixed_batch: bool) -> tuple[int, int]:
+def _feasible_base(view: JobView, share: tuple[int, int]) -> tuple[int, int]:
     """The (nodes, replicas) a job's speedups are measured against: ``share``'s
     replicas reduced to what the job can run (at most as many as its largest
-    batch has smallest micro-batches; its submitted batch with ``fixed_batch``),
-    on one node.
+    batch, or its ``fixed_batch_size``, has smallest micro-batches), on one node.
 
     One node as in Pollux's simulator (OSDI 2021 artifact, ``pollux.py``: the
     fair-share goodput at ``ceil(N / C)`` = 1 node): the base is then the goodput
@@ -150,16 +148,16 @@ def _feasible_base(view: JobView, share: tuple[int, int], fixed_batch: bool) -> 
     more replicas than a node holds is well defined.  On the eight AdaptDL
     workloads this base gave a 0.6 % lower average JCT than the share's real spread.
     """
-    return _base_of(view.goodput_model.limits, view, share, fixed_batch)
+    return _base_of(view.goodput_model.limits, view, share)
 
 
-def _base_of(lim, view: JobView, share: tuple[int, int], fixed_batch: bool) -> tuple[int, int]:
+def _base_of(lim, view: JobView, share: tuple[int, int]) -> tuple[int, int]:
     """:func:`_feasible_base` under the batch limits ``lim`` (those of one node type's model)."""
-    biggest = view.submitted_batch_size if fixed_batch else lim.max_batch_size
+    biggest = lim.max_batch_size if view.fixed_batch_size is None else view.fixed_batch_size
     return 1, max(1, min(share[1], biggest // lim.min_local_bsz))
 
 
-def typed_goodput(view: JobView, cluster: Cluster, share: tuple[int, int], fixed_batch: bool) -> TypedGoodput | None:
+def typed_goodput(view: JobView, cluster: Cluster, share: tuple[int, int]) -> TypedGoodput | None:
     """The job's per-type goodput models on a cluster of several node types, each
     with its fair-share base (:func:`_feasible_base` under that type's limits),
     over one common speedup base: the mean of the fair-share goodputs over the
@@ -176,7 +174,7 @@ def typed_goodput(view: JobView, cluster: Cluster, share: tuple[int, int], fixed
     models = {t: view.goodput_models[t] for t in cluster.types if t in view.goodput_models}
     if not models:
         return None
-    return TypedGoodput.of(models, {t: _base_of(m.limits, view, share, fixed_batch) for t, m in models.items()},
+    return TypedGoodput.of(models, {t: _base_of(m.limits, view, share) for t, m in models.items()},
                            type_move_factors(view, cluster, tuple(models)), type_gpus(cluster, tuple(models)))
 
 
@@ -218,14 +216,15 @@ def job_for_allocator(
     cluster: Cluster,
     options: Options,
     *,
-    fixed_batch: bool,
     weight: float = 1.0,
     share: tuple[int, int] = (1, 1),
     exploration_factor: int = EXPLORATION_FACTOR,
 ) -> Job:
     """The allocator's :class:`Job` for one view.
 
-    The job may take at most :func:`replica_cap` replicas.  Its restart factor
+    Speedups are throughputs at ``view.fixed_batch_size`` (no statistical
+    efficiency) where the view has one, else goodputs at the batch the job
+    would choose per allocation.  The job may take at most :func:`replica_cap` replicas.  Its restart factor
     uses the job's own restart delay (``view.restart_delay``, measured for
     real jobs), not ``options.restart_delay``.
 
@@ -234,8 +233,6 @@ def job_for_allocator(
         cluster: bounds the replica count of the linear prior.
         options: the allocation options (their ``restart_delay`` is not used:
             the job carries its own).
-        fixed_batch: speedups from throughput at ``view.submitted_batch_size``
-            (no statistical efficiency) instead of goodput with an adaptive batch.
         weight: the job's weight in the power mean (> 0).
         share: (nodes, replicas) of the fair share (see :func:`fair_share`);
             speedups are measured against its replicas on one node, reduced to
@@ -244,14 +241,14 @@ def job_for_allocator(
     """
     check("weight", weight, WEIGHT, prefix=f"job {view.job_id!r}: ")
     max_k = replica_cap(view, cluster, exploration_factor)
-    fixed = view.submitted_batch_size if fixed_batch and view.goodput_model is not None else None
-    typed = typed_goodput(view, cluster, share, fixed is not None)
+    fixed = view.fixed_batch_size if view.goodput_model is not None else None
+    typed = typed_goodput(view, cluster, share)
     if typed is not None:
         speedup, base = typed, (1, 1)
     elif view.goodput_model is None:
         speedup, base = _linear_prior(cluster, max_k, share[1]), (1, 1)
     else:
-        speedup, base = view.goodput_model, _feasible_base(view, share, fixed is not None)
+        speedup, base = view.goodput_model, _feasible_base(view, share)
     return Job(
         id=view.job_id,
         speedup=speedup,
@@ -272,20 +269,3 @@ def requested_replicas(view: JobView, cluster: Cluster) -> int:
     cluster's size (so that a request larger than the cluster cannot block a
     queue forever); at least one."""
     return max(min(view.submitted_replicas, view.max_replicas, cluster.total_cpus), view.min_replicas, 1)
-
-
-def submitted_batch(view: JobView, num_nodes: int, replicas: int, *, model_split: bool) -> BatchConfig:
-    """The submitted batch on ``replicas`` replicas over ``num_nodes`` nodes.
-
-    With ``model_split`` and a fitted model: the model's goodput-best split of
-    the batch into local batch and accumulation steps.  Otherwise ``ceil(B / K)``
-    samples per replica in one micro-batch (goodput unknown: None), as the
-    baselines run their tuned batch size.
-    """
-    b = int(view.submitted_batch_size)
-    if model_split and view.goodput_model is not None:
-        choice = view.goodput_model.optimize(num_nodes, replicas, fixed_batch_size=b)
-        if bool(choice.feasible):
-            return choice.config()
-    m = -(-b // replicas)
-    return BatchConfig(local_bsz=m, accum_steps=0, batch_size=m * replicas)

@@ -66,7 +66,7 @@ def _backend(tmp_path, ray, clock, fake_jobs, workload):
     kwargs = fake_jobs.backend_kwargs(clock)
     nodes = RayNodes(ray)
     events = EventLog(tmp_path / "events.jsonl")
-    backend = RayBackend(tmp_path, workload, nodes.cluster(), events, nodes=nodes, adapts_batch=True,
+    backend = RayBackend(tmp_path, workload, nodes.cluster(), events, nodes=nodes, fixed_batch=False,
                          started_unix=clock.time(), pool=FakePool(), **kwargs)
     return backend, events
 
@@ -78,7 +78,7 @@ def test_a_node_that_joins_is_placed_on_and_the_jobs_of_one_that_leaves_restart_
     backend, events = _backend(tmp_path, ray, clock, fake_jobs, workload)
     a_node, b_node = "ray-aaaaaaaaaaaa", "ray-bbbbbbbbbbbb"
     assert len(backend.views()) == 2
-    backend.apply(Decision({"a": {a_node: 1}, "b": {b_node: 1}}, {}, float("nan"), 0.0, DecisionStatus.FIFO))
+    backend.apply(Decision({"a": {a_node: 1}, "b": {b_node: 1}}, float("nan"), 0.0, DecisionStatus.FIFO))
     backend.advance(5.0)
     old_handle = backend.jobs["b"].handle
     ray.node_list = [_node("aaaa", 1), _node("cccc", 2)]  # b's node left, a node of 2 CPUs joined
@@ -88,8 +88,8 @@ def test_a_node_that_joins_is_placed_on_and_the_jobs_of_one_that_leaves_restart_
     assert backend.pool.cancelled == ["b"] and old_handle.closed and backend.jobs["b"].handle is not old_handle
     assert backend.pool.slots == {a_node: 1, b_node: 1, "ray-cccccccccccc": 2}  # one slot actor per CPU
     with pytest.raises(InvalidProblem, match="unknown node 'ray-bbbbbbbbbbbb'"):
-        backend.apply(Decision({"b": {b_node: 1}}, {}, float("nan"), 0.0, DecisionStatus.FIFO))
-    backend.apply(Decision({"a": {a_node: 1}, "b": {"ray-cccccccccccc": 2}}, {}, float("nan"), 0.0,
+        backend.apply(Decision({"b": {b_node: 1}}, float("nan"), 0.0, DecisionStatus.FIFO))
+    backend.apply(Decision({"a": {a_node: 1}, "b": {"ray-cccccccccccc": 2}}, float("nan"), 0.0,
                            DecisionStatus.FIFO))
     backend.close()
     events.close()

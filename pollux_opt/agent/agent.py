@@ -27,9 +27,12 @@ from solvers import InvalidProblem
 
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.model.domains import Real, check
-from pollux_opt.runtime.measurements import ConfigKey, Measurements
+from pollux_opt.agent.measurements import ConfigKey, Measurements
 
-__all__ = ["MIN_GRAD_SQR", "REFIT_GROWTH", "JobAgent", "goodput_model", "neutral_stats"]
+__all__ = [
+    "MIN_GRAD_SQR", "MIN_STATS_STEPS", "REFIT_GROWTH", "JobAgent", "goodput_model", "neutral_stats",
+    "params_from_dict", "params_to_dict",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,11 @@ REFIT_GROWTH = 1.5
 #: Growth factors of the measurements between refits (None: a fit is stale
 #: whenever the measurements changed).
 _REFIT_GROWTHS = Real(ge=1, finite=False, none=True)
+
+#: Steps with gradient statistics before a co-adapting job trusts its model to
+#: pick a batch larger than M0 (until then it trains at M0, as AdaptDL does).
+#: About one averaging window of the statistics (see ``stats.GRAD_STATS_SMOOTHING``).
+MIN_STATS_STEPS = 20
 
 #: Floor of a reported |G|^2, so that a job whose gradient noise swamps its
 #: estimate still has a valid (very noisy) :class:`GradientStats`.  The runtime's
@@ -73,6 +81,18 @@ def goodput_model(
             return None
         stats = neutral_stats(limits)
     return GoodputModel(params, stats, limits)
+
+
+def params_to_dict(params: ThroughputParams | None) -> dict | None:
+    """``params`` as a JSON-able dict (None stays None)."""
+    return None if params is None else params.to_dict()
+
+
+def params_from_dict(data: dict | None) -> ThroughputParams | None:
+    """The :class:`ThroughputParams` of :func:`params_to_dict`'s dict (None or empty: None)."""
+    if not data:
+        return None
+    return ThroughputParams(**{k: float(v) for k, v in data.items()})
 
 
 class JobAgent:
@@ -120,7 +140,7 @@ class JobAgent:
 
     # ------------------------------------------------------------------ intake
     def update_profile(self, profile: Mapping[ConfigKey, Mapping]) -> None:
-        """Take a new profile of rank 0 (see :mod:`~pollux_opt.runtime.measurements`).
+        """Take a new profile of rank 0 (see :mod:`~pollux_opt.agent.measurements`).
         The profile is replaced, never mutated, by the caller."""
         if profile is self._profile:
             return
@@ -239,3 +259,11 @@ class JobAgent:
             self.refit()
             self._model = goodput_model(self.params, self.grad_stats, self.limits, fixed_batch=self.fixed_batch)
         return self._model
+
+    def batch_model(self) -> GoodputModel | None:
+        """The model the job picks its batch with
+        (:func:`~pollux_opt.agent.batch.choose_batch`): :meth:`model`, once the
+        job has :data:`MIN_STATS_STEPS` steps of gradient statistics or trains
+        at a fixed batch (its throughput alone matters); None before."""
+        model = self.model()
+        return model if self.fixed_batch or self.stats_steps >= MIN_STATS_STEPS else None
