@@ -41,7 +41,8 @@ from pollux_opt.runtime.recovery import FaultMonitor, VerificationRun
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 from pollux_opt.runtime.status import JobStatus
-from pollux_opt.runtime.worker import WRITER_WAIT_S, Assignment
+from pollux_opt.runtime.protocol import RUN, STOP, Assignment, send
+from pollux_opt.runtime.worker import WRITER_WAIT_S
 
 __all__ = ["SUPERVISOR_TICK_S", "JobController"]
 
@@ -231,7 +232,7 @@ class JobController(WorkerIntake):
         # have paused on their own (target or step limit) and will not report
         # again; their reports complete this pause.  _launch clears them.
         self._enter(Phase.PAUSING)
-        self._send(0, ("stop",))
+        self._send(0, (STOP,))
 
     def _send(self, rank: int, msg: tuple) -> None:
         try:
@@ -297,10 +298,7 @@ class JobController(WorkerIntake):
                 cpu=None if alloc.cpus is None else alloc.cpus[rank], node_type=alloc.node_type,
                 cgroup=None if alloc.cgroups is None else alloc.cgroups[rank_nodes[rank]],
             )
-            try:
-                w.conn.send(("run", a))
-            except (BrokenPipeError, OSError):
-                pass  # noticed as a lost worker
+            send(w.conn, RUN, a)  # a worker gone is noticed as a lost worker
         with self.status.lock:
             self._workers = workers
             self.status.worker_pids = tuple(w.pid for w in workers)

@@ -19,6 +19,7 @@ from multiprocessing.connection import wait as wait_connections
 
 from pollux_opt.runtime.checkpoint import checkpoint_dir, latest_good
 from pollux_opt.runtime.phase import Phase
+from pollux_opt.runtime.protocol import CHECKPOINT, ERROR, METRICS, PAUSED, RESUMED
 
 __all__ = ["MAX_VERIFICATION_FAILURES", "SURVIVOR_EXIT_S", "WorkerIntake"]
 
@@ -66,15 +67,15 @@ class WorkerIntake:
     def _on_message(self, rank: int, kind: str, info: dict) -> None:
         if info.get("generation") != self._gen:
             return  # hello, or a late message of an earlier generation
-        if kind == "error":
+        if kind == ERROR:
             self._on_error(info)
-        elif kind == "resumed":
+        elif kind == RESUMED:
             self._on_resumed(rank, info)
-        elif kind == "metrics":
+        elif kind == METRICS:
             self._on_metrics(info)
-        elif kind == "checkpoint":
+        elif kind == CHECKPOINT:
             pass  # recorded on disk; the newest good one is looked up when needed
-        elif kind == "paused":
+        elif kind == PAUSED:
             self._on_paused(rank, info)
 
     def _resumed_details(self, seconds: float) -> dict:

@@ -27,6 +27,7 @@ from solvers import InvalidProblem
 
 from pollux_opt.model.domains import Choice, Integer, check
 from pollux_opt.runtime.lifeline import own_temp_dir, pool_process_main, process_identity, sweep_temp_dirs
+from pollux_opt.runtime.protocol import EXIT, PREPARE
 from pollux_opt.runtime.worker import worker_main
 
 __all__ = ["WorkerHandle", "WorkerPool"]
@@ -177,7 +178,7 @@ class WorkerPool:
         for w in workers:
             if graceful and w.alive():
                 try:
-                    w.conn.send(("exit",))
+                    w.conn.send((EXIT,))
                 except (BrokenPipeError, OSError):
                     pass
             elif w.alive():
@@ -225,7 +226,7 @@ class WorkerPool:
                     break
                 if w.job_key is None:
                     try:
-                        w.conn.send(("prepare", job_key, spec_json, workdir))
+                        w.conn.send((PREPARE, job_key, spec_json, workdir))
                     except (BrokenPipeError, OSError):
                         continue
                     w.job_key = job_key

@@ -48,7 +48,7 @@ from pollux_opt.backends.ray.actors import ACTOR_SLOTS, ActorProcess, ReplicaAct
 from pollux_opt.backends.ray.channel import Relay
 from pollux_opt.backends.ray.nodes import RayNodes
 from pollux_opt.runtime.pool import WorkerHandle, WorkerPool
-from pollux_opt.runtime.worker import TCP_STORE_PREFIX
+from pollux_opt.runtime.protocol import TCP_STORE_PREFIX
 
 __all__ = ["CONNECT_TIMEOUT_S", "RayWorkerHandle", "RayWorkerPool"]
 

@@ -35,7 +35,7 @@ def _lost(handle) -> bool:
 def _bad_run(tmp_path):
     """An assignment whose job cannot even be read: the worker reports an error and exits at once."""
     from pollux_opt.runtime.report import RuntimeOptions
-    from pollux_opt.runtime.worker import Assignment
+    from pollux_opt.runtime.protocol import Assignment
 
     return ("run", Assignment("bad", '{"no such field": 1}', str(tmp_path), generation=0, rank=0, world=1,
                               num_nodes=1, store_path=None, checkpoint_meta=None, local_bsz=1, accum_steps=1,
