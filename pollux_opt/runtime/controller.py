@@ -41,7 +41,7 @@ from pollux_opt.runtime.recovery import FaultMonitor, VerificationRun
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 from pollux_opt.runtime.status import JobStatus
-from pollux_opt.runtime.protocol import RUN, STOP, Assignment, send
+from pollux_opt.runtime.protocol import RUN, STOP, Assignment
 from pollux_opt.runtime.worker import WRITER_WAIT_S
 
 __all__ = ["SUPERVISOR_TICK_S", "JobController"]
@@ -235,10 +235,8 @@ class JobController(WorkerIntake):
         self._send(0, (STOP,))
 
     def _send(self, rank: int, msg: tuple) -> None:
-        try:
-            self._workers[rank].conn.send(msg)
-        except (BrokenPipeError, OSError, IndexError):
-            pass  # a dead worker: _check_workers handles it
+        if rank < len(self._workers):
+            self._workers[rank].send(*msg)  # a dead worker: _check_workers handles it
 
     def _send_batch(self, config: BatchConfig) -> None:
         """Switch the running batch configuration (rank 0 applies it at the next step)."""
@@ -298,7 +296,7 @@ class JobController(WorkerIntake):
                 cpu=None if alloc.cpus is None else alloc.cpus[rank], node_type=alloc.node_type,
                 cgroup=None if alloc.cgroups is None else alloc.cgroups[rank_nodes[rank]],
             )
-            send(w.conn, RUN, a)  # a worker gone is noticed as a lost worker
+            w.send(RUN, a)  # a worker gone is noticed as a lost worker
         with self.status.lock:
             self._workers = workers
             self.status.worker_pids = tuple(w.pid for w in workers)

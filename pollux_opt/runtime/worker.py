@@ -34,7 +34,8 @@ from pollux_opt.runtime.spec import BuildContext, JobParts, JobSpec, resolve_bui
 from pollux_opt.runtime.state import TrainingState, param_checksum, restore_rng
 from pollux_opt.runtime.trainer import Trainer
 
-__all__ = ["WRITER_WAIT_S", "PartsCache", "serve_assignment", "worker_main"]
+__all__ = ["WRITER_WAIT_S", "PartsCache", "error_report", "prepare_parts", "serve_assignment", "worker_main",
+           "worker_setup"]
 
 logger = logging.getLogger("pollux_opt.runtime.worker")
 
@@ -282,14 +283,10 @@ def rendezvous_store(dist, a: Assignment):
     return dist.FileStore(a.store_path, a.world)
 
 
-def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
-    """Entry point of a spawned worker process (see the module docstring);
-    ``gloo_interface`` is the network interface its collectives bind to."""
+def worker_setup(gloo_interface: str = GLOO_INTERFACE):
+    """Make this process a worker: one compute thread, collectives bound to
+    ``gloo_interface``, torch imported; returns ``(torch, torch.distributed, all_cpus)``."""
     os.environ["GLOO_SOCKET_IFNAME"] = gloo_interface
-    # A pool worker is a daemon (it ends with its scheduler, see lifeline); a
-    # user's DataLoader with num_workers > 0 starts children, which
-    # multiprocessing refuses in a daemon.  They end with this process.
-    multiprocessing.current_process()._config["daemon"] = False
     # One thread per worker: before torch creates its OpenMP pool.
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
@@ -305,6 +302,23 @@ def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
         all_cpus = os.sched_getaffinity(0)
     except AttributeError:  # pragma: no cover - non-Linux
         all_cpus = None
+    return torch, dist, all_cpus
+
+
+def error_report(a: Assignment, exc: BaseException) -> dict:
+    """The ``ERROR`` report of assignment ``a``, which raised ``exc`` (call in its ``except``)."""
+    return {"generation": a.generation, "rank": a.rank, "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(), "collective": isinstance(exc, CollectiveError)}
+
+
+def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
+    """Entry point of a spawned worker process (see the module docstring);
+    ``gloo_interface`` is the network interface its collectives bind to."""
+    # A pool worker is a daemon (it ends with its scheduler, see lifeline); a
+    # user's DataLoader with num_workers > 0 starts children, which
+    # multiprocessing refuses in a daemon.  They end with this process.
+    multiprocessing.current_process()._config["daemon"] = False
+    torch, dist, all_cpus = worker_setup(gloo_interface)
     cache = PartsCache()
     if not send(conn, HELLO, {"pid": os.getpid(), "generation": -1, "rank": -1}):
         return
@@ -324,11 +338,7 @@ def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
         try:
             alive = serve_assignment(conn, a, cache, torch, dist, all_cpus)
         except BaseException as exc:  # noqa: BLE001 - reported to the controller, then exit
-            tb = traceback.format_exc()
-            send(conn, ERROR, {
-                "generation": a.generation, "rank": a.rank, "error": f"{type(exc).__name__}: {exc}", "traceback": tb,
-                "collective": isinstance(exc, CollectiveError),
-            })
+            send(conn, ERROR, error_report(a, exc))
             # The process group may be half-formed and peers blocked in it: do
             # not run interpreter teardown (atexit, gloo destructors); leave now.
             os._exit(1)

@@ -412,20 +412,16 @@ def test_job_parts_are_checked_with_the_builder_named(torch):
 
 
 # ------------------------------------------------ supervisor state machine (no processes)
-class _FakeConn:
-    def __init__(self) -> None:
-        self.sent: list[tuple] = []
-
-    def send(self, msg: tuple) -> None:
-        self.sent.append(msg)
-
-
 class _FakeWorker:
     def __init__(self, pid: int) -> None:
-        self.conn = _FakeConn()
+        self.sent: list[tuple] = []
         self.pid = pid
 
     def alive(self) -> bool:
+        return True
+
+    def send(self, *message) -> bool:
+        self.sent.append(message)
         return True
 
 
@@ -467,7 +463,7 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
         ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
     else:
         ctl._request_stop()
-    assert workers[0].conn.sent == [("stop",)]  # the request reached rank 0, which ignores it once paused
+    assert workers[0].sent == [("stop",)]  # the request reached rank 0, which ignores it once paused
     ctl._on_message(0, "paused", paused(0))
     assert [e.kind for e in ctl.status.events][-1] == "target_reached"
     assert verifications == [554] and not ctl._workers and ctl._pool.released == workers
