@@ -1,5 +1,5 @@
 """The supervisor of one elastic job (:class:`JobController`): a thread that
-watches the job's worker processes (their pipes and process sentinels),
+watches the job's workers (their reports, through the pool, and their liveness),
 applies the scheduler's commands at step boundaries, moves the job through its
 phases (:mod:`~pollux_opt.runtime.phase`), re-fits its throughput model
 (:class:`~pollux_opt.runtime.agent.JobAgent`), records events and persists the
@@ -36,7 +36,7 @@ from pollux_opt.runtime.checkpoint import (
 from pollux_opt.runtime.intake import WorkerIntake
 from pollux_opt.runtime.journal import JobJournal
 from pollux_opt.runtime.phase import FollowUp, Phase, check_transition
-from pollux_opt.runtime.pool import WorkerHandle, WorkerPool
+from pollux_opt.runtime.pool import Worker, WorkerPool
 from pollux_opt.runtime.recovery import FaultMonitor, VerificationRun
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
@@ -75,7 +75,7 @@ class JobController(WorkerIntake):
         self._commands: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         # ---- supervisor-thread-only state
-        self._workers: list[WorkerHandle] = []  # the current generation, by rank
+        self._workers: list[Worker] = []  # the current generation, by rank
         self._gen = 0
         self._next: FollowUp | None = None  # what to do once the current transition ends
         self._launch_kind, self._launch_t0, self._launch_wall = "start", 0.0, 0.0

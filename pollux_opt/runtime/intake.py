@@ -51,7 +51,7 @@ class WorkerIntake:
 
     def _on_message(self, rank: int, kind: str, info: dict) -> None:
         if info.get("generation") != self._gen:
-            return  # hello, or a late message of an earlier generation
+            return  # a late report of an earlier generation
         if kind == ERROR:
             self._on_error(info)
         elif kind == RESUMED:

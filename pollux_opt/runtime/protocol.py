@@ -15,8 +15,7 @@ A message is a tuple whose first item is its kind.  Commands, supervisor -> work
 * ``(EXIT,)``, to an idle worker: end.
 
 Reports, worker -> supervisor, are ``(kind, info)``, ``info`` a dict carrying
-``generation`` and ``rank``: ``HELLO`` (the worker started: its ``pid``;
-generation and rank -1), ``RESUMED`` (the rank joined its generation and
+``generation`` and ``rank``: ``RESUMED`` (the rank joined its generation and
 loaded its state), ``METRICS`` (rank 0: position, measurements, step rows),
 ``CHECKPOINT`` (rank 0 wrote one), ``PAUSED`` (the rank left its generation;
 ``reason``: one of :data:`STOP_REASONS`), ``ERROR`` (the assignment failed:
@@ -35,14 +34,14 @@ from dataclasses import dataclass
 
 from pollux_opt.runtime.report import RuntimeOptions
 
-__all__ = ["BATCH", "CHECKPOINT", "CONTINUE", "ERROR", "EXIT", "HELLO", "METRICS", "PAUSED", "PREPARE",
+__all__ = ["BATCH", "CHECKPOINT", "CONTINUE", "ERROR", "EXIT", "METRICS", "PAUSED", "PREPARE",
            "RESUMED", "RUN", "STOP", "STOP_LIMIT", "STOP_PARENT", "STOP_REASONS", "STOP_REQUEST", "STOP_TARGET",
            "TCP_STORE_PREFIX", "Assignment", "CollectiveError", "StopTraining", "collective", "send"]
 
 #: Commands.
 RUN, STOP, BATCH, PREPARE, EXIT = "run", "stop", "batch", "prepare", "exit"
 #: Reports.
-HELLO, RESUMED, METRICS, CHECKPOINT, PAUSED, ERROR = "hello", "resumed", "metrics", "checkpoint", "paused", "error"
+RESUMED, METRICS, CHECKPOINT, PAUSED, ERROR = "resumed", "metrics", "checkpoint", "paused", "error"
 #: Stop codes rank 0 broadcasts before each step.
 CONTINUE, STOP_REQUEST, STOP_TARGET, STOP_LIMIT, STOP_PARENT = 0, 1, 2, 3, 4
 #: A ``PAUSED`` report's ``reason``, by stop code.

@@ -27,7 +27,7 @@ from pollux_opt.runtime.entry import LOOP, entry_protocol
 from pollux_opt.runtime.lifeline import ORPHAN_GRACE_S, saving_state
 from pollux_opt.runtime.lazy_torch import require_torch
 from pollux_opt.runtime.protocol import (
-    ERROR, EXIT, HELLO, PAUSED, PREPARE, RESUMED, RUN, STOP_PARENT, STOP_REASONS, TCP_STORE_PREFIX, Assignment,
+    ERROR, EXIT, PAUSED, PREPARE, RESUMED, RUN, STOP_PARENT, STOP_REASONS, TCP_STORE_PREFIX, Assignment,
     CollectiveError, collective, send,
 )
 from pollux_opt.runtime.spec import BuildContext, JobParts, JobSpec, resolve_builder
@@ -320,8 +320,6 @@ def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
     multiprocessing.current_process()._config["daemon"] = False
     torch, dist, all_cpus = worker_setup(gloo_interface)
     cache = PartsCache()
-    if not send(conn, HELLO, {"pid": os.getpid(), "generation": -1, "rank": -1}):
-        return
     while True:
         try:
             msg = conn.recv()

@@ -1,38 +1,29 @@
 """A Ray run's replicas: actors on the nodes an allocation names (:class:`RayWorkerPool`),
 each a :class:`~pollux_opt.runtime.pool.Worker` of its job's supervisor (:class:`RayWorker`).
 
-The pool has the interface of the local :class:`~pollux_opt.runtime.pool.WorkerPool`,
-so that a Ray job is the runtime's own :class:`~pollux_opt.runtime.job.ElasticJob`
-(supervision, checkpoints, measurements, faults, fresh-process verification)
-with Ray doing placement, process start, messages and failure detection.
+The pool has the local pool's interface, so that a Ray job is the runtime's own
+:class:`~pollux_opt.runtime.job.ElasticJob` (supervision, checkpoints,
+measurements, faults, fresh-process verification) with Ray doing placement,
+process start, messages and failure detection.
 
 **Slots.**  Each CPU of each node the run uses is one long-lived
 :class:`~pollux_opt.backends.ray.actors.ReplicaActor` holding one Ray CPU,
-pinned to its node (``NodeAffinitySchedulingStrategy``, hard), started as the
+pinned to its node (hard ``NodeAffinitySchedulingStrategy``), started as the
 node is seen (:meth:`RayWorkerPool.add_node`) and kept warm (process, torch,
-and the parts of the job it last served) for the whole run: a job's replica
-on a node is an idle slot of that node serving its assignment.
-:meth:`RayWorkerPool.regroup` keeps a job's live replicas on the nodes its
-new placement still uses, then takes idle slots (warm for the job first),
-waiting for one to be released where the node has none idle; released
-replicas go back idle; a discarded (faulty) one is ended and its slot started
-anew.  The run's CPUs are held by its actors for as long as it runs: the
-scheduler, not Ray, shares them out.
+the parts of the job it last served) for the whole run.  A job's next
+generation keeps its live replicas on the nodes its placement still uses, then
+takes idle slots there (warm for the job first), waiting for one to be
+released; a discarded (faulty) replica is ended and its slot started anew.
 
-**Messages** are actor method calls (see
-:mod:`~pollux_opt.backends.ray.actors`): a ``RUN`` calls ``serve``, whose
-reports the supervisor waits for with ``ray.wait``
-(:meth:`RayWorkerPool.receive`); other commands call ``command`` or
-``prepare``.  A replica whose actor died (killed, its node gone) is a lost
-worker; one that reported an error is ended, as a local worker exits after
-its error report.
-
-**Rendezvous**: rank 0's actor hosts a TCPStore on its node's IP (no shared
-file system needed); gloo binds to the interface of the node's IP.
-**Completion check**: a fresh zero-CPU actor that never trained, on the
-scheduler's node (:meth:`RayWorkerPool.start_process`), started ahead and
-ended once joined.  Actors are owned by the scheduler (the Ray driver): they
-end with it.
+**Messages** are method calls: a ``RUN`` calls ``serve``, whose streamed
+reports the supervisor waits for with ``ray.wait`` (:meth:`RayWorkerPool.receive`);
+other commands call ``command`` or ``prepare``.  A replica whose actor died
+(killed, its node gone) is a lost worker; one that reported an error is
+ended, as a local worker exits after its error report.  Rank 0's actor hosts
+its generation's TCPStore; gloo binds to the interface of the node's IP.  The
+completion check runs in a fresh zero-CPU actor on the scheduler's node,
+started ahead (:meth:`RayWorkerPool.start_process`).  Actors are owned by the
+scheduler (the Ray driver): they end with it.
 """
 
 from __future__ import annotations
@@ -86,6 +77,7 @@ class RayWorker:
         self._lifetime = actor.lifetime.remote() if actor is not None else None
         self._generation = -1
         self.stream = None  # the reports of the current assignment (a Ray streaming generator)
+        self._arrived: list[tuple] = []  # reports fetched from the stream, not yet handed out
 
     @property
     def pid(self) -> int:
@@ -98,6 +90,12 @@ class RayWorker:
                 self._pid = _NO_PID
                 self.end()
         return self._pid
+
+    def started(self) -> bool:
+        """Whether the actor is up (without waiting; one that died starting is ended)."""
+        if self._pid is None and self._ray.wait([self._identity], timeout=0)[0]:
+            self.pid  # noqa: B018 - resolves it, or ends the slot
+        return self._pid is not None and self.exitcode is None
 
     def alive(self) -> bool:
         if self.exitcode is None and self._ray.wait([self._lifetime], timeout=0)[0]:
@@ -121,7 +119,11 @@ class RayWorker:
 
     def reports(self) -> list[tuple]:
         """The reports of the current assignment that have arrived (without waiting)."""
-        out = []
+        self._fetch()
+        out, self._arrived = self._arrived, []
+        return out
+
+    def _fetch(self) -> None:
         while self.stream is not None and self._ray.wait([self.stream], timeout=0)[0]:
             try:
                 message = self._ray.get(next(self.stream))
@@ -132,15 +134,20 @@ class RayWorker:
                 self.stream = None
                 self.end()  # the actor died
                 break
-            out.append(message)
+            self._arrived.append(message)
             if message[0] == ERROR:
                 self.end(ERROR_EXIT_CODE)  # its process group may be half-formed: never reused
-        return out
 
     def join(self, timeout: float | None = None) -> None:
-        if self._lifetime is not None:
-            self._ray.wait([self._lifetime], timeout=timeout)
-        self.alive()
+        """Wait until the actor died or reported an error (then it is ended), at most ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.alive():
+            self._fetch()
+            left = None if deadline is None else deadline - time.monotonic()
+            if self.exitcode is not None or left is not None and left <= 0:
+                return
+            waits = [self._lifetime] + ([self.stream] if self.stream is not None else [])
+            self._ray.wait(waits, num_returns=1, timeout=left)
 
     def end(self, code: int = DEAD_EXIT_CODE) -> None:
         """Kill the actor (``code``: the exit status it gets, if it had none)."""
@@ -206,7 +213,7 @@ class RayWorkerPool(WorkerPool):
 
     # ------------------------------------------------------------ the slots
     def add_node(self, node: str, count: int) -> None:
-        """Start ``count`` slot actors on ``node``, idle at once (a call waits for its actor to start)."""
+        """Start ``count`` slot actors on ``node`` (idle; handed out once up)."""
         for _ in range(count):
             self._start_slot(node)
 
@@ -228,19 +235,22 @@ class RayWorkerPool(WorkerPool):
             self._cond.notify_all()
 
     def _take(self, node: str, job_key: str | None) -> RayWorker:
-        """An idle slot of ``node`` (one warm for ``job_key`` first), waiting for
-        one to be released; a dead worker where none comes (see :meth:`_node_gone`)."""
+        """An idle slot of ``node`` that is up (one warm for ``job_key`` first),
+        waiting for one to start or be released; a dead worker where none comes
+        (see :meth:`_node_gone`).  A slot dying as it starts (its node leaving)
+        is never handed out: it would cost the job a fault restart."""
         deadline = time.monotonic() + self._timeout
         with self._cond:
             while True:
                 idle = self._idle.get(node, [])
                 idle[:] = [w for w in idle if w.alive()]
-                if idle:
-                    idle.sort(key=lambda w: w.job_key != job_key)
-                    return idle.pop(0)
+                up = sorted((w for w in idle if w.started()), key=lambda w: w.job_key != job_key)
+                if up:
+                    idle.remove(up[0])
+                    return up[0]
                 if time.monotonic() > deadline or self._closed or job_key in self._cancelled:
                     break
-                if not self._nodes.alive(node):
+                if self._nodes.get(node) is None or not idle and not self._nodes.alive(node):
                     break
                 self._cond.wait(_WAIT_POLL_S)
         if not self._nodes.alive(node):
@@ -336,7 +346,9 @@ class RayWorkerPool(WorkerPool):
         """The Ray node id the live slot with process id ``pid`` runs on (None: none)."""
         with self._cond:
             slots = list(self._slots)
-        return next((s.ray_node for s in slots if s.exitcode is None and s.pid == pid), None)
+        # ray_node is known once a slot's pid is (never waits for a starting slot).
+        return next((s.ray_node for s in slots if s.ray_node is not None and s.exitcode is None and s.pid == pid),
+                    None)
 
     def warm(self, count: int | None = None) -> None:
         """Slots are started per node (:meth:`add_node`)."""
@@ -349,29 +361,27 @@ class RayWorkerPool(WorkerPool):
         """Run ``target(*args)`` in a fresh actor that never trained, on the
         scheduler's node (zero CPUs: like the local check, it holds none of the
         job's cores; and that node leaves only with the scheduler); it is ended
-        once joined.  The actor was started ahead (torch imported), and the next
-        one is started now."""
+        once joined.  The actor was started ahead (torch imported; a new one
+        where that one died, its node gone), and the next one is started now."""
         with self._cond:
-            actor, self._fresh = self._fresh, self._fresh_actor()
-        return ActorCall(self._ray, actor, actor.run_target.remote(target, args))
+            fresh = self._fresh if self._fresh.alive() else self._fresh_actor()
+            self._fresh = self._fresh_actor()
+        return ActorCall(self._ray, fresh.actor, fresh.actor.run_target.remote(target, args))
 
-    def _fresh_actor(self):
-        """A new zero-CPU actor on the scheduler's node (for :meth:`start_process`)."""
+    def _fresh_actor(self) -> RayWorker:
+        """A new zero-CPU actor on the scheduler's node, where it can (for :meth:`start_process`)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = self._ray.get_runtime_context().get_node_id()
         self._spawned += 1
-        return self._actor_class.options(
-            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+        return RayWorker(self._ray, self._actor_class.options(
+            num_cpus=0, max_concurrency=ACTOR_SLOTS,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote(), "", self._timeout)
 
     @property
     def idle_count(self) -> int:
         with self._cond:
             return sum(len(v) for v in self._idle.values())
-
-    @property
-    def spawned(self) -> int:
-        return self._spawned
 
     def close(self) -> None:
         """End the idle slots and the ready fresh actor (slots held by jobs are ended by the jobs)."""
@@ -384,4 +394,4 @@ class RayWorkerPool(WorkerPool):
             self._cond.notify_all()
         for w in idle:
             w.end()
-        _kill(self._ray, self._fresh)
+        self._fresh.end()
