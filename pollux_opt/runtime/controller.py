@@ -1,5 +1,5 @@
 """The supervisor of one elastic job (:class:`JobController`): a thread that
-watches the job's worker processes (their pipes and process sentinels),
+watches the job's workers (their reports, through the pool, and their liveness),
 applies the scheduler's commands at step boundaries, moves the job through its
 states (:mod:`~pollux_opt.lifecycle`), re-fits its throughput model
 (:class:`~pollux_opt.agent.agent.JobAgent`), records events and persists the
@@ -37,12 +37,13 @@ from pollux_opt.runtime.checkpoint import (
 )
 from pollux_opt.runtime.intake import WorkerIntake
 from pollux_opt.runtime.journal import JobJournal
-from pollux_opt.runtime.pool import WorkerHandle, WorkerPool
+from pollux_opt.runtime.pool import Worker, WorkerPool
 from pollux_opt.runtime.recovery import FaultMonitor, VerificationRun
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 from pollux_opt.runtime.status import JobStatus
-from pollux_opt.runtime.worker import WRITER_WAIT_S, Assignment
+from pollux_opt.runtime.protocol import RUN, STOP, Assignment
+from pollux_opt.runtime.worker import WRITER_WAIT_S
 
 __all__ = ["SUPERVISOR_TICK_S", "JobController"]
 
@@ -75,7 +76,7 @@ class JobController(WorkerIntake):
         self._commands: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         # ---- supervisor-thread-only state
-        self._workers: list[WorkerHandle] = []  # the current generation, by rank
+        self._workers: list[Worker] = []  # the current generation, by rank
         self._gen = 0
         self._next: FollowUp | None = None  # what to do once the current transition ends
         # Within ``rescaling``: the old generation is pausing (True) or a new one forming (False).
@@ -247,13 +248,11 @@ class JobController(WorkerIntake):
         # again; their reports complete this pause.  _launch clears them.
         self._pausing = True
         self._enter(JobState.RESCALING, "pausing")
-        self._send(0, ("stop",))
+        self._send(0, (STOP,))
 
     def _send(self, rank: int, msg: tuple) -> None:
-        try:
-            self._workers[rank].conn.send(msg)
-        except (BrokenPipeError, OSError, IndexError):
-            pass  # a dead worker: _check_workers handles it
+        if rank < len(self._workers):
+            self._workers[rank].send(*msg)  # a dead worker: _check_workers handles it
 
     def _send_batch(self, config: BatchConfig) -> None:
         """Switch the running batch configuration (rank 0 applies it at the next step)."""
@@ -310,10 +309,7 @@ class JobController(WorkerIntake):
                 cpu=None if alloc.cpus is None else alloc.cpus[rank], node_type=alloc.node_type,
                 cgroup=None if alloc.cgroups is None else alloc.cgroups[rank_nodes[rank]],
             )
-            try:
-                w.conn.send(("run", a))
-            except (BrokenPipeError, OSError):
-                pass  # noticed as a lost worker
+            w.send(RUN, a)  # a worker gone is noticed as a lost worker
         with self.status.lock:
             self._workers = workers
             self.status.worker_pids = tuple(w.pid for w in workers)

@@ -15,10 +15,10 @@ kept in its own module: a mixin that uses the controller's state (``status``,
 from __future__ import annotations
 
 import time
-from multiprocessing.connection import wait as wait_connections
 
 from pollux_opt.lifecycle import JobState
 from pollux_opt.runtime.checkpoint import checkpoint_dir, latest_good
+from pollux_opt.runtime.protocol import CHECKPOINT, ERROR, METRICS, PAUSED, RESUMED
 
 __all__ = ["MAX_VERIFICATION_FAILURES", "SURVIVOR_EXIT_S", "WorkerIntake"]
 
@@ -39,42 +39,28 @@ class WorkerIntake:
 
     # ------------------------------------------------------------- messages
     def _pump(self, timeout: float) -> None:
-        conns = [w.conn for w in self._workers]
-        if not conns:
+        """Handle the workers' reports, waiting up to ``timeout`` seconds for one."""
+        if not self._workers:
             time.sleep(timeout)
             return
-        for conn in wait_connections(conns, timeout=timeout):
-            # Handling one worker's message can replace the worker set (a
-            # fault restart, a rescale): skip connections no longer current.
-            rank = next((i for i, w in enumerate(self._workers) if w.conn is conn), None)
-            if rank is not None:
-                self._drain(rank)
-
-    def _drain(self, rank: int) -> None:
-        if rank >= len(self._workers):
-            return
-        conn = self._workers[rank].conn
-        try:
-            while conn.poll():
-                kind, info = conn.recv()
-                self._on_message(rank, kind, info)
-                if rank >= len(self._workers) or self._workers[rank].conn is not conn:
-                    return  # the message changed the worker set
-        except (EOFError, OSError):
-            pass  # the process ended; _check_workers decides what that means
+        for w, (kind, info) in self._pool.receive(self._workers, timeout):
+            # Handling one report can replace the worker set (a fault restart, a
+            # rescale): reports of workers no longer current are dropped.
+            if w in self._workers:
+                self._on_message(self._workers.index(w), kind, info)
 
     def _on_message(self, rank: int, kind: str, info: dict) -> None:
         if info.get("generation") != self._gen:
-            return  # hello, or a late message of an earlier generation
-        if kind == "error":
+            return  # a late report of an earlier generation
+        if kind == ERROR:
             self._on_error(info)
-        elif kind == "resumed":
+        elif kind == RESUMED:
             self._on_resumed(rank, info)
-        elif kind == "metrics":
+        elif kind == METRICS:
             self._on_metrics(info)
-        elif kind == "checkpoint":
+        elif kind == CHECKPOINT:
             pass  # recorded on disk; the newest good one is looked up when needed
-        elif kind == "paused":
+        elif kind == PAUSED:
             self._on_paused(rank, info)
 
     def _resumed_details(self, seconds: float) -> dict:
@@ -169,13 +155,11 @@ class WorkerIntake:
             return
         if all(w.alive() for w in self._workers) and not self._faults.suspect:
             return
-        # Error reports (or the last "paused") may still be in the pipes;
+        # Error reports (or the last PAUSED) may still be on their way;
         # handling them may end or replace the generation.
-        for w in list(self._workers):
-            if w in self._workers:
-                self._drain(self._workers.index(w))
-            if not self.status.lifecycle.holds_cpus:
-                return
+        self._pump(0.0)
+        if not self.status.lifecycle.holds_cpus:
+            return
         lost = self._faults.lost(self._workers)
         if lost is None:
             return
@@ -189,7 +173,7 @@ class WorkerIntake:
             if not self.status.lifecycle.holds_cpus:
                 return
         self._record("worker_lost", {
-            "rank": rank, "pid": w.pid, "exitcode": w.process.exitcode, "step": self.status.step,
+            "rank": rank, "pid": w.pid, "exitcode": w.exitcode, "step": self.status.step,
             "state": state.value, "pausing": pausing,
             "peers_reporting_failed_collectives": sorted(self._faults.collective_errors),
         })
@@ -199,7 +183,7 @@ class WorkerIntake:
             restarts = self.status.restarts
         self._pool.discard(workers)
         if restarts > self.options.max_restarts:
-            self._fail(f"worker rank {rank} (pid {w.pid}) died with exit code {w.process.exitcode}; "
+            self._fail(f"worker rank {rank} (pid {w.pid}) died with exit code {w.exitcode}; "
                        f"{restarts - 1} restarts already spent (max_restarts={self.options.max_restarts})")
             return
         follow = self._next
@@ -218,12 +202,8 @@ class WorkerIntake:
         deadline = time.monotonic() + SURVIVOR_EXIT_S
         for rank, w in enumerate(self._workers):
             if rank != lost_rank:
-                w.process.join(max(deadline - time.monotonic(), 0.0))
-        for w in list(self._workers):
-            if w in self._workers:
-                self._drain(self._workers.index(w))
-            if not self.status.lifecycle.holds_cpus:
-                return
+                w.join(max(deadline - time.monotonic(), 0.0))
+        self._pump(0.0)
 
     # ---------------------------------------------------------- verification
     def _start_verification(self) -> None:

@@ -1,4 +1,11 @@
-"""A pool of warm worker processes (torch already imported), shared by jobs.
+"""A pool of warm worker processes (torch already imported), shared by jobs,
+and :class:`Worker`, what a job's supervisor uses of one worker.
+
+A supervisor talks to its workers through :class:`Worker` (commands with
+:meth:`Worker.send`) and its pool (reports with :meth:`WorkerPool.receive`),
+in the messages of :mod:`~pollux_opt.runtime.protocol`; a local worker is a
+process and a pipe (:class:`WorkerHandle`), a Ray one an actor whose methods
+are called (:mod:`pollux_opt.backends.ray.pool`).
 
 Spawning a worker costs about two seconds of one core (interpreter start and
 ``import torch``), more than the whole rescale budget, so the pool keeps
@@ -20,16 +27,18 @@ import multiprocessing as mp
 import threading
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
+from typing import Protocol
 
 from solvers import InvalidProblem
 
 from pollux_opt.model.domains import Choice, Integer, check
 from pollux_opt.runtime.lifeline import own_temp_dir, pool_process_main, process_identity, sweep_temp_dirs
+from pollux_opt.runtime.protocol import EXIT, PREPARE, send
 from pollux_opt.runtime.worker import worker_main
 
-__all__ = ["WorkerHandle", "WorkerPool"]
+__all__ = ["Worker", "WorkerHandle", "WorkerPool"]
 
 logger = logging.getLogger("pollux_opt.runtime")
 
@@ -43,9 +52,30 @@ _IDLE_WORKERS = Integer(ge=0)
 TERMINATE_GRACE_S = 2.0
 
 
+class Worker(Protocol):
+    """One worker, as its job's supervisor sees it (reports come through its
+    pool's ``receive``); ``exitcode``: None while it runs, its exit status once it ended."""
+
+    job_key: str | None
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    def alive(self) -> bool: ...
+
+    def send(self, *message) -> bool:
+        """Send a command (see the protocol); False where the worker is gone."""
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` seconds (None: forever) for the worker to end."""
+
+
 @dataclass(eq=False)
 class WorkerHandle:
-    """One worker process and the controller's end of its pipe."""
+    """One worker process and the controller's end of its pipe (a :class:`Worker`)."""
 
     process: mp.process.BaseProcess
     conn: Connection
@@ -57,8 +87,18 @@ class WorkerHandle:
     def pid(self) -> int:
         return int(self.process.pid)
 
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
     def alive(self) -> bool:
         return self.process.is_alive()
+
+    def send(self, *message) -> bool:
+        return send(self.conn, *message)
+
+    def join(self, timeout: float | None = None) -> None:
+        self.process.join(timeout)
 
 
 class WorkerPool:
@@ -176,10 +216,7 @@ class WorkerPool:
         """End workers: ask idle ones to exit (graceful), else terminate, then kill."""
         for w in workers:
             if graceful and w.alive():
-                try:
-                    w.conn.send(("exit",))
-                except (BrokenPipeError, OSError):
-                    pass
+                w.send(EXIT)
             elif w.alive():
                 w.process.terminate()
         deadline = time.monotonic() + TERMINATE_GRACE_S
@@ -189,6 +226,21 @@ class WorkerPool:
                 w.process.kill()
                 w.process.join(TERMINATE_GRACE_S)
             w.conn.close()
+
+    @staticmethod
+    def receive(workers: list[WorkerHandle], timeout: float) -> list[tuple[WorkerHandle, tuple]]:
+        """The reports ``workers`` sent, each with its sender, in order per
+        worker, waiting up to ``timeout`` seconds for one; a worker that ended
+        sends none (the supervisor sees it is not alive)."""
+        senders = {w.conn: w for w in workers}
+        out = []
+        for conn in wait(list(senders), timeout=timeout):
+            try:
+                while conn.poll():
+                    out.append((senders[conn], conn.recv()))
+            except (EOFError, OSError):
+                pass  # the process ended
+        return out
 
     def regroup(self, workers: list[WorkerHandle], alloc, job_key: str | None = None) -> list[WorkerHandle]:
         """The workers, in rank order, of a job's next generation on ``alloc`` (a
@@ -224,9 +276,7 @@ class WorkerPool:
                 if warm + asked >= count:
                     break
                 if w.job_key is None:
-                    try:
-                        w.conn.send(("prepare", job_key, spec_json, workdir))
-                    except (BrokenPipeError, OSError):
+                    if not w.send(PREPARE, job_key, spec_json, workdir):
                         continue
                     w.job_key = job_key
                     asked += 1

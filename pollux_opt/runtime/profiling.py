@@ -163,7 +163,8 @@ def serve_in_process(spec: JobSpec, workdir: str | Path, *, local_bsz: int, accu
     from multiprocessing import Pipe
 
     from pollux_opt.runtime.lazy_torch import require_torch
-    from pollux_opt.runtime.worker import Assignment, PartsCache, serve_assignment
+    from pollux_opt.runtime.protocol import Assignment
+    from pollux_opt.runtime.worker import PartsCache, serve_assignment
 
     torch = require_torch()
     import torch.distributed as dist

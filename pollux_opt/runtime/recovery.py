@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pollux_opt.runtime.checkpoint import CheckpointInfo
-from pollux_opt.runtime.pool import WorkerHandle, WorkerPool
+from pollux_opt.runtime.pool import Worker, WorkerPool
 from pollux_opt.runtime.verify import VERIFICATION_FILE, verify_process
 
 __all__ = ["FAULT_GRACE_S", "FaultMonitor", "VerificationRun"]
@@ -45,7 +45,7 @@ class FaultMonitor:
         """Some rank reported a failed collective."""
         return bool(self.collective_errors)
 
-    def lost(self, workers: Sequence[WorkerHandle]) -> tuple[int, WorkerHandle] | None:
+    def lost(self, workers: Sequence[Worker]) -> tuple[int, Worker] | None:
         """The (rank, worker) to blame, or None while no worker has exited (or
         only symptoms have, within the grace period)."""
         dead = [(rank, w) for rank, w in enumerate(workers) if not w.alive()]

@@ -34,29 +34,27 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-from pollux_opt.runtime.control import (
-    CONTINUE, STOP_PARENT, STOP_REASONS, STOP_TARGET, CollectiveError, StepControl, StopTraining, collective,
-)
 from pollux_opt.runtime.checkpoint import CheckpointInfo, checkpoint_dir, prune, save_checkpoint
 from pollux_opt.runtime.divergence import check_divergence
 from pollux_opt.agent.measurements import ConfigKey, profile_to_json, record_step
+from pollux_opt.agent.stats import adascale_gain, lr_factor, micro_batch_estimates
+from pollux_opt.runtime.protocol import (
+    BATCH, CHECKPOINT, CONTINUE, METRICS, STOP, STOP_LIMIT, STOP_PARENT, STOP_REQUEST, STOP_TARGET, Assignment,
+    CollectiveError, StopTraining, collective, send,
+)
 from pollux_opt.runtime.spec import JobParts, JobSpec
 from pollux_opt.runtime.state import (
-    EVAL_HISTORY_KEPT, EpochSampler, TrainingState, param_checksum, restore_rng, rng_state, step_seed,
+    EVAL_HISTORY_KEPT, EpochSampler, TrainingState, param_checksum, rng_state, step_seed,
 )
-from pollux_opt.agent.stats import adascale_gain, lr_factor, micro_batch_estimates
 
-if TYPE_CHECKING:
-    from pollux_opt.runtime.worker import Assignment
-
-__all__ = ["STOP_PARENT", "STOP_REASONS", "STOP_TARGET", "CollectiveError", "StopTraining", "Trainer",
-           "TrainingState", "collective", "param_checksum", "restore_rng", "rng_state"]
+__all__ = ["Trainer"]
 
 logger = logging.getLogger("pollux_opt.runtime.worker")
 
-class Trainer(StepControl):
+
+class Trainer:
     """The training loop of one assignment on one rank.
 
     Args:
@@ -99,6 +97,40 @@ class Trainer(StepControl):
         self._sqr_sum = self._loss_sum = 0.0
 
     # ------------------------------------------------------------------- a step
+    def _read_commands(self) -> None:
+        """Rank 0: take the supervisor's commands (:data:`STOP`, :data:`BATCH`) sent since the last step."""
+        conn = self.conn
+        try:
+            while conn.poll():
+                msg = conn.recv()
+                if msg[0] == STOP:
+                    self.stop_requested = True
+                elif msg[0] == BATCH:
+                    self.pending_config = (int(msg[1]), int(msg[2]))
+                    if msg[3] is not None:
+                        self.state.params = msg[3]
+        except (EOFError, OSError):
+            self.parent_lost = True
+
+    def _decide(self) -> int:
+        """The step's stop code: rank 0 decides and broadcasts it with the batch (see the protocol)."""
+        if self.rank == 0:
+            self._read_commands()
+            if self.parent_lost:
+                code = STOP_PARENT
+            elif self.state.target_reached:
+                code = STOP_TARGET
+            elif self.stop_requested:
+                code = STOP_REQUEST
+            elif self.a.options.step_limit is not None and self.state.step >= self.a.options.step_limit:
+                code = STOP_LIMIT
+            else:
+                code = CONTINUE
+            self.ctrl[0], self.ctrl[1], self.ctrl[2] = code, self.pending_config[0], self.pending_config[1]
+        if self.world > 1:
+            collective(self.dist.broadcast, self.ctrl, src=0)
+        return int(self.ctrl[0])
+
     def begin_step(self) -> tuple[int, int]:
         """Start a step at a step boundary: the control broadcast; returns the
         step's ``(local_bsz, accum_steps)``.
@@ -297,9 +329,7 @@ class Trainer(StepControl):
             "config": list(self.config),
         }
         self.rows = []
-        try:
-            self.conn.send(("metrics", info))
-        except (BrokenPipeError, EOFError, OSError):
+        if not send(self.conn, METRICS, info):
             self.parent_lost = True
 
     def _checkpoint_due(self) -> bool:
@@ -337,12 +367,10 @@ class Trainer(StepControl):
         prune(directory, self.a.options.keep_checkpoints)
         self.last_ckpt_time = time.monotonic()
         self.last_ckpt_step = state.step
-        try:
-            self.conn.send(("checkpoint", {
-                "generation": self.a.generation, "rank": 0, "step": state.step, "meta_path": str(info.meta_path),
-                "final": final, "checksum": meta["checksum"], "progress": state.progress,
-            }))
-        except (BrokenPipeError, EOFError, OSError):
+        if not send(self.conn, CHECKPOINT, {
+            "generation": self.a.generation, "rank": 0, "step": state.step, "meta_path": str(info.meta_path),
+            "final": final, "checksum": meta["checksum"], "progress": state.progress,
+        }):
             self.parent_lost = True
         return info
 

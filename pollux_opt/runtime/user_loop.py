@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Mapping
 
-from pollux_opt.runtime.control import STOP_TARGET, CollectiveError, StopTraining
+from pollux_opt.runtime.protocol import STOP_TARGET, CollectiveError, StopTraining
 from pollux_opt.runtime.spec import JobParts, JobSpec
 
 __all__ = ["CollectiveAbort", "UserLoop", "Preempted", "VerificationDone", "current_loop", "run_user_loop"]

@@ -1,23 +1,12 @@
 """Worker processes: one per replica, one CPU thread each, kept warm between assignments.
 
 A worker is a spawned process (:func:`worker_main`) that imports torch once and
-then serves *assignments* from its controller over a pipe: build (or reuse)
-the job's parts, join a gloo process group of ``world`` workers, load the
-checkpoint, train until told to stop (or until the target or step limit is
-reached), checkpoint, leave the group and wait for the next assignment.
-
-Protocol (tuples over a ``multiprocessing`` pipe):
-
-* controller -> worker: ``("run", Assignment)``; while training, to rank 0
-  only: ``("stop",)``, ``("batch", local_bsz, accum_steps, params_dict)``;
-  ``("exit",)`` when idle.
-* worker -> controller: ``("hello", info)``, ``("resumed", info)``,
-  ``("metrics", info)`` (rank 0), ``("checkpoint", info)`` (rank 0),
-  ``("paused", info)``, ``("error", info)``; ``info`` is a dict that carries
-  ``generation`` and ``rank``.
-
-All ranks stop at the same step (see :mod:`~pollux_opt.runtime.trainer`, the
-training loop of an assignment).
+then serves *assignments* from its controller over a pipe (the messages of
+:mod:`~pollux_opt.runtime.protocol`): build (or reuse) the job's parts, join a
+gloo process group of ``world`` workers, load the checkpoint, train until told
+to stop (or until the target or step limit is reached), checkpoint, leave the
+group and wait for the next assignment.  All ranks stop at the same step (see
+:mod:`~pollux_opt.runtime.trainer`, the training loop of an assignment).
 """
 
 from __future__ import annotations
@@ -36,14 +25,17 @@ from pathlib import Path
 from pollux_opt.runtime.checkpoint import WriterLock, load_payload
 from pollux_opt.runtime.entry import LOOP, entry_protocol
 from pollux_opt.runtime.lifeline import ORPHAN_GRACE_S, saving_state
-from pollux_opt.runtime.report import RuntimeOptions
+from pollux_opt.runtime.lazy_torch import require_torch
+from pollux_opt.runtime.protocol import (
+    ERROR, EXIT, PAUSED, PREPARE, RESUMED, RUN, STOP_PARENT, STOP_REASONS, TCP_STORE_PREFIX, Assignment,
+    CollectiveError, collective, send,
+)
 from pollux_opt.runtime.spec import BuildContext, JobParts, JobSpec, resolve_builder
-from pollux_opt.runtime.control import STOP_PARENT, STOP_REASONS, CollectiveError, collective
 from pollux_opt.runtime.state import TrainingState, param_checksum, restore_rng
 from pollux_opt.runtime.trainer import Trainer
-from pollux_opt.runtime.lazy_torch import require_torch
 
-__all__ = ["Assignment", "worker_main"]
+__all__ = ["WRITER_WAIT_S", "PartsCache", "error_report", "prepare_parts", "serve_assignment", "worker_main",
+           "worker_setup"]
 
 logger = logging.getLogger("pollux_opt.runtime.worker")
 
@@ -55,35 +47,6 @@ WRITER_WAIT_S = 2 * ORPHAN_GRACE_S
 #: job's collectives listen on 127.0.0.1 only and never on a reachable address
 #: (all of a job's workers run on this machine).  Set whatever the environment says.
 GLOO_INTERFACE = "lo"
-#: Prefix of an :class:`Assignment`'s ``store_path`` that names a TCP store
-#: (``tcp://host:port``) rather than a FileStore file.
-TCP_STORE_PREFIX = "tcp://"
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """One generation of a job on one worker (picklable)."""
-
-    job_id: str
-    spec_json: str
-    workdir: str
-    generation: int
-    rank: int
-    world: int
-    num_nodes: int
-    store_path: str | None
-    checkpoint_meta: str | None
-    local_bsz: int
-    accum_steps: int
-    options: RuntimeOptions
-    params: dict | None = None
-    cpu: int | None = None
-    #: The node type this generation runs on (None: untyped, or over several types).
-    node_type: str | None = None
-    #: The cgroup directory this worker moves itself into before it trains (None: stay).
-    cgroup: str | None = None
-
-
 class PartsCache:
     """The parts built for the last job this worker served (reused on rescale)."""
 
@@ -106,14 +69,6 @@ class PartsCache:
         self.base_lrs = [float(group["lr"]) for group in parts.optimizer.param_groups]
         self.key, self.parts = key, parts
         return parts, self.base_lrs
-
-
-def _send(conn, kind: str, info: dict) -> bool:
-    try:
-        conn.send((kind, info))
-        return True
-    except (BrokenPipeError, EOFError, OSError):
-        return False
 
 
 def _assigned_checkpoint(a: Assignment):
@@ -186,7 +141,7 @@ class _Launch:
         trainer = Trainer(torch, self.dist, self.conn, a, self.spec, parts, base_lrs, state, extra)
         if a.world > 1:
             collective(self.dist.barrier)
-        if not _send(self.conn, "resumed", {
+        if not send(self.conn, RESUMED, {
             "generation": a.generation, "rank": a.rank, "step": state.step, "progress": state.progress,
             "samples": state.samples, "checksum": param_checksum(parts.model), "pid": os.getpid(),
             "from_checkpoint": None if self.info is None else self.info.step, "train_size": parts.train_size,
@@ -261,14 +216,14 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
             code, trainer = _run_loop(launch, fn)
         else:
             code, trainer = _run_builder(launch, cache, workdir)
-        writer.release()  # before "paused": the controller may launch the next writer then
+        writer.release()  # before PAUSED: the controller may launch the next writer then
         state = trainer.state
         checksum = param_checksum(trainer.parts.model)
         if launch.pg:
             dist.destroy_process_group()
             launch.pg = False
         logger.info("paused at step %d (%s)", state.step, STOP_REASONS.get(code, code))
-        return _send(conn, "paused", {
+        return send(conn, PAUSED, {
             "generation": a.generation, "rank": a.rank, "step": state.step, "reason": STOP_REASONS.get(code, code),
             "checksum": checksum, "progress": state.progress, "samples": state.samples, "metric": state.metric,
         }) and code != STOP_PARENT and not trainer.parent_lost
@@ -328,14 +283,10 @@ def rendezvous_store(dist, a: Assignment):
     return dist.FileStore(a.store_path, a.world)
 
 
-def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
-    """Entry point of a spawned worker process (see the module docstring);
-    ``gloo_interface`` is the network interface its collectives bind to."""
+def worker_setup(gloo_interface: str = GLOO_INTERFACE):
+    """Make this process a worker: one compute thread, collectives bound to
+    ``gloo_interface``, torch imported; returns ``(torch, torch.distributed, all_cpus)``."""
     os.environ["GLOO_SOCKET_IFNAME"] = gloo_interface
-    # A pool worker is a daemon (it ends with its scheduler, see lifeline); a
-    # user's DataLoader with num_workers > 0 starts children, which
-    # multiprocessing refuses in a daemon.  They end with this process.
-    multiprocessing.current_process()._config["daemon"] = False
     # One thread per worker: before torch creates its OpenMP pool.
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
@@ -351,30 +302,41 @@ def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
         all_cpus = os.sched_getaffinity(0)
     except AttributeError:  # pragma: no cover - non-Linux
         all_cpus = None
+    return torch, dist, all_cpus
+
+
+def error_report(a: Assignment, exc: BaseException) -> dict:
+    """The ``ERROR`` report of assignment ``a``, which raised ``exc`` (call in its ``except``)."""
+    return {"generation": a.generation, "rank": a.rank, "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(), "collective": isinstance(exc, CollectiveError)}
+
+
+def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
+    """Entry point of a spawned worker process (see the module docstring);
+    ``gloo_interface`` is the network interface its collectives bind to."""
+    # A pool worker is a daemon (it ends with its scheduler, see lifeline); a
+    # user's DataLoader with num_workers > 0 starts children, which
+    # multiprocessing refuses in a daemon.  They end with this process.
+    multiprocessing.current_process()._config["daemon"] = False
+    torch, dist, all_cpus = worker_setup(gloo_interface)
     cache = PartsCache()
-    if not _send(conn, "hello", {"pid": os.getpid(), "generation": -1, "rank": -1}):
-        return
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
             return
-        if msg[0] == "exit":
+        if msg[0] == EXIT:
             return
-        if msg[0] == "prepare":
+        if msg[0] == PREPARE:
             prepare_parts(cache, msg[1], msg[2], msg[3], torch)
             continue
-        if msg[0] != "run":
+        if msg[0] != RUN:
             continue  # a late command for a finished assignment
         a: Assignment = msg[1]
         try:
             alive = serve_assignment(conn, a, cache, torch, dist, all_cpus)
         except BaseException as exc:  # noqa: BLE001 - reported to the controller, then exit
-            tb = traceback.format_exc()
-            _send(conn, "error", {
-                "generation": a.generation, "rank": a.rank, "error": f"{type(exc).__name__}: {exc}", "traceback": tb,
-                "collective": isinstance(exc, CollectiveError),
-            })
+            send(conn, ERROR, error_report(a, exc))
             # The process group may be half-formed and peers blocked in it: do
             # not run interpreter teardown (atexit, gloo destructors); leave now.
             os._exit(1)

@@ -52,7 +52,7 @@ def test_profiles_round_trip_through_json_with_string_keys():
 
 
 def test_training_state_checkpoints_profiles_with_string_keys():
-    from pollux_opt.runtime.trainer import TrainingState
+    from pollux_opt.runtime.state import TrainingState
 
     state = TrainingState()
     record_step(state.profile, ConfigKey(1, 1, 16, 1), 0.01, 0.0, 0.01)

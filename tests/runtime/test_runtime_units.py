@@ -426,20 +426,16 @@ def test_job_parts_are_checked_with_the_builder_named(torch):
 
 
 # ------------------------------------------------ supervisor state machine (no processes)
-class _FakeConn:
-    def __init__(self) -> None:
-        self.sent: list[tuple] = []
-
-    def send(self, msg: tuple) -> None:
-        self.sent.append(msg)
-
-
 class _FakeWorker:
     def __init__(self, pid: int) -> None:
-        self.conn = _FakeConn()
+        self.sent: list[tuple] = []
         self.pid = pid
 
     def alive(self) -> bool:
+        return True
+
+    def send(self, *message) -> bool:
+        self.sent.append(message)
         return True
 
 
@@ -482,7 +478,7 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
         ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
     else:
         ctl._request_stop(cancel=False)
-    assert workers[0].conn.sent == [("stop",)]  # the request reached rank 0, which ignores it once paused
+    assert workers[0].sent == [("stop",)]  # the request reached rank 0, which ignores it once paused
     ctl._on_message(0, "paused", paused(0))
     assert [e.kind for e in ctl.status.events][-1] == "target_reached"
     assert verifications == [554] and not ctl._workers and ctl._pool.released == workers
@@ -504,7 +500,7 @@ def test_a_cancelled_running_job_checkpoints_then_ends_cancelled_ignoring_later_
     ctl._enter(JobState.RESCALING, "launching: start")
     ctl._enter(JobState.RUNNING, "workers resumed: start")
     ctl._request_stop(cancel=True)
-    assert job.poll() is JobState.RESCALING and workers[0].conn.sent == [("stop",)]
+    assert job.poll() is JobState.RESCALING and workers[0].sent == [("stop",)]
     ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
     for rank in (0, 1):
         ctl._on_message(rank, "paused", {"generation": 1, "rank": rank, "step": 30, "reason": "request",

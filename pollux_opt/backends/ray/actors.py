@@ -1,57 +1,111 @@
-"""The Ray actors a Ray run's jobs run in: one :class:`ReplicaActor` per replica
-(and a fresh one per completion check), and :class:`ActorProcess`, the view of
-an actor the runtime's job supervisor takes for a worker process.
+"""The Ray actor a replica runs in (:class:`ReplicaActor`), called by method.
 
-A replica actor is the runtime's worker process
-(:func:`pollux_opt.runtime.worker.worker_main`) hosted by Ray: its worker loop
-(:meth:`ReplicaActor.serve`) reads and writes a
-:class:`~pollux_opt.backends.ray.channel.WorkerChannel`, which the scheduler's
-relay fills and empties through the actor's :meth:`~ReplicaActor.command` and
-:meth:`~ReplicaActor.outbox` methods (the runtime's own worker protocol, so
-that the supervisor reads it exactly as a local worker's pipe).  Ray places it
-(one CPU, on the node the allocation names), starts it, carries its messages
-and reports its death.  It is a threaded actor (:data:`ACTOR_SLOTS` methods at
-a time): besides its worker loop, it takes commands, hands out reports, tells
-who it is, and hosts its job's TCP rendezvous store while it trains.
+A replica actor is a runtime worker hosted by Ray (the same assignment code,
+:func:`~pollux_opt.runtime.worker.serve_assignment`, and messages,
+:mod:`~pollux_opt.runtime.protocol`), whose supervisor calls its methods
+instead of writing to a pipe:
+
+* :meth:`~ReplicaActor.serve` runs one assignment and streams its reports
+  (a Ray streaming generator: the supervisor ``ray.wait``\\ s on it);
+* :meth:`~ReplicaActor.command` hands a ``STOP`` or ``BATCH`` to the
+  assignment of its generation (Ray may run a threaded actor's calls out of
+  order: a command carries its generation, so that one for an earlier
+  generation is dropped and one that overtakes its ``serve`` waits for it);
+* :meth:`~ReplicaActor.prepare`, :meth:`~ReplicaActor.host_store` (its job's
+  TCP rendezvous), :meth:`~ReplicaActor.identity`,
+  :meth:`~ReplicaActor.lifetime` (returns only when the actor dies: how an
+  idle actor's death is seen) and :meth:`~ReplicaActor.run_target` (a fresh
+  actor's completion check).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
+import queue
+import threading
 
-__all__ = ["ACTOR_SLOTS", "ActorProcess", "ReplicaActor", "actor_exit_code"]
+__all__ = ["ACTOR_SLOTS", "ERROR_EXIT_CODE", "Inbox", "ReplicaActor"]
 
 log = logging.getLogger(__name__)
 
-#: ``exitcode`` of an actor Ray reports dead (killed, its node gone): as for a
-#: process ended by SIGKILL.
-DEAD_EXIT_CODE = -9
-#: ``exitcode`` of an actor whose method raised.
+#: ``exitcode`` of an actor call that raised.
 ERROR_EXIT_CODE = 1
-#: Environment variables that size a process's compute thread pools.
-_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-#: Methods a replica actor runs at a time (``max_concurrency``): its worker
-#: loop, a command, the outbox's long poll, hosting a rendezvous store, and
-#: :meth:`ReplicaActor.identity` or :meth:`ReplicaActor.hang_up`.
+#: Methods a replica actor runs at a time (``max_concurrency``): ``lifetime``,
+#: ``serve``, a command, hosting a rendezvous store, and ``identity`` or ``prepare``.
 ACTOR_SLOTS = 5
 
 
-class ReplicaActor:
-    """One worker process on a Ray node (decorated with ``ray.remote`` by the pool)."""
+class Inbox:
+    """The commands for an actor's assignments, by generation (thread-safe)."""
 
     def __init__(self) -> None:
-        # One thread per replica, before torch creates its thread pools; and torch
-        # imported here, once, since two methods importing it at the same time
-        # (the worker loop and hosting a store) abort the process.
-        for var in _THREAD_VARS:
-            os.environ[var] = "1"
-        import torch.distributed  # noqa: F401
+        self._lock = threading.Lock()
+        self._items: list[tuple[int, tuple]] = []
 
-        from pollux_opt.backends.ray.channel import WorkerChannel
+    def put(self, generation: int, message: tuple) -> None:
+        with self._lock:
+            self._items.append((generation, message))
 
+    def take(self, generation: int) -> tuple | None:
+        """The next command of ``generation`` (those of earlier ones are dropped), or None."""
+        with self._lock:
+            self._items = [(g, m) for g, m in self._items if g >= generation]
+            for i, (g, m) in enumerate(self._items):
+                if g == generation:
+                    del self._items[i]
+                    return m
+        return None
+
+
+class _Link:
+    """An assignment's connection inside the actor: the worker side's
+    ``send``, ``poll`` and ``recv``; its reports come out of :meth:`reports`."""
+
+    def __init__(self, inbox: Inbox, generation: int) -> None:
+        self._inbox, self._generation = inbox, generation
+        self._reports: queue.SimpleQueue = queue.SimpleQueue()
+        self._next: tuple | None = None
+
+    def send(self, message: tuple) -> None:
+        # Pickled now: a report is a copy taken when it is sent, as through a pipe.
+        self._reports.put(pickle.dumps(message))
+
+    def poll(self) -> bool:
+        if self._next is None:
+            self._next = self._inbox.take(self._generation)
+        return self._next is not None
+
+    def recv(self) -> tuple:
+        if not self.poll():
+            raise EOFError("no command")
+        message, self._next = self._next, None
+        return message
+
+    def close(self) -> None:
+        self._reports.put(None)
+
+    def reports(self):
+        while (raw := self._reports.get()) is not None:
+            yield pickle.loads(raw)
+
+
+class ReplicaActor:
+    """One replica on a Ray node (decorated with ``ray.remote`` by the pool)."""
+
+    def __init__(self) -> None:
+        import ray
+
+        from pollux_opt.backends.ray.nodes import interface_of
+        from pollux_opt.runtime.worker import PartsCache, worker_setup
+
+        # torch imported here, once: two methods importing it at the same time abort the process.
+        self._torch, self._dist, self._all_cpus = worker_setup(interface_of(ray.util.get_node_ip_address()))
+        self._cache = PartsCache()
+        self._busy = threading.Lock()  # one assignment or preparation at a time (they share the cache)
+        self._inbox = Inbox()
         self._stores: dict = {}
-        self._channel = WorkerChannel()
 
     def identity(self) -> tuple[int, str]:
         """``(process id, Ray node id)`` of this actor."""
@@ -59,44 +113,48 @@ class ReplicaActor:
 
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
+    def lifetime(self) -> None:
+        """Return only when the actor dies (its caller then sees the error)."""
+        threading.Event().wait()
+
+    def serve(self, a):
+        """Run the assignment ``a``, yielding its reports; the last is ``PAUSED`` or ``ERROR``."""
+        link = _Link(self._inbox, a.generation)
+        threading.Thread(target=self._serve, args=(link, a), name=f"pollux-gen-{a.generation}", daemon=True).start()
+        yield from link.reports()
+
+    def _serve(self, link: _Link, a) -> None:
+        from pollux_opt.runtime.protocol import ERROR, send
+        from pollux_opt.runtime.worker import error_report, serve_assignment
+
+        try:
+            with self._busy:
+                serve_assignment(link, a, self._cache, self._torch, self._dist, self._all_cpus)
+        except BaseException as exc:  # noqa: BLE001 - reported; the supervisor then ends this actor
+            send(link, ERROR, error_report(a, exc))
+        finally:
+            link.close()
+
+    def command(self, generation: int, message: tuple) -> None:
+        """A command for the assignment of ``generation`` (see the module docstring)."""
+        self._inbox.put(generation, message)
+
+    def prepare(self, job_id: str, spec_json: str, workdir: str) -> None:
+        """Build a job's parts ahead of an assignment."""
+        from pollux_opt.runtime.worker import prepare_parts
+
+        with self._busy:
+            prepare_parts(self._cache, job_id, spec_json, workdir, self._torch)
+
     def host_store(self, generation: int) -> tuple[str, int]:
         """Host a new TCPStore (the rendezvous of ``generation``) on this node's IP;
         returns ``(ip, port)``.  Stores of earlier generations are dropped."""
         import ray
-        import torch.distributed as dist
 
         ip = ray.util.get_node_ip_address()
-        store = dist.TCPStore(ip, 0, None, is_master=True, wait_for_workers=False)
+        store = self._dist.TCPStore(ip, 0, None, is_master=True, wait_for_workers=False)
         self._stores = {generation: store}
         return ip, int(store.port)
-
-    def serve(self) -> int:
-        """Run the worker loop on this actor's channel; returns 0 when it ends
-        (after the reports it sent are delivered)."""
-        import ray
-
-        from pollux_opt.backends.ray.nodes import interface_of
-        from pollux_opt.runtime.worker import worker_main
-
-        try:
-            worker_main(self._channel, gloo_interface=interface_of(ray.util.get_node_ip_address()))
-        finally:
-            self._channel.flush()
-            self._channel.close()
-        return 0
-
-    def command(self, raw: bytes) -> None:
-        """Pass a command (pickled) from the supervisor to the worker loop."""
-        self._channel.put(raw)
-
-    def outbox(self, timeout_s: float) -> list[bytes] | None:
-        """The worker loop's reports (pickled) since the last call, waiting up to
-        ``timeout_s`` seconds for one; None once the loop has ended and all are out."""
-        return self._channel.take(timeout_s)
-
-    def hang_up(self) -> None:
-        """The supervisor closed its connection: the worker loop reads EOF."""
-        self._channel.hang_up()
 
     def run_target(self, target, args: tuple) -> int:
         """Run ``target(*args)`` (a fresh process's entry point); its exit status."""
@@ -105,57 +163,3 @@ class ReplicaActor:
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else ERROR_EXIT_CODE
         return 0
-
-
-def actor_exit_code(ray, ref) -> int:
-    """The exit status of a finished actor method's ``ref`` (see the constants)."""
-    try:
-        return int(ray.get(ref))
-    except ray.exceptions.RayActorError:
-        return DEAD_EXIT_CODE
-    except ray.exceptions.RayError:
-        return ERROR_EXIT_CODE
-
-
-class ActorProcess:
-    """A Ray actor as the ``multiprocessing`` process the supervisor expects
-    (``is_alive``, ``exitcode``, ``join``, ``terminate``, ``kill``, ``pid``).
-
-    The actor counts as alive while ``ref`` (its long-running method) has not
-    finished; a finished actor is ended (its CPU goes back to Ray).
-    """
-
-    def __init__(self, ray, actor, ref, pid: int | None = None) -> None:
-        self._ray, self.actor, self.ref, self.pid = ray, actor, ref, pid
-        self._ended = False
-
-    def is_alive(self) -> bool:
-        if self._ended:
-            return False
-        ready, _ = self._ray.wait([self.ref], timeout=0)
-        return not ready
-
-    @property
-    def exitcode(self) -> int | None:
-        if self.is_alive():
-            return None
-        if self.ref is None or (self._ended and not self._ray.wait([self.ref], timeout=0)[0]):
-            return DEAD_EXIT_CODE
-        return actor_exit_code(self._ray, self.ref)
-
-    def join(self, timeout: float | None = None) -> None:
-        if self.ref is not None:
-            self._ray.wait([self.ref], timeout=timeout)
-        if not self.is_alive():
-            self.kill()
-
-    def terminate(self) -> None:
-        self.kill()
-
-    def kill(self) -> None:
-        if not self._ended:
-            self._ended = True
-            try:
-                self._ray.kill(self.actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone, or Ray shutting down
-                log.debug("could not kill actor %s", self.actor, exc_info=True)

@@ -37,12 +37,38 @@ def connect(address: str | None):
     """The ``ray`` module, connected to ``address`` (a running cluster, e.g.
     ``HOST:6379`` or ``auto``), or to a new local Ray instance if None; returns
     ``(ray, started)``, ``started`` true where this call connected (its caller
-    disconnects).  Already connected: that connection is used."""
+    disconnects).  Already connected: that connection is used.
+
+    Raises:
+        InvalidProblem: no cluster could be joined at ``address``, with the likely
+            cause: its token authentication refused this machine, or no head answered.
+    """
     ray = require_ray()
     if ray.is_initialized():
         return ray, False
-    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    except ConnectionError as exc:
+        # Ray raises a traceback whose cause, where there is one, says why; a user
+        # needs one line naming the address and what to set (see docs/ray.md).
+        if _refused_token(exc, ray.exceptions.AuthenticationError):
+            why = ("its token authentication refused this machine: set RAY_AUTH_MODE=token here as on "
+                   "its nodes, with the cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN)")
+        else:
+            why = ("no Ray head answered: is it started (ray start --head) and reachable from here? "
+                   "A cluster with token authentication also needs RAY_AUTH_MODE=token here")
+        raise InvalidProblem(f"could not connect to the Ray cluster at address={address!r}: {why}") from None
     return ray, True
+
+
+def _refused_token(exc: BaseException, auth_error: type) -> bool:
+    """Whether ``exc`` was raised from Ray's ``auth_error`` (an exception of that
+    type, or one carrying its traceback as text, as Ray's GCS client does)."""
+    while exc is not None:
+        if isinstance(exc, auth_error) or auth_error.__name__ in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _checkpoint_dir(run_dir: Path, checkpoint_dir: str | os.PathLike | None) -> str | None:

@@ -140,3 +140,15 @@ def test_a_tcp_store_path_forms_the_group_through_the_store_rank_0_hosts():
     (kind, args, kwargs), (kind2, args2, _) = calls
     assert kind == "tcp" and args == ("10.1.2.3", 4567, 2) and kwargs["is_master"] is False
     assert kind2 == "file" and args2 == ("/runs/j/rendezvous/gen-1", 2)
+
+
+def test_a_replicas_commands_reach_the_assignment_of_their_generation_only():
+    from pollux_opt.backends.ray.actors import Inbox
+
+    inbox = Inbox()
+    inbox.put(1, ("stop",))  # late: for the generation before
+    inbox.put(3, ("batch", 8, 0, None))  # early: overtook the serve call of its generation
+    inbox.put(2, ("stop",))
+    assert inbox.take(2) == ("stop",) and inbox.take(2) is None
+    assert inbox.take(1) is None  # dropped once generation 2 read its commands
+    assert inbox.take(3) == ("batch", 8, 0, None) and inbox.take(3) is None
