@@ -17,7 +17,7 @@ import pytest
 from pollux_opt import Cluster
 from pollux_opt.backends.sim import default_trace_dir, load_profiles, simulate
 from pollux_opt.workloads.adaptdl import read_adaptdl_csv
-from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
+from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
 
 TRACES = default_trace_dir()
 #: The workload with a published per-workload figure (Pollux JCT 2446 s).

@@ -34,7 +34,7 @@ import pandas as pd
 
 from pollux_opt import Cluster
 from pollux_opt.backends.sim import SimConfig, default_trace_dir, load_profiles, quiet_library_logs, run_tasks, simulate
-from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
+from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
 from pollux_opt.model.options import DEFAULT_RESTART_DELAY
 from pollux_opt.records.files import atomic_write_csv
 from pollux_opt.workloads.adaptdl import philly_workload, read_adaptdl_csv

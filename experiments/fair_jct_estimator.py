@@ -27,7 +27,8 @@ import pandas as pd
 
 from pollux_opt import Cluster
 from pollux_opt.backends.sim import default_trace_dir, load_profiles, quiet_library_logs, run_tasks
-from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES, SimBackend
+from pollux_opt.backends.sim.backend import SimBackend
+from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
 from pollux_opt.records.files import atomic_write_csv
 from pollux_opt.scheduling.loop import run as run_loop
 from pollux_opt.scheduling.policies import FairJctPolicy

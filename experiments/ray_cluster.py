@@ -39,8 +39,6 @@ log = logging.getLogger("ray_cluster")
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The rescale target: median wall seconds of a rescale across nodes.
 TARGET_RESCALE_S = 1.0
-#: The scheduler-overhead target: % of the round interval.
-TARGET_OVERHEAD_PCT = 2.0
 #: The job rescaled: a regression job with a target it needs a while to reach.
 RESCALED = WorkloadJob("regress", "synth-regress", 0.0, 1, 32,
                        spec={"target": 0.05, "eval_every": 50, "config": {"samples": 20_000, "width": 64}})

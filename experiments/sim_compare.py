@@ -27,7 +27,7 @@ from pollux_opt.backends.sim import (
     simulate,
 )
 from pollux_opt.workloads.adaptdl import read_adaptdl_csv
-from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
+from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
 from solver_speed import machine_name
 
 POLICIES = ("pollux", "tiresias", "optimus")

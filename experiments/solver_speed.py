@@ -49,13 +49,15 @@ SMALL_SEEDS, LARGE_SEEDS = range(10), range(2)
 REPEATS = 3
 
 
-def _time(fn) -> tuple[float, float, object]:
+def timed(fn) -> tuple[float, float, object]:
+    """Call ``fn()``: (wall seconds, CPU seconds of this process, its answer)."""
     wall, cpu = time.perf_counter(), time.process_time()
     out = fn()
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
-def _row(case: str, walls: list, cpus: list, **extra) -> dict:
+def speed_row(case: str, walls: list, cpus: list, **extra) -> dict:
+    """One CSV row of ``case``: its solves' median and 95th-percentile wall seconds, median CPU seconds."""
     return {
         "case": case,
         "solves": len(walls),
@@ -74,7 +76,7 @@ def _reweighted(problem, seed: int):
     return Problem(**fields)
 
 
-def _clear_cache() -> None:
+def clear_milp_cache() -> None:
     """Empty the MILP's structure cache: the registry's solver's, or the module's of a
     reference copy that keeps it there (one that keeps none has nothing to clear)."""
     from solvers import SOLVERS
@@ -100,25 +102,25 @@ def _milp_cases() -> list[dict]:
     walls, cpus, gaps = [], [], []
     for _ in range(REPEATS):
         for p in problems:
-            _clear_cache()
-            w, c, r = _time(lambda: solve(p, "milp"))
+            clear_milp_cache()
+            w, c, r = timed(lambda: solve(p, "milp"))
             walls.append(w), cpus.append(c), gaps.append(r.gap)
-    rows.append(_row("milp 64 CPUs / 40 jobs, new structure", walls, cpus, max_gap=max(gaps)))
+    rows.append(speed_row("milp 64 CPUs / 40 jobs, new structure", walls, cpus, max_gap=max(gaps)))
     walls, cpus, gaps = [], [], []
     for i, p in enumerate(problems):
         solve(p, "milp")
         for k in range(REPEATS):
             q = _reweighted(p, 100 * i + k)
-            w, c, r = _time(lambda: solve(q, "milp"))
+            w, c, r = timed(lambda: solve(q, "milp"))
             walls.append(w), cpus.append(c), gaps.append(r.gap)
-    rows.append(_row("milp 64 CPUs / 40 jobs, same structure", walls, cpus, max_gap=max(gaps)))
+    rows.append(speed_row("milp 64 CPUs / 40 jobs, same structure", walls, cpus, max_gap=max(gaps)))
     walls, cpus, gaps = [], [], []
     for s in LARGE_SEEDS:
         p = random_problem(s, num_nodes=512, cpus_per_node=4, num_jobs=1000)
-        _clear_cache()
-        w, c, r = _time(lambda: solve(p, "milp"))
+        clear_milp_cache()
+        w, c, r = timed(lambda: solve(p, "milp"))
         walls.append(w), cpus.append(c), gaps.append(r.gap)
-    rows.append(_row("milp 2048 CPUs / 1000 jobs", walls, cpus, max_gap=max(gaps)))
+    rows.append(speed_row("milp 2048 CPUs / 1000 jobs", walls, cpus, max_gap=max(gaps)))
     return rows
 
 
@@ -130,9 +132,9 @@ def _evolutionary_case() -> dict:
     solve(problems[0], "evolutionary", seed=0)  # compilation
     walls, cpus = [], []
     for p in problems:
-        w, c, _ = _time(lambda: solve(p, "evolutionary", seed=0, population_size=100, generations=100))
+        w, c, _ = timed(lambda: solve(p, "evolutionary", seed=0, population_size=100, generations=100))
         walls.append(w), cpus.append(c)
-    return _row("evolutionary 100 x 100, 64 CPUs / 40 jobs", walls, cpus)
+    return speed_row("evolutionary 100 x 100, 64 CPUs / 40 jobs", walls, cpus)
 
 
 def worker() -> None:

@@ -33,8 +33,7 @@ import os
 import sys
 from pathlib import Path
 
-from solver_speed import _row as speed_row
-from solver_speed import _time, alternate, run_worker, write_rows
+from solver_speed import alternate, clear_milp_cache, run_worker, speed_row, timed, write_rows
 
 log = logging.getLogger("solver_types")
 
@@ -49,14 +48,8 @@ LARGE_JOBS = 1000
 
 
 def _row(case: str, walls: list, cpus: list, **extra) -> dict:
-    """:func:`solver_speed._row` with the 1-minute load average at the end of the case."""
+    """:func:`solver_speed.speed_row` with the 1-minute load average at the end of the case."""
     return speed_row(case, walls, cpus, load_average_1min=os.getloadavg()[0], **extra)
-
-
-def _clear_cache() -> None:
-    from solvers import SOLVERS
-
-    SOLVERS["milp"].solver.structures.clear()
 
 
 def _repeated(case: str, problems: list, solver: str) -> dict:
@@ -65,8 +58,8 @@ def _repeated(case: str, problems: list, solver: str) -> dict:
     walls, cpus, gaps = [], [], []
     for _ in range(REPEATS):
         for p in problems:
-            _clear_cache()
-            w, c, r = _time(lambda: solve(p, solver))
+            clear_milp_cache()
+            w, c, r = timed(lambda: solve(p, solver))
             walls.append(w), cpus.append(c), gaps.append(r.gap)
     return _row(case, walls, cpus, max_gap=max(gaps))
 
@@ -91,8 +84,8 @@ def _large(case: str, seeds) -> dict:
     walls, cpus, gaps, forms = [], [], [], set()
     for s in seeds:
         p = random_typed_problem(s, LARGE_NODES, LARGE_GPUS, LARGE_JOBS)
-        _clear_cache()
-        w, c, r = _time(lambda: solve(p, "milp"))
+        clear_milp_cache()
+        w, c, r = timed(lambda: solve(p, "milp"))
         walls.append(w), cpus.append(c), gaps.append(r.gap), forms.add(r.stats["formulation"])
     return _row(case, walls, cpus, max_gap=max(gaps), formulation="/".join(sorted(forms)))
 

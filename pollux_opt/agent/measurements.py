@@ -203,15 +203,3 @@ class Measurements:
             np.nan_to_num(self.sync_time, nan=0.0), accum_steps=self.accum_steps,
         )
 
-    def to_frame(self):
-        """A pandas DataFrame with one row per configuration."""
-        import pandas as pd
-
-        return pd.DataFrame(
-            {
-                "num_nodes": self.num_nodes, "num_replicas": self.num_replicas,
-                "local_bsz": self.local_bsz, "accum_steps": self.accum_steps,
-                "batch_size": self.batch_size, "step_time": self.step_time,
-                "sync_time": self.sync_time, "compute_time": self.compute_time, "count": self.count,
-            }
-        )

@@ -18,7 +18,7 @@ __all__ = [
 
 
 def add_simulate_parser(sub) -> None:
-    from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
+    from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
     from pollux_opt.model.options import DEFAULT_RESTART_DELAY
     from pollux_opt.scheduling.policies import POLICIES
 
@@ -75,7 +75,7 @@ def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: 
     file) with per-type profiles (``typed_profiles`` in Sia's layout, else
     synthetic types built from the trace folder; a one-type description with the
     trace folder's profiles as they are)."""
-    from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_NODES
+    from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_NODES
     from pollux_opt.backends.sim.synthetic_types import build_typed_profiles
     from pollux_opt.backends.sim.traces import default_trace_dir, load_profiles
     from pollux_opt.backends.sim.typed_profiles import load_typed_profiles
@@ -101,7 +101,7 @@ def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: 
 
 def simulate_one(args: dict) -> dict:
     """Top-level (picklable) entry point: simulate one workload; returns the result as a dict."""
-    from pollux_opt.backends.sim.backend import PAPER_FIXED_APPLICATIONS, SimConfig
+    from pollux_opt.backends.sim.state import PAPER_FIXED_APPLICATIONS, SimConfig
     from pollux_opt.backends.sim.run import simulate
     from pollux_opt.backends.sim.sia_settings import SiaSimSettings
     from pollux_opt.workloads.adaptdl import read_adaptdl_csv
@@ -161,7 +161,7 @@ def _check_simulate_args(args: argparse.Namespace) -> None:
     from pollux_opt.backends.sim.run import MAX_SIM_CPUS, MIN_INTERVAL_S
     from pollux_opt.model.domains import Integer, Real, check
 
-    from pollux_opt.backends.sim.backend import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_NODES
+    from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_NODES
 
     nodes = SIM_DEFAULT_NODES if args.nodes is None else args.nodes
     cpus = SIM_DEFAULT_CPUS_PER_NODE if args.cpus_per_node is None else args.cpus_per_node

@@ -95,7 +95,7 @@ def _initial_guess(nodes, replicas, m, s, step, sync, sync_ok) -> np.ndarray:
     return theta
 
 
-class _Residuals:
+class Residuals:
     """Residuals of the free parameters: log step times, log sync times, then the priors.
 
     ``residuals(x)`` takes one float[F] point; :meth:`batch` takes float[B, F]
@@ -207,7 +207,7 @@ class _Residuals:
         return out
 
 
-def _multistart_least_squares(rows: FitRows, free: list[int], residuals: _Residuals):
+def _multistart_least_squares(rows: FitRows, free: list[int], residuals: Residuals):
     """Best :func:`scipy.optimize.least_squares` result over the gamma starts."""
     floor_params = {I_AC, I_BC, I_AN, I_AR}
     lower = np.array(
@@ -295,7 +295,7 @@ def fit_throughput(
     rows = FitRows.checked(num_nodes, num_replicas, local_bsz, step_time, sync_time, accum_steps)
     layout = fit_layout(rows)
     expand = layout.expander()
-    best = _multistart_least_squares(rows, layout.free, _Residuals(rows, layout))
+    best = _multistart_least_squares(rows, layout.free, Residuals(rows, layout))
     theta = expand(best.x)
     params = ThroughputParams(
         *(float(v) for v in theta[:I_AA]), alpha_a=float(theta[I_AA]) if layout.accumulated else None,

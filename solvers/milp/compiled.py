@@ -176,18 +176,18 @@ def assemble(s: ModelStructure, coefs) -> CompiledModel:
     starts = np.zeros(len(lengths), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
     order = _component_order(base, tok, starts)
-    rows = _merged_rows(tokens, coefs_of_rows, tok, starts, (row_lo, row_up), int(base[-1]))
+    rows = merged_rows(tokens, coefs_of_rows, tok, starts, (row_lo, row_up), int(base[-1]))
     return _arrays(s, coefs, base, order, rows)
 
 
-def _merged_rows(
+def merged_rows(
     tokens: list, coefs: list, tok: np.ndarray, starts: np.ndarray, bounds: tuple, num_tokens: int
 ) -> tuple:
     """(indptr, columns, coefficients, row_lo, row_up) of the rows whose terms lie end to end in ``tokens``, ``coefs``.
 
     ``tok`` is ``tokens`` as int64, ``starts`` where each row's terms begin,
     ``bounds`` the rows' (lower, upper) bounds (None: none), tokens < ``num_tokens``.
-    Each row as :func:`_merged` makes it; rows left without terms are dropped
+    Each row as :func:`merge_row` makes it; rows left without terms are dropped
     (:func:`_check_constant_row`).  Rows of distinct tokens and non-zero
     coefficients (most) are taken as they are, the others merged one by one.
     """
@@ -209,7 +209,7 @@ def _merged_rows(
     ends = np.append(starts, tok.size).tolist()
     for r in np.flatnonzero(special).tolist():
         lo, hi = ends[r], ends[r + 1]
-        row_cols, row_vals = _merged(coefs[lo:hi], tokens[lo:hi])
+        row_cols, row_vals = merge_row(coefs[lo:hi], tokens[lo:hi])
         if not row_cols:
             _check_constant_row(bounds[0][r], bounds[1][r])
         merged_row += [r] * len(row_cols)
@@ -225,7 +225,7 @@ def _merged_rows(
     return indptr, tok[by], val[by], row_lo[kept], row_up[kept]
 
 
-def _merged(coefs, tokens) -> tuple:
+def merge_row(coefs, tokens) -> tuple:
     """(columns, coefficients) of one row: a token's entries summed, in first-met order.
 
     A token first met with a zero coefficient is left out there (as the compiler does).

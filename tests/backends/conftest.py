@@ -1,5 +1,6 @@
 """A synthetic recorded real run (the ``recorded_runs`` fixture), read by the
-profile export and by the simulator-fidelity experiment's tests."""
+profile export and by the simulator-fidelity experiment's tests; the machine's
+cgroup CPU controller (the ``cgroups`` fixture) for the tests of real quotas."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from pollux_opt.backends.local.throttle import availability
 
 #: The columns of a job's ``steps.csv`` as the runtime writes them.
 STEP_COLUMNS = (
@@ -87,3 +90,13 @@ class RecordedRuns:
 def recorded_runs() -> RecordedRuns:
     """Writes synthetic recorded runs (see :class:`RecordedRuns`)."""
     return RecordedRuns()
+
+
+@pytest.fixture
+def cgroups():
+    """This machine's cgroup CPU controller (:func:`availability`); skips the test
+    where CPU quotas are unavailable."""
+    real, why = availability()
+    if real is None:
+        pytest.skip(f"cgroup CPU quotas unavailable here: {why}")
+    return real

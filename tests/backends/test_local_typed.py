@@ -19,15 +19,13 @@ from pollux_opt.backends.local.nodes import (
     typed_cluster,
 )
 from pollux_opt.backends.local.rundir import cluster_from_json, cluster_to_json, open_run_config
-from pollux_opt.backends.local.throttle import PARENT, ThrottleUnavailable, availability
+from pollux_opt.backends.local.throttle import PARENT, ThrottleUnavailable
 from pollux_opt.cli.main import main
 from pollux_opt.model import Cluster
 from pollux_opt.model.cluster_types import PRESETS, ClusterTypes, NodeType
 from pollux_opt.workloads.load import load_workload
 
 
-REAL, WHY = availability()
-needs_cgroups = pytest.mark.skipif(REAL is None, reason=f"cgroup CPU quotas unavailable here: {WHY}")
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 needs_two_cpus = pytest.mark.skipif(not TWO_CPUS, reason="local-hetero needs two CPUs this process may use")
 
@@ -121,17 +119,16 @@ def test_cli_reports_missing_cgroups_before_writing_the_run(tmp_path, capsys, mo
 
 
 # ------------------------------------------------------------- real cgroups
-@needs_cgroups
 @needs_two_cpus
-def test_node_cgroups_give_throttled_nodes_a_group_and_others_the_root():
+def test_node_cgroups_give_throttled_nodes_a_group_and_others_the_root(cgroups):
     cluster, quotas = typed_cluster(PRESETS["local-hetero"])
     groups = NodeCgroups(cluster, quotas)
     try:
         dirs = groups.of({"fast-0": 1, "slow-0": 1})
-        assert dirs["fast-0"] == str(REAL.cpu_root)
+        assert dirs["fast-0"] == str(cgroups.cpu_root)
         slow = Path(dirs["slow-0"])
         assert slow.parent.name == PARENT and slow.name == f"{os.getpid()}-slow-0"
-        if REAL.version == 1:
+        if cgroups.version == 1:
             assert (slow / "cpu.cfs_quota_us").read_text().strip() == "10000"
             assert (slow / "cpu.cfs_period_us").read_text().strip() == "20000"
     finally:

@@ -16,15 +16,12 @@ from pollux_opt.backends.local.throttle import (
     PARENT,
     Throttle,
     ThrottleUnavailable,
-    availability,
     clean_stale,
     detect,
     quota_us,
 )
 
 
-REAL, WHY = availability()
-needs_cgroups = pytest.mark.skipif(REAL is None, reason=f"cgroup CPU quotas unavailable here: {WHY}")
 
 
 def _dead_pid() -> int:
@@ -128,35 +125,33 @@ def test_bad_node_arguments_are_named(tmp_path):
 
 
 # ---------------------------------------------------------------------------- real cgroups
-def _cpu_cgroup_of(pid: int) -> str:
+def _cpu_cgroup_of(pid: int, version: int) -> str:
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(",") or (controllers == "" and REAL.version == 2):
+        if "cpu" in controllers.split(",") or (controllers == "" and version == 2):
             return path
     return ""
 
 
-@needs_cgroups
-def test_real_group_holds_a_process_and_leaves_nothing_behind():
+def test_real_group_holds_a_process_and_leaves_nothing_behind(cgroups):
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
         with Throttle() as t:
             g = t.node("probe", fraction=0.5, slots=1)
             g.add(sleeper.pid)
             assert (g.path / "cgroup.procs").read_text().split() == [str(sleeper.pid)]
-            assert _cpu_cgroup_of(sleeper.pid).endswith(f"{PARENT}/{g.path.name}")
+            assert _cpu_cgroup_of(sleeper.pid, cgroups.version).endswith(f"{PARENT}/{g.path.name}")
         assert not g.path.exists()
-        assert not (REAL.cpu_root / PARENT).exists()  # the parent goes with its last group
+        assert not (cgroups.cpu_root / PARENT).exists()  # the parent goes with its last group
         assert sleeper.poll() is None  # the process outlives its group, back in the root cgroup
-        assert PARENT not in _cpu_cgroup_of(sleeper.pid)
+        assert PARENT not in _cpu_cgroup_of(sleeper.pid, cgroups.version)
     finally:
         sleeper.kill()
         sleeper.wait()
 
 
-@needs_cgroups
-def test_real_groups_left_by_a_crashed_scheduler_are_cleaned_by_the_next():
-    stale = REAL.cpu_root / PARENT / f"{_dead_pid()}-crashed"
+def test_real_groups_left_by_a_crashed_scheduler_are_cleaned_by_the_next(cgroups):
+    stale = cgroups.cpu_root / PARENT / f"{_dead_pid()}-crashed"
     stale.mkdir(parents=True)
     with Throttle():
         assert not stale.exists()
@@ -194,8 +189,7 @@ def _steps(group=None) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-@needs_cgroups
-def test_half_quota_doubles_a_cpu_bound_step():
+def test_half_quota_doubles_a_cpu_bound_step(cgroups):
     with Throttle() as t:
         free = t.node("free", fraction=1.0, slots=1)
         half = t.node("half", fraction=0.5, slots=1)
@@ -208,8 +202,7 @@ def test_half_quota_doubles_a_cpu_bound_step():
 
 
 @pytest.mark.slow
-@needs_cgroups
-def test_quota_caps_the_cpu_rate_even_on_a_contended_machine():
+def test_quota_caps_the_cpu_rate_even_on_a_contended_machine(cgroups):
     with Throttle() as t:
         _, base_rate = _steps(t.node("free", fraction=1.0, slots=1))
         # well below what contention leaves one process, so that the quota binds

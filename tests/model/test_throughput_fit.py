@@ -22,7 +22,7 @@ from pollux_opt.model.throughput import (
     unchecked_step_time,
     unchecked_sync_time,
 )
-from pollux_opt.model.throughput_fit import PARAM_FLOOR_S, _Residuals
+from pollux_opt.model.throughput_fit import PARAM_FLOOR_S, Residuals
 from pollux_opt.model.throughput_lsq import BatchProblem, least_squares_trf
 from pollux_opt.model.throughput_priors import (
     COLOCATION_PRIOR_WEIGHT,
@@ -75,7 +75,7 @@ def test_residuals_match_the_formulas_bit_for_bit(kind):
     nodes, replicas, m, step, sync, s = _measured(kind)
     rows = FitRows.checked(nodes, replicas, m, step, sync, s)
     layout = fit_layout(rows)
-    residuals = _Residuals(rows, layout)
+    residuals = Residuals(rows, layout)
     rng = np.random.default_rng(1)
     for _ in range(20):
         x = rng.uniform(0.001, 3.0, len(layout.free))
@@ -88,7 +88,7 @@ def test_residuals_match_the_formulas_bit_for_bit(kind):
 def test_batched_residuals_equal_one_point_calls(kind):
     nodes, replicas, m, step, sync, s = _measured(kind)
     rows = FitRows.checked(nodes, replicas, m, step, sync, s)
-    residuals = _Residuals(rows, fit_layout(rows))
+    residuals = Residuals(rows, fit_layout(rows))
     x = np.random.default_rng(2).uniform(0.001, 3.0, (7, len(fit_layout(rows).free)))
     x[3] = x[0]  # repeated points (and gammas)
     batch = residuals.batch(x)
@@ -104,7 +104,7 @@ def _problem(kind: str, seed: int = 0):
     free = layout.free
     lower = np.array([GAMMA_MIN if i == I_GAMMA else PARAM_FLOOR_S for i in free])
     upper = np.array([GAMMA_MAX if i == I_GAMMA else np.inf for i in free])
-    return _Residuals(rows, layout), layout, lower, upper
+    return Residuals(rows, layout), layout, lower, upper
 
 
 @pytest.mark.parametrize("kind", KINDS)

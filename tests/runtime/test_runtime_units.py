@@ -1,6 +1,6 @@
 """Unit tests of the elastic job runtime's pure parts: gradient statistics,
 AdaScale gain, batch co-adaptation, checkpoints, specs, options, the registry,
-the lazy torch import and the supervisor's phase machine.  No worker processes
+the lazy torch import and the job controller's lifecycle.  No worker processes
 here."""
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def test_speedup_above_the_maximum_is_rejected():
     base = _base()
     speedup = base.cfg_speedup.copy()
     speedup[0] = MAX_SPEEDUP * 2
-    message = rf"speedup of job 0 at \(nodes=1, replicas=\d+\) must be <= MAX_SPEEDUP = 2147483648\.0, got 4294967296\.0"
+    message = r"speedup of job 0 at \(nodes=1, replicas=\d+\) must be <= MAX_SPEEDUP = 2147483648\.0, got 4294967296\.0"
     with pytest.raises(InvalidProblem, match=message):
         _with(cfg_speedup=speedup)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from solvers import job_values, violations
-from solvers.milp.compiled import _merged, _merged_rows
+from solvers.milp.compiled import merge_row, merged_rows
 from solvers.milp.options import option_table
 from solvers.milp.states import holding_states, kept_pieces
 from solvers.placement import violations_and_values
@@ -91,8 +91,8 @@ def test_merged_rows_equal_merging_each_row_on_its_own():
         coefs = [c for cs, _ in rows for c in cs]
         starts = np.cumsum([0] + [len(ts) for _, ts in rows])[:-1].astype(np.int64)
         bounds = ([0] * len(rows), [0] * len(rows))
-        indptr, cols, vals, lo, up = _merged_rows(tokens, coefs, np.asarray(tokens, dtype=np.int64), starts, bounds, 6)
-        expected = [_merged(cs, ts) for cs, ts in rows]
+        indptr, cols, vals, lo, up = merged_rows(tokens, coefs, np.asarray(tokens, dtype=np.int64), starts, bounds, 6)
+        expected = [merge_row(cs, ts) for cs, ts in rows]
         expected = [(list(c), list(v)) for c, v in expected if c]
         got = [(cols[a:b].tolist(), vals[a:b].tolist()) for a, b in zip(indptr[:-1], indptr[1:])]
         assert got == [(c, [float(x) for x in v]) for c, v in expected]

@@ -10,7 +10,9 @@ one-call driver; workloads come from :mod:`pollux_opt.workloads`::
     result = simulate(jobs, profiles, "tiresias", out_dir="runs/w6-tiresias")
 """
 
-from pollux_opt.backends.sim.backend import Oracle, SimBackend, SimConfig
+from pollux_opt.backends.sim.backend import SimBackend
+from pollux_opt.backends.sim.oracle import Oracle
+from pollux_opt.backends.sim.state import SimConfig
 from pollux_opt.backends.sim.traces import (
     APP_SETTINGS,
     AppSettings,

@@ -40,12 +40,7 @@ from pollux_opt.agent.batch import choose_batch
 from pollux_opt.agent.agent import REFIT_GROWTH, JobAgent
 from pollux_opt.agent.measurements import ConfigKey
 from pollux_opt.scheduling.loop import Decision, JobView
-from pollux_opt.backends.sim.state import (  # noqa: F401  (the simulator's settings, importable from here too)
-    DEFAULT_MAX_REPLICAS,
-    PAPER_FIXED_APPLICATIONS,
-    SIM_DEFAULT_CPUS_PER_NODE,
-    SIM_DEFAULT_INTERVAL_S,
-    SIM_DEFAULT_NODES,
+from pollux_opt.backends.sim.state import (
     SimConfig,
     SimJob,
     TypedJobState,
@@ -61,7 +56,7 @@ from pollux_opt.backends.sim.typed_profiles import TypedProfile
 from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
 
-__all__ = ["SimConfig", "SimBackend", "Oracle"]
+__all__ = ["SimBackend"]
 
 log = logging.getLogger(__name__)
 

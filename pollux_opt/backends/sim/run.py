@@ -29,13 +29,8 @@ from pollux_opt.records.files import atomic_write_csv, atomic_write_json
 from pollux_opt.model import Cluster
 from pollux_opt.model.domains import Integer, Real, check
 from pollux_opt.scheduling.loop import run as run_loop
-from pollux_opt.backends.sim.backend import (
-    SIM_DEFAULT_CPUS_PER_NODE,
-    SIM_DEFAULT_INTERVAL_S,
-    SIM_DEFAULT_NODES,
-    SimBackend,
-    SimConfig,
-)
+from pollux_opt.backends.sim.backend import SimBackend
+from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES, SimConfig
 from pollux_opt.backends.sim.traces import Profile
 from pollux_opt.workloads.job import WorkloadJob
 
