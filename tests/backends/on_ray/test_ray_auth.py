@@ -3,8 +3,8 @@ as docs/ray.md starts one): without the token ``pollux-opt run --backend ray``
 ends with one line naming the address and the cause (exit status 2); with
 ``RAY_AUTH_MODE=token`` and the token in ``~/.ray/auth_token`` it connects.
 
-The head is a ``ray start --head --block`` of this test in a session of its own
-(its own port and temporary directory), ended by signalling that session only.
+The head is a ``ray start --head --block`` this test starts in a process group of
+its own (its own port and temporary directory), ended by signalling that group only.
 Clients run in fresh processes: Ray reads its authentication mode once per process.
 """
 
@@ -66,7 +66,7 @@ def token_head():
         yield f"127.0.0.1:{port}", token
     finally:
         # ``ray start`` drains its node and ends its processes on SIGTERM; the
-        # session's SIGKILL is for a head that does not.
+        # group's SIGKILL is for a head that does not.
         head.terminate()
         try:
             head.wait(HEAD_STOP_S)
