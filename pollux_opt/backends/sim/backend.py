@@ -405,7 +405,7 @@ class SimBackend:
                                progress=job.progress, model=goodput_model_to_json(self._model(job)),
                                verify_s=verify)
                     job.placement = {}
-        job.agent.update_stats(job.agent.reported_stats, int(job.steps))  # the steps its statistics span
+        job.agent.stats_steps = int(job.steps)  # the steps its statistics span
         if self.config.emit_reports and job.completion_time is None:
             self._emit(
                 "report", now, job.spec.id, throughput=job.last_throughput, goodput=job.last_goodput,
