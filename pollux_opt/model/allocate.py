@@ -35,7 +35,7 @@ from pollux_opt.model.options import Options
 from pollux_opt.model.typed import TypedGoodput, TypedTable
 from pollux_opt.model.validate import check_deadline
 
-__all__ = ["allocate", "to_problem"]
+__all__ = ["allocate", "placement_of", "solve", "to_problem"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 #: configurations): 1.3 s for 200,000 jobs on the project's 2-core machine at
 #: load 1, doubled.  Kept back from the solver's time limit.
 DECODE_SECONDS_PER_JOB = 1.3e-5
+#: Key of a :func:`solve` answer's ``stats`` set when encoding took the whole
+#: time limit (no solver ran; :func:`allocate` then skips the batch decode too).
+UNENCODED = "unencoded"
 #: Options passed to a solver only when its signature accepts them.
 _GENERIC_SOLVER_OPTIONS = ("time_limit", "mip_gap", "seed")
 
@@ -215,13 +218,64 @@ def _checked_arguments(
     return opts, jobs
 
 
-def _unsolved(jobs: Sequence[Job], options: Options, seconds: float) -> Allocation:
+def _unsolved(cluster: Cluster, jobs: Sequence[Job], options: Options, seconds: float) -> solvers.Result:
     """The answer of a call that ran out of time before solving: every job as placed now."""
     nan = float("nan")
-    return Allocation(
-        placement={job.id: dict(job.placement) for job in jobs}, batch={}, objective=nan, bound=nan, gap=nan,
-        status=Status.TIME_LIMIT_NO_SOLUTION, build_seconds=seconds, solve_seconds=0.0, solver=options.solver,
+    column = {nid: n for n, nid in enumerate(cluster.node_ids)}
+    placement = np.zeros((len(jobs), len(column)), dtype=np.int64)
+    for j, job in enumerate(jobs):
+        for nid, k in job.placement.items():
+            if nid in column:  # encoding may stop before it rejects a node the cluster lacks
+                placement[j, column[nid]] = k
+    return solvers.Result(placement, Status.TIME_LIMIT_NO_SOLUTION, nan, nan, nan, seconds, 0.0, options.solver,
+                          message="encoding took the whole time limit", stats={UNENCODED: True})
+
+
+def placement_of(cluster: Cluster, jobs: Sequence[Job], placement: np.ndarray) -> dict[str, dict[str, int]]:
+    """Job id -> {node id: replicas} of a solver's int64[J, N] ``placement`` (rows in ``jobs``' order;
+    jobs given nothing map to {})."""
+    ids = cluster.node_ids
+    return {job.id: {ids[n]: int(row[n]) for n in np.flatnonzero(row)} for job, row in zip(jobs, placement)}
+
+
+def solve(cluster: Cluster, jobs: Sequence[Job], options: Options, *,
+          cache: SearchCache | None = None) -> solvers.Result:
+    """The solver's answer for checked arguments (see :func:`allocate`): encode, solve.
+
+    ``options.time_limit`` bounds the whole call; an encoding that takes it all
+    returns every job's current placement with status ``time_limit_no_solution``.
+    Rows of the answer's placement are in ``jobs``' order.
+    """
+    start = time.monotonic()
+    deadline = None if options.time_limit is None or math.isinf(options.time_limit) else start + options.time_limit
+    log.info("allocate: encoding %d jobs on %d nodes", len(jobs), len(cluster.nodes))
+    try:
+        problem = to_problem(cluster, jobs, options, deadline=deadline, cache=cache)
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise OutOfTime(f"encoding took the whole time limit of {options.time_limit:g} s")
+    except OutOfTime as exc:
+        log.warning("allocate: %s; every job keeps its current placement (%s)",
+                    exc, Status.TIME_LIMIT_NO_SOLUTION.value)
+        return _unsolved(cluster, jobs, options, time.monotonic() - start)
+    accepted = solvers.solver_options(options.solver)
+    kwargs = {
+        k: getattr(options, k)
+        for k in _GENERIC_SOLVER_OPTIONS
+        if k in accepted and getattr(options, k) is not None
+    }
+    if "time_limit" in kwargs and left is not None:
+        # The limit covers the whole call: encoding before the solve, decoding after it.
+        kwargs["time_limit"] = left - min(DECODE_SECONDS_PER_JOB * len(jobs), left / 2)
+    log.info("allocate: solving %d configurations with %s%s", problem.cfg_job.size, options.solver,
+             "" if left is None else f" ({left:.3g} s of the time limit left)")
+    result = solvers.solve(problem, options.solver, **kwargs)
+    log.info(
+        "allocate: %d jobs on %d nodes with %s -> %s, objective %.6g (build %.3fs, solve %.3fs)",
+        len(jobs), len(cluster.nodes), options.solver, result.status.value,
+        result.objective, result.build_seconds, result.solve_seconds,
     )
+    return result
 
 
 def allocate(
@@ -263,46 +317,14 @@ def allocate(
         >>> alloc.status.value, sum(alloc.placement["a"].values())
         ('optimal', 2)
     """
-    start = time.monotonic()
     opts, jobs = _checked_arguments(cluster, jobs, options, overrides)
     if cache is not None and not isinstance(cache, SearchCache):
         raise InvalidProblem(f"cache must be a SearchCache or None, got {shown(cache)}")
-    deadline = None if opts.time_limit is None or math.isinf(opts.time_limit) else start + opts.time_limit
-    log.info("allocate: encoding %d jobs on %d nodes", len(jobs), len(cluster.nodes))
-    try:
-        problem = to_problem(cluster, jobs, opts, deadline=deadline, cache=cache)
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            raise OutOfTime(f"encoding took the whole time limit of {opts.time_limit:g} s")
-    except OutOfTime as exc:
-        log.warning("allocate: %s; every job keeps its current placement (%s)",
-                    exc, Status.TIME_LIMIT_NO_SOLUTION.value)
-        return _unsolved(jobs, opts, time.monotonic() - start)
-    accepted = solvers.solver_options(opts.solver)
-    kwargs = {
-        k: getattr(opts, k)
-        for k in _GENERIC_SOLVER_OPTIONS
-        if k in accepted and getattr(opts, k) is not None
-    }
-    if "time_limit" in kwargs and left is not None:
-        # The limit covers the whole call: encoding before the solve, decoding after it.
-        kwargs["time_limit"] = left - min(DECODE_SECONDS_PER_JOB * len(jobs), left / 2)
-    log.info("allocate: solving %d configurations with %s%s", problem.cfg_job.size, opts.solver,
-             "" if left is None else f" ({left:.3g} s of the time limit left)")
-    result = solvers.solve(problem, opts.solver, **kwargs)
-    log.info(
-        "allocate: %d jobs on %d nodes with %s -> %s, objective %.6g (build %.3fs, solve %.3fs)",
-        len(jobs), len(cluster.nodes), opts.solver, result.status.value,
-        result.objective, result.build_seconds, result.solve_seconds,
-    )
-    ids = cluster.node_ids
-    placement = {
-        job.id: {ids[n]: int(row[n]) for n in np.flatnonzero(row)}
-        for job, row in zip(jobs, result.placement)
-    }
+    result = solve(cluster, jobs, opts, cache=cache)
     return Allocation(
-        placement=placement,
-        batch=_batch_configs(jobs, result.placement, cluster, opts, cache),
+        placement=placement_of(cluster, jobs, result.placement),
+        batch=_batch_configs(jobs, result.placement, cluster, opts, cache)
+        if not result.stats.get(UNENCODED) else {},
         objective=result.objective,
         bound=result.bound,
         gap=result.gap,

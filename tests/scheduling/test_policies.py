@@ -227,7 +227,7 @@ def test_fair_share_is_an_exclusive_one_over_j_share_of_the_cluster():
         fair_share(Cluster.uniform(1, 8), 0)
 
 
-def test_speedups_are_measured_against_the_fair_share():
+def test_speedups_are_measured_against_the_fair_share(monkeypatch):
     cluster, options = Cluster.uniform(2, 4), Options()
     m = model(noise=2000.0)
     job = job_for_allocator(view("a", model=m), cluster, options, share=(2, 6))
@@ -239,18 +239,15 @@ def test_speedups_are_measured_against_the_fair_share():
     assert prior.speedup[(1, 1)] == pytest.approx(0.25)  # linear prior over the same base
     # The policy uses the fair share of the jobs it allocates: 8 CPUs / 2 jobs.
     seen = {}
-    original = PolluxPolicy.decide.__globals__["allocate"]
+    original = PolluxPolicy.decide.__globals__["solve"]
 
     def spy(cluster, jobs, options, **kwargs):
         seen.update({j.id: j.base for j in jobs})
         return original(cluster, jobs, options, **kwargs)
 
-    PolluxPolicy.decide.__globals__["allocate"] = spy
-    try:
-        PolluxPolicy().decide(0.0, cluster, [view("a", model=m), view("b", model=m, t=1.0)])
-        PolluxPolicy(fair_share_base=False).decide(0.0, cluster, [view("c", model=m)])
-    finally:
-        PolluxPolicy.decide.__globals__["allocate"] = original
+    monkeypatch.setitem(PolluxPolicy.decide.__globals__, "solve", spy)
+    PolluxPolicy().decide(0.0, cluster, [view("a", model=m), view("b", model=m, t=1.0)])
+    PolluxPolicy(fair_share_base=False).decide(0.0, cluster, [view("c", model=m)])
     assert seen == {"a": (1, 4), "b": (1, 4), "c": (1, 1)}
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from pollux_opt.model import Cluster, Job, Options
-from pollux_opt.model.allocate import allocate
+from pollux_opt.model.allocate import allocate, placement_of, solve
 from pollux_opt.model.domains import check_fields, domain_field
 from pollux_opt.model.goodput import SearchCache
 from pollux_opt.scheduling.loop import Decision, DecisionStatus, JobView
@@ -116,9 +116,10 @@ class AllocatorPolicy:
         active = active_views(jobs, cluster)
         if not active:
             return Decision({}, math.nan, math.nan, DecisionStatus.IDLE)
-        result = allocate(cluster, self.allocator_jobs(cluster, active), self.options, cache=self._search_cache)
+        allocator_jobs = self.allocator_jobs(cluster, active)
+        result = solve(cluster, allocator_jobs, self.options, cache=self._search_cache)
         return Decision(
-            placement={j: dict(p) for j, p in result.placement.items()},
+            placement=placement_of(cluster, allocator_jobs, result.placement),
             objective=float(result.objective),
             solver_seconds=math.nan,  # the loop times the decision
             status=result.status,
