@@ -7,7 +7,14 @@ bare ``--benchmark`` flag and skips every benchmark without it, so a plain
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# The benchmarks time the experiments' own code: the scripts import as modules
+# (and import their siblings) with their folder on sys.path, as when they run.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -26,11 +26,9 @@ vary by tens of percent with the machine's load.
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -40,21 +38,11 @@ import pytest
 from solvers import Result, evaluate, solve, violations
 from solvers.testing import random_problem
 
-ROOT = Path(__file__).resolve().parents[1]
+import solver_comparison as EXP  # experiments/ is on sys.path: see conftest.py
+
 RESULTS = Path(__file__).with_name("results-solvers.md")
 
 
-def _load_experiment():
-    spec = importlib.util.spec_from_file_location(
-        "solver_comparison", ROOT / "experiments" / "solver_comparison.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
-
-
-EXP = _load_experiment()
 #: Timed rounds per size: milliseconds at 16 x 4, seconds at 512 x 4.
 ROUNDS = {16: 20, 64: 3, 512: 1}
 #: Instances per 16 x 4 size for the mean-gap target, and the target.

@@ -13,31 +13,20 @@ the quartiles of the chunk ratios and each round's median.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
 #: The target, percent more CPU time per step than the builder protocol.
 OVERHEAD_TARGET_PCT = 5.0
 
 
-def _user_jobs():
-    spec = importlib.util.spec_from_file_location("user_jobs", ROOT / "experiments" / "user_jobs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["user_jobs"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_user_loop_step_overhead_against_the_builder_protocol(benchmark, tmp_path):
     logging.disable(logging.WARNING)
-    user_jobs = _user_jobs()
+    import user_jobs  # experiments/ is on sys.path: see conftest.py
+
     result = benchmark.pedantic(lambda: user_jobs.step_overhead(tmp_path), rounds=1, iterations=1, warmup_rounds=0)
     benchmark.extra_info.update(
         builder_ms_per_step=1000 * result["builder_step_s"], loop_ms_per_step=1000 * result["loop_step_s"],
