@@ -1,12 +1,9 @@
-"""Translation between the jobs' handles and the scheduler: reports in, commands out.
+"""What the jobs report, read for the scheduler: a job's ``JobReport`` (state,
+progress, measurements, runtime events) and its checkpoint files become unified
+events (:mod:`pollux_opt.records.events`) and the
+:class:`~pollux_opt.scheduling.loop.JobView` a policy sees.
 
-In: what a job's handle reports (its ``JobReport``: state, progress,
-measurements, runtime events; its checkpoint files) becomes unified events
-(:mod:`pollux_opt.records.events`) and the :class:`~pollux_opt.scheduling.loop.JobView`
-a policy sees.  Out: a :class:`~pollux_opt.scheduling.loop.Decision` becomes
-one command per job whose placement changes (start, rescale or stop).
-
-These functions update the job's :class:`~pollux_opt.backends.local.bookkeeping.JobBookkeeping`
+These functions update the job's :class:`~pollux_opt.backends.local.handle.JobBookkeeping`
 and return the events to write; the backend writes them, in time order.
 """
 
@@ -16,25 +13,21 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Collection, Iterable, Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from solvers import InvalidProblem
 
-from pollux_opt.backends.local.bookkeeping import JobBookkeeping
-from pollux_opt.backends.local.handle import JobHandle
+from pollux_opt.backends.local.handle import JobBookkeeping
 from pollux_opt.lifecycle import JobState
 from pollux_opt.records.events import goodput_model_to_json
-from pollux_opt.records.replay import clean_placement
-from pollux_opt.scheduling.loop import Decision, JobView
+from pollux_opt.scheduling.loop import JobView
 
 __all__ = [
-    "Translation", "checkpoint_events", "command", "complete_fields", "final_model", "job_view",
-    "max_feasible_replicas", "model_of", "models_of", "plan_moves", "report_fields", "translate_runtime_events",
-    "verifying",
+    "checkpoint_events", "complete_fields", "final_model", "job_view", "max_replicas", "model_of",
+    "models_of", "report_fields", "translate_runtime_events", "verifying",
 ]
 
 _CKPT_META_RE = re.compile(r"^ckpt-(\d+)\.json$")
@@ -47,11 +40,12 @@ def verifying(job: JobBookkeeping) -> bool:
     return job.state is JobState.RUNNING and job.report is not None and not job.report.placement
 
 
-def max_feasible_replicas(spec, batch_size: int | None) -> int:
-    """Largest replica count with a feasible batch configuration (K * min_local_bsz <= B),
-    ``B`` the fixed ``batch_size`` or, if None, the spec's largest batch."""
-    b = spec.max_batch_size if batch_size is None else batch_size
-    return max(1, b // spec.min_local_bsz)
+def max_replicas(job: JobBookkeeping, total_cpus: int) -> int:
+    """Most replicas ``job`` may get on ``total_cpus`` CPUs: at most its workload's
+    cap, with a feasible batch configuration (K * min_local_bsz <= B, ``B`` its
+    fixed batch or, if None, the spec's largest)."""
+    b = job.spec.max_batch_size if job.fixed_batch_size is None else job.fixed_batch_size
+    return max(1, min(job.wl.max_replicas or total_cpus, total_cpus, b // job.spec.min_local_bsz))
 
 
 def model_of(report):
@@ -93,32 +87,17 @@ def _max_profiled(report) -> int:
 
 
 # ------------------------------------------------------------------ reports in
-@dataclass
-class Translation:
-    """What :func:`translate_runtime_events` found: ``events`` to write, as
-    ``(t, type, fields)`` with ``t`` in run seconds; ``measured`` (re)start and
-    rescale durations, seconds; ``target_reached``: the job reached its target
-    (its CPUs are free and the scheduler should decide again)."""
-
-    events: list[tuple[float, str, dict]] = field(default_factory=list)
-    measured: list[float] = field(default_factory=list)
-    target_reached: bool = False
-
-
-def _rescale_end(t: float, job: JobBookkeeping, d: Mapping, src_time: float, seconds) -> tuple[float, str, dict]:
-    return (t, "rescale_end", {"placement": job.placement, "duration_s": seconds, "resumed_step": d.get("step"),
-                               "from_checkpoint": d.get("from_checkpoint"), "src_time": src_time})
-
-
-def translate_runtime_events(job: JobBookkeeping, report, started_unix: float) -> Translation:
-    """The runtime events of ``report`` newer than the last translated one, as unified events.
+def translate_runtime_events(job: JobBookkeeping, report, started_unix: float) -> list[tuple[float, str, dict]]:
+    """The runtime events of ``report`` newer than the last translated one, as
+    unified events ``(t, type, fields)``, ``t`` in run seconds.
 
     ``started``/``rescaled`` end a move (``rescale_end``; a first start needs
-    none); a requested stop ends a move to ``{}``; a lost worker or a failed
-    final check re-forms the job (``restart_after_fault``); reaching the target
-    releases its CPUs (``validation`` with ``target_reached``).
+    none) and add their duration to ``job.durations``; a requested stop ends a
+    move to ``{}``; a lost worker or a failed final check re-forms the job
+    (``restart_after_fault``); reaching the target releases its CPUs
+    (``validation`` with ``target_reached``).
     """
-    out = Translation()
+    out = []
     for ev in report.events:
         if ev.time <= job.src_time:
             continue
@@ -127,29 +106,30 @@ def translate_runtime_events(job: JobBookkeeping, report, started_unix: float) -
         if ev.kind in ("started", "rescaled"):
             seconds = d.get("seconds")
             if seconds is not None:
-                out.measured.append(float(seconds))
+                job.durations.append(float(seconds))
             if ev.kind == "started" and job.startup_s is None and seconds is not None:
                 job.startup_s = float(seconds)
             if ev.kind == "rescaled" or job.restarts:  # a start after a stop ends that rescale
-                out.events.append(_rescale_end(t, job, d, ev.time, seconds))
+                out.append((t, "rescale_end", {"placement": job.placement, "duration_s": seconds,
+                                               "resumed_step": d.get("step"),
+                                               "from_checkpoint": d.get("from_checkpoint"), "src_time": ev.time}))
         elif ev.kind == "stopped" and d.get("reason") == "request":
             dur = t - job.change_t if math.isfinite(job.change_t) else None
-            out.events.append((t, "rescale_end", {"placement": {}, "duration_s": dur, "src_time": ev.time}))
+            out.append((t, "rescale_end", {"placement": {}, "duration_s": dur, "src_time": ev.time}))
         elif ev.kind in ("worker_lost", "verification_failed"):
             job.hold(t, job.placement if ev.kind == "worker_lost" else report.placement)
             job.restarts += 1 if job.placement else 0
-            out.events.append((t, "restart_after_fault", {
+            out.append((t, "restart_after_fault", {
                 "placement": job.placement, "reason": ev.kind,
                 "details": {k: d[k] for k in ("rank", "exitcode", "reason") if k in d}, "src_time": ev.time,
             }))
         elif ev.kind == "target_reached":
             job.hold(t, {})
             job.target_t, job.last_metric = t, d.get("metric")
-            out.events.append((t, "validation", {
+            out.append((t, "validation", {
                 "value": d.get("metric"), "metric": job.spec.metric, "step": d.get("step"),
                 "progress": report.progress, "target_reached": True, "src_time": ev.time,
             }))
-            out.target_reached = True
     return out
 
 
@@ -192,27 +172,28 @@ def checkpoint_events(job: JobBookkeeping, directory: str | os.PathLike) -> list
     return out
 
 
-def report_fields(job: JobBookkeeping, report, now: float) -> dict | None:
-    """Fields of a periodic ``report`` event: goodput and throughput measured since
-    the previous one; None for the first of a running spell (it only sets the reference)."""
-    m0 = job.spec.init_batch_size
-    goodput = throughput = math.nan
-    if math.isfinite(job.report_t) and now > job.report_t:
-        dt = now - job.report_t
-        goodput = (report.progress - job.report_progress) * m0 / dt
-        throughput = (report.samples - job.report_samples) / dt
+def report_fields(job: JobBookkeeping, report, now: float, every: float) -> dict | None:
+    """Fields of the periodic ``report`` event of a running job, due ``every``
+    seconds: goodput and throughput measured since the previous one.  None when
+    none is due, and for the first of a running spell (it only sets the reference)."""
+    dt = now - job.report_t
+    if report.state is not JobState.RUNNING or not report.placement or dt < every:
+        return None
+    progress, samples = job.report_progress, job.report_samples
     job.report_t, job.report_progress, job.report_samples = now, report.progress, report.samples
+    if not dt > 0:  # nan: no reference yet
+        return None
+    m0 = job.spec.init_batch_size
     model = model_of(report)
     base = math.nan
     if model is not None:
         choice = model.optimize(1, 1, fixed_batch_size=m0)
         base = float(choice.goodput) if bool(choice.feasible) else math.nan
-    noise = report.grad_stats.noise_scale if report.grad_stats is not None else None
-    if not math.isfinite(goodput):
-        return None
     return {
-        "throughput": throughput, "goodput": goodput, "goodput_base": base, "batch_size": report.batch_size,
-        "local_bsz": report.local_bsz, "accum_steps": report.accum_steps, "noise_scale": noise,
+        "throughput": (report.samples - samples) / dt, "goodput": (report.progress - progress) * m0 / dt,
+        "goodput_base": base, "batch_size": report.batch_size, "local_bsz": report.local_bsz,
+        "accum_steps": report.accum_steps,
+        "noise_scale": report.grad_stats.noise_scale if report.grad_stats is not None else None,
         "progress": report.progress, "step": report.step, "replicas": report.num_replicas, "metric": report.metric,
     }
 
@@ -252,7 +233,7 @@ def models_of(report, types: Sequence[str]):
         return None
 
 
-def job_view(job: JobBookkeeping, now: float, max_replicas: int, fallback_delay: float,
+def job_view(job: JobBookkeeping, now: float, total_cpus: int, fallback_delay: float,
              types: Sequence[str] | None = None) -> JobView | None:
     """What a policy sees of ``job`` at ``now`` (None: nothing to decide for it).
 
@@ -269,51 +250,14 @@ def job_view(job: JobBookkeeping, now: float, max_replicas: int, fallback_delay:
     delays = list(report.rescale_times) or list(report.start_times)
     delay = float(np.median(delays)) if delays else fallback_delay
     job.account(now)
+    cap = max_replicas(job, total_cpus)
     return JobView(
         job_id=job.id, submit_time=job.submit, state=job.state if held else JobState.QUEUED, placement=held,
         restarts=job.restarts, age=max(now - job.submit, 0.0),
-        min_replicas=min(job.wl.min_replicas, max_replicas), max_replicas=max_replicas,
+        min_replicas=min(job.wl.min_replicas, cap), max_replicas=cap,
         submitted_replicas=job.wl.replicas, submitted_batch_size=job.wl.batch_size,
         goodput_model=model_of(report), restart_delay=delay, progress=float(report.progress),
         attained_service=job.cpu_seconds, max_profiled_replicas=_max_profiled(report), weight=job.wl.weight,
         goodput_models=None if types is None else models_of(report, types),
         fixed_batch_size=getattr(report, "fixed_batch_size", None), batch_size=int(report.batch_size or 0),
     )
-
-
-# ---------------------------------------------------------------- commands out
-def plan_moves(jobs: Iterable[JobBookkeeping], decision: Decision,
-               node_ids: Collection[str]) -> list[tuple[JobBookkeeping, dict[str, int]]]:
-    """``(job, new placement)`` for each live job whose placement ``decision`` changes.
-
-    Raises:
-        InvalidProblem: the decision places a job on a node not in ``node_ids``.
-    """
-    moves = []
-    for job in jobs:
-        if not job.submitted or job.finished or job.handle is None or verifying(job):
-            continue
-        target = clean_placement(decision.placement.get(job.id))
-        if target == job.placement:
-            continue
-        for nid in target:
-            if nid not in node_ids:
-                raise InvalidProblem(f"decision places job {job.id!r} on unknown node {nid!r}")
-        moves.append((job, target))
-    return moves
-
-
-def command(handle: JobHandle, started: bool, target: Mapping[str, int], cpus: Sequence[int] | None,
-            **nodes: Mapping[str, str]) -> None:
-    """Move a job to ``target``: stop it (``{}``), start it (first placement) or rescale it
-    (the job picks its batch there).
-
-    ``nodes``: ``node_types`` and ``cgroups`` of the target's nodes, on a typed
-    or throttled cluster (see :class:`~pollux_opt.runtime.allocation.WorkerAllocation`).
-    """
-    if not target:
-        handle.stop()
-    elif not started:
-        handle.start(target, cpus=cpus, **nodes)
-    else:
-        handle.rescale(target, cpus=cpus, **nodes)

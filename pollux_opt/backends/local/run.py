@@ -1,10 +1,23 @@
 """One real run: a policy on a workload of real jobs, in a run directory (:func:`run_workload`).
 
 A run holds its directory's lock for its whole life (a second scheduler on
-the same directory is refused, :mod:`~pollux_opt.backends.local.runlock`) and
-stops on Ctrl-C or SIGTERM with every job checkpointed
-(:mod:`~pollux_opt.backends.local.signals`); either way, and after a kill, the
-same call on the same directory resumes it.
+the same directory is refused, :func:`~pollux_opt.backends.local.rundir.hold_run_lock`).
+Either way it ends, and after a kill, the same call on the same directory resumes it.
+
+**Stop signals.**  While a run goes on in the main thread, :class:`StopSignals`
+handles SIGINT (what a terminal sends the whole process group on Ctrl-C) and
+SIGTERM (``kill PID``, ``timeout``).  The first one only asks the run to stop:
+the backend notices at its next poll (within about a second), checkpoints and
+stops every job, logs a ``run_stop`` event, and the run raises
+:class:`RunInterrupted` (a ``KeyboardInterrupt``; the command line exits
+quietly with 128 + the signal number, 130 for Ctrl-C).  A second signal stops
+at once (``KeyboardInterrupt``): workers are ended without waiting, and the
+jobs resume from their newest periodic checkpoints.  The pool's processes
+ignore SIGINT (:mod:`pollux_opt.runtime.lifeline`), so that a Ctrl-C reaches
+only the scheduler; they keep the default action of SIGTERM, which
+multiprocessing relies on to end them at exit: a SIGTERM sent to the whole
+process group ends them at once, and the stopped jobs then resume from their
+newest checkpoints too.
 """
 
 from __future__ import annotations
@@ -12,29 +25,135 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from pollux_opt.backends.local.backend import STOP_GRACE_S, RealBackend, RunStopping
-from pollux_opt.backends.local.console import ConsoleProgress
-from pollux_opt.backends.local.rundir import EVENTS_FILE, SUMMARY_FILE, cluster_from_json, open_run_config
-from pollux_opt.backends.local.runlock import hold_run_lock
-from pollux_opt.backends.local.signals import RunInterrupted, StopSignals
 from pollux_opt.backends.local.nodes import check_throttle, typed_cluster
+from pollux_opt.backends.local.rundir import EVENTS_FILE, SUMMARY_FILE, cluster_from_json, hold_run_lock
+from pollux_opt.backends.local.rundir import open_run_config
 from pollux_opt.model import Cluster
 from pollux_opt.model.cluster_types import ClusterTypes
 from pollux_opt.records.events import EventLog, read_events, repair_log
 from pollux_opt.records.files import atomic_write_json
+from pollux_opt.scheduling.loop import Decision, JobView
 from pollux_opt.workloads.job import Workload
 
-__all__ = ["DEFAULT_INTERVAL_S", "RunInterrupted", "run_workload"]
+__all__ = ["DEFAULT_INTERVAL_S", "STOP_SIGNALS", "ConsoleProgress", "RunInterrupted", "StopSignals", "run_workload"]
 
 log = logging.getLogger(__name__)
 
 #: Default round interval of real runs, seconds (the project's choice for jobs
 #: of minutes; Pollux reallocates every 60 s).
 DEFAULT_INTERVAL_S = 30.0
+#: The signals that stop a run with a checkpoint.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: Exit statuses of a stopped run are this plus the signal number (the shell's convention).
+SIGNAL_EXIT_BASE = 128
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by a signal after checkpointing and stopping its jobs.
+
+    Attributes:
+        signum: the signal; ``exit_status`` is 128 + it.
+        run_dir: the run directory (rerun on it to resume).
+        stopped: ids of the jobs checkpointed and stopped (they resume).
+    """
+
+    def __init__(self, signum: int, run_dir: str, stopped: Sequence[str]) -> None:
+        self.signum, self.run_dir, self.stopped = int(signum), str(run_dir), list(stopped)
+        name = signal.Signals(self.signum).name
+        super().__init__(
+            f"stopped by {name}: {len(self.stopped)} unfinished job(s) checkpointed and stopped in "
+            f"{self.run_dir}; run the same command again to resume"
+        )
+
+    @property
+    def exit_status(self) -> int:
+        return SIGNAL_EXIT_BASE + self.signum
+
+
+class StopSignals:
+    """The run's handlers of :data:`STOP_SIGNALS` (see the module docstring),
+    installed for a ``with`` block in the main thread (elsewhere: none)."""
+
+    def __init__(self) -> None:
+        #: The first stop signal received (None: none yet).
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def requested(self) -> bool:
+        """True once a stop signal arrived."""
+        return self.signum is not None
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+            return
+        raise KeyboardInterrupt  # the second one: stop without waiting
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
+        self._previous.clear()
+
+
+class ConsoleProgress:
+    """Live progress table (rich, on stderr) of a run: jobs done, elapsed time and the current allocation.
+
+    Used as the ``progress`` callback of :func:`pollux_opt.scheduling.loop.run`;
+    refreshed once per round (no refresh thread, so it costs no CPU between
+    rounds).  Off a terminal it prints one line per round instead.
+    """
+
+    def __init__(self, policy: str, backend: RealBackend) -> None:
+        from rich.console import Console
+
+        self.policy, self.backend = policy, backend
+        self.console = Console(stderr=True)
+        self._live = None
+
+    def __enter__(self) -> "ConsoleProgress":
+        from rich.live import Live
+
+        if self.console.is_terminal:
+            self._live = Live(console=self.console, auto_refresh=False, transient=False)
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def update(self, now: float, views: Sequence[JobView], decision: Decision) -> None:
+        """Show round ``now`` (run seconds): each job's state, CPUs, batch size, progress, restarts."""
+        from rich.table import Table
+
+        jobs = self.backend.jobs.values()
+        done, total = sum(j.finished for j in jobs), len(jobs)
+        table = Table(title=f"{self.policy} on {self.backend.workload.name}: {done}/{total} jobs done, "
+                            f"t = {now:.0f} s, {self.backend.cluster.total_cpus} CPUs", title_justify="left")
+        for col in ("job", "state", "CPUs", "batch", "progress", "restarts"):
+            table.add_column(col)
+        for v in views:
+            p = decision.placement.get(v.job_id, {})
+            table.add_row(v.job_id, v.state.value, str(sum(p.values())), str(v.batch_size) if v.batch_size else "-",
+                          f"{v.progress:.0f}", str(v.restarts))
+        if self._live is not None:
+            self._live.update(table, refresh=True)
+        else:
+            alloc = ", ".join(f"{v.job_id}:{sum(decision.placement.get(v.job_id, {}).values())}" for v in views)
+            self.console.print(f"[{self.policy}] t={now:.0f}s done {done}/{total} alloc {alloc}")
 
 
 def run_workload(
@@ -58,8 +177,7 @@ def run_workload(
     ``policy``, if given, must match it; see
     :mod:`~pollux_opt.backends.local.rundir`).  Writes ``summary.json`` at the end.
     In the main thread, SIGINT and SIGTERM stop the run with every job
-    checkpointed and raise :class:`RunInterrupted` (see
-    :mod:`~pollux_opt.backends.local.signals`).
+    checkpointed and raise :class:`RunInterrupted` (see the module docstring).
 
     Args:
         run_dir: the run directory (created).
@@ -154,10 +272,8 @@ def _loop(backend: RealBackend, policy, events: EventLog, interval: float, progr
     """The scheduler loop over ``backend`` until every job has finished, with the console view if ``progress``."""
     from pollux_opt.scheduling.loop import run
 
-    display = ConsoleProgress(policy.name, backend.workload, backend.cluster) if progress else None
-    if display is None:
+    if not progress:
         run(backend, policy, backend.cluster, events, interval=interval)
         return
-    display.done_fn = lambda: sum(j.finished for j in backend.jobs.values())
-    with display:
+    with ConsoleProgress(policy.name, backend) as display:
         run(backend, policy, backend.cluster, events, interval=interval, progress=display.update)

@@ -4,23 +4,37 @@
     run_dir/events.jsonl    the event log (see pollux_opt.records.events)
     run_dir/summary.json    metrics (pollux_opt.records.metrics), written at the end
     run_dir/jobs/<id>/      each job's work directory (checkpoints, logs)
-    run_dir/scheduler.lock  held by the running scheduler (see pollux_opt.backends.local.runlock)
+    run_dir/scheduler.lock  held by the running scheduler (:func:`hold_run_lock`)
 
 ``config.json`` is what makes a run resumable: a second run on the same
 directory takes its configuration from it (the clock from its recorded start
 time, so that JCTs include an outage) instead of from its arguments.
+
+**One scheduler per run directory.**  :func:`hold_run_lock` takes an exclusive
+``fcntl.flock`` on ``scheduler.lock``, without waiting, and holds it for the
+whole run; the scheduler's process id is written into the file so that a
+refusal can name the holder.  A second scheduler on the same directory is
+refused with :class:`solvers.InvalidProblem`, so that two writers never
+interleave one event log.  The kernel drops the lock when the holding process
+ends, however it ends (SIGKILL included), so a stale lock file never blocks a
+resume.  The lock's descriptor is not inherited by the processes the run
+starts (the worker pool's fork server is spawned fresh, and its workers are
+its children), so a left-over worker cannot hold it.  Where ``fcntl`` is
+missing (Windows) no lock is taken.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from solvers import InvalidProblem
 
-from pollux_opt.backends.local.cpus import default_cluster
+from pollux_opt.backends.local.nodes import default_cluster
 from pollux_opt.model import Cluster, Node
 from pollux_opt.model.cluster import DEFAULT_NODE_TYPE
 from pollux_opt.model.domains import check
@@ -29,11 +43,14 @@ from pollux_opt.scheduling.loop import ROUND_INTERVAL
 from pollux_opt.workloads.job import Workload
 
 __all__ = [
-    "CONFIG_FILE", "EVENTS_FILE", "SUMMARY_FILE", "cluster_from_json", "cluster_to_json", "load_run_config",
-    "open_run_config",
+    "CONFIG_FILE", "EVENTS_FILE", "LOCK_FILE", "SUMMARY_FILE", "cluster_from_json", "cluster_to_json",
+    "hold_run_lock", "load_run_config", "open_run_config",
 ]
 
+log = logging.getLogger(__name__)
+
 CONFIG_FILE = "config.json"
+LOCK_FILE = "scheduler.lock"
 EVENTS_FILE = "events.jsonl"
 SUMMARY_FILE = "summary.json"
 #: Version of the ``config.json`` layout.
@@ -132,3 +149,42 @@ def open_run_config(
         cfg["cpu_quota"] = {t: float(q) for t, q in cpu_quota.items()}
     atomic_write_json(run_dir / CONFIG_FILE, cfg)
     return cfg, False
+
+
+@contextlib.contextmanager
+def hold_run_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
+    """Hold the run directory's lock for the duration of the ``with`` block (see the module docstring).
+
+    Raises:
+        InvalidProblem: another process holds it (a scheduler running on this directory).
+    """
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        log.warning("no fcntl here: run directory %s is not locked against a second scheduler", run_dir)
+        yield path
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InvalidProblem(
+                f"run directory {str(run_dir)!r} is in use by another scheduler ({_holder(path)} holds "
+                f"{LOCK_FILE}); wait for it to end, or stop it (Ctrl-C) and rerun, or use another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield path
+    finally:
+        os.close(fd)  # drops the lock (the file stays: removing it would race a new holder)
+
+
+def _holder(path: Path) -> str:
+    """What the lock file says about its holder (for the refusal)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return "another process"
+    return f"process {text}" if text.isdigit() else "another process"

@@ -18,7 +18,7 @@ Usage::
 
     with Throttle() as throttle:
         group = throttle.node("rtx-0", fraction=0.5, slots=2)
-        group.add(pid)          # a replica process of that node
+        (group / "cgroup.procs").write_text(str(pid))  # a replica process joins that node
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ __all__ = [
     "MIN_QUOTA_US",
     "PARENT",
     "CgroupInfo",
-    "NodeGroup",
     "Throttle",
     "ThrottleUnavailable",
     "availability",
@@ -63,7 +62,6 @@ MIN_QUOTA_US = 1_000
 _REMOVE_ATTEMPTS = 5
 
 _FRACTION = Real(gt=0, le=1)
-_PID = Integer(gt=0)
 _SLOTS = Integer(gt=0)
 _PERIOD = Integer(ge=MIN_QUOTA_US, le=1_000_000)
 
@@ -177,19 +175,6 @@ def clean_stale(info: CgroupInfo) -> list[str]:
     return removed
 
 
-@dataclass(frozen=True)
-class NodeGroup:
-    """One throttled node's cgroup."""
-
-    node_id: str
-    path: Path
-
-    def add(self, pid: int) -> None:
-        """Move process ``pid`` (all its threads) into this node's cgroup."""
-        pid = check("pid", pid, _PID)
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-
 class Throttle:
     """Creates throttled node cgroups under :data:`PARENT`; removes them on close.
 
@@ -204,7 +189,8 @@ class Throttle:
     def __init__(self, root: str | os.PathLike = CGROUP_ROOT, *, period_us: int = DEFAULT_PERIOD_US) -> None:
         self.info = detect(root)
         self.period_us = check("period_us", period_us, _PERIOD)
-        self.groups: dict[str, NodeGroup] = {}
+        #: ``{node id: cgroup directory}`` of the groups it created.
+        self.groups: dict[str, Path] = {}
         base = self.info.cpu_root / PARENT
         try:
             base.mkdir(exist_ok=True)
@@ -216,8 +202,9 @@ class Throttle:
             raise ThrottleUnavailable(f"cannot create cgroup {str(base)!r}: {exc}") from None
         clean_stale(self.info)
 
-    def node(self, node_id: str, *, fraction: float, slots: int) -> NodeGroup:
-        """A cgroup for ``node_id`` whose processes share ``fraction x slots`` CPUs."""
+    def node(self, node_id: str, *, fraction: float, slots: int) -> Path:
+        """The directory of a new cgroup for ``node_id`` whose processes share
+        ``fraction x slots`` CPUs (a process joins by writing its pid to ``cgroup.procs``)."""
         node_id = check("node_id", node_id, NAME)
         if node_id in self.groups:
             raise InvalidProblem(f"node_id {node_id!r} already has a cgroup")
@@ -232,14 +219,13 @@ class Throttle:
                 (path / "cpu.cfs_quota_us").write_text(str(quota))
         except OSError as exc:
             raise ThrottleUnavailable(f"cannot set a CPU quota on {str(path)!r}: {exc}") from None
-        group = self.groups[node_id] = NodeGroup(node_id, path)
-        return group
+        self.groups[node_id] = path
+        return path
 
     def close(self) -> None:
         """Move every process back to the root cgroup and remove this throttle's cgroups."""
         while self.groups:
-            _, group = self.groups.popitem()
-            _remove(self.info, group.path)
+            _remove(self.info, self.groups.popitem()[1])
         try:  # the shared parent goes with its last child
             (self.info.cpu_root / PARENT).rmdir()
         except OSError:  # another scheduler's groups remain, or a fake tree
