@@ -47,7 +47,6 @@ logger = logging.getLogger("pollux_opt.runtime")
 FORKSERVER_PRELOAD = ("pollux_opt.runtime.forkserver_boot",)
 #: Idle workers a pool keeps (spares, and at most ``max_idle``).
 _IDLE_WORKERS = Integer(ge=0)
-
 #: Seconds a terminated worker gets to exit before it is killed.
 TERMINATE_GRACE_S = 2.0
 
@@ -142,7 +141,6 @@ class WorkerPool:
         self._idle: list[WorkerHandle] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._spawned = 0
 
     # ------------------------------------------------------------------ spawning
     def _spawn(self) -> WorkerHandle:
@@ -151,7 +149,6 @@ class WorkerPool:
                                     name="pollux-worker", daemon=True)
         process.start()
         child.close()
-        self._spawned += 1
         logger.debug("spawned worker pid %d", process.pid)
         return WorkerHandle(process, parent)
 
@@ -168,8 +165,7 @@ class WorkerPool:
         """Make sure at least ``count`` (default ``spares``) idle workers exist or are starting."""
         with self._lock:
             self._prune_locked()
-            target = self.spares if count is None else count
-            while not self._closed and len(self._idle) < target:
+            while not self._closed and len(self._idle) < (self.spares if count is None else count):
                 self._idle.append(self._spawn())
 
     def _prune_locked(self) -> None:
@@ -281,17 +277,6 @@ class WorkerPool:
                     w.job_key = job_key
                     asked += 1
         return asked
-
-    @property
-    def idle_count(self) -> int:
-        with self._lock:
-            self._prune_locked()
-            return len(self._idle)
-
-    @property
-    def spawned(self) -> int:
-        """Worker processes started so far (a measure of cold starts)."""
-        return self._spawned
 
     def close(self) -> None:
         """End all idle workers; further acquires fail."""

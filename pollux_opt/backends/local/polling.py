@@ -26,7 +26,7 @@ from pollux_opt.records.events import goodput_model_to_json
 from pollux_opt.scheduling.loop import JobView
 
 __all__ = [
-    "checkpoint_events", "complete_fields", "final_model", "job_view", "max_replicas", "model_of",
+    "checkpoint_events", "complete_fields", "job_view", "max_replicas", "model_of",
     "models_of", "report_fields", "translate_runtime_events", "verifying",
 ]
 
@@ -56,28 +56,21 @@ def model_of(report):
         return None
 
 
-def final_model(report):
-    """The job's goodput model for its ``complete`` event: the runtime's, else one
-    fitted here to its measurements (a short job may finish before the runtime's
-    first periodic fit), with neutral gradient statistics if none were measured."""
-    model = model_of(report)
-    if model is not None or len(report.measurements) == 0:
-        return model
-    from pollux_opt.model import GoodputModel, GradientStats
+def _fitted_model(report, params, measurements):
+    """A goodput model of throughput ``params``, else of a fit here to
+    ``measurements`` (a short job may finish before the runtime's first periodic
+    fit), with neutral gradient statistics if none were measured; None where
+    neither gives parameters."""
+    from pollux_opt.agent.agent import neutral_stats
+    from pollux_opt.model import GoodputModel
 
-    params = _fit_here(report.measurements)
-    if params is None:
-        return None
-    stats = report.grad_stats or GradientStats(1.0, 0.0, report.limits.init_batch_size)
-    return GoodputModel(params, stats, report.limits)
-
-
-def _fit_here(measurements):
-    """Throughput parameters fitted to ``measurements`` (None: no rows, or the fit failed)."""
-    try:
-        return measurements.fit()
-    except (InvalidProblem, ValueError, FloatingPointError):
-        return None
+    if params is None and len(measurements):
+        try:
+            params = measurements.fit()
+        except (InvalidProblem, ValueError, FloatingPointError):
+            return None
+    return None if params is None else GoodputModel(params, report.grad_stats or neutral_stats(report.limits),
+                                                    report.limits)
 
 
 def _max_profiled(report) -> int:
@@ -198,27 +191,22 @@ def report_fields(job: JobBookkeeping, report, now: float, every: float) -> dict
     }
 
 
-def type_models_json(report) -> dict[str, dict]:
-    """``{node type: goodput model JSON}`` of the types the job has measured (its own
-    fit there, no projections), for the ``complete`` event; a type measured after
-    the runtime's last periodic fit (a short job) is fitted here, as in :func:`final_model`."""
-    from pollux_opt.model import GoodputModel
-    from pollux_opt.agent.agent import neutral_stats
-
-    stats = report.grad_stats or neutral_stats(report.limits)
-    params = {t: report.type_params.get(t) or _fit_here(m) for t, m in report.type_measurements.items()}
-    return {t: goodput_model_to_json(GoodputModel(p, stats, report.limits)) for t, p in params.items()
-            if p is not None}
-
-
 def complete_fields(job: JobBookkeeping, report, now: float) -> dict:
-    """Fields of the job's ``complete`` event (its CPU-seconds brought up to ``now`` first;
-    ``type_models`` on a cluster of several node types, :func:`type_models_json`)."""
+    """Fields of the job's ``complete`` event (its CPU-seconds brought up to ``now``
+    first).  ``model``: the runtime's goodput model, else one fitted here; on a
+    cluster of several node types ``type_models``, ``{node type: model}`` of the
+    types it measured (its own fit there, no projections)."""
     job.account(now)
-    typed = {"type_models": type_models_json(report)} if getattr(report, "type_measurements", None) else {}
+    model = model_of(report)
+    if model is None:
+        model = _fitted_model(report, None, report.measurements)
+    typed = {}
+    if getattr(report, "type_measurements", None):
+        fits = {t: _fitted_model(report, report.type_params.get(t), m) for t, m in report.type_measurements.items()}
+        typed["type_models"] = {t: goodput_model_to_json(m) for t, m in fits.items() if m is not None}
     return {**typed,
         "verified": True, "value": report.final_metric, "metric": report.metric_name, "target": report.target,
-        "progress": report.progress, "step": report.step, "model": goodput_model_to_json(final_model(report)),
+        "progress": report.progress, "step": report.step, "model": goodput_model_to_json(model),
         "startup_s": job.startup_s, "verify_s": now - job.target_t if math.isfinite(job.target_t) else None,
         "cpu_seconds": job.cpu_seconds,
     }
