@@ -15,13 +15,16 @@ pytest.importorskip("sklearn", reason="the digits job needs scikit-learn (pip in
 
 from pollux_opt.backends.local import run_workload  # noqa: E402
 from pollux_opt.backends.local.nodes import RunNodes, typed_cluster  # noqa: E402
-from pollux_opt.backends.local.throttle import PARENT, availability  # noqa: E402
+from pollux_opt.backends.local.throttle import PARENT, ThrottleUnavailable, detect  # noqa: E402
 from pollux_opt.model.cluster_types import PRESETS  # noqa: E402
 from pollux_opt.records.events import read_events  # noqa: E402
 from pollux_opt.workloads import Workload, WorkloadJob  # noqa: E402
 
 
-REAL, WHY = availability()
+try:
+    REAL, WHY = detect(), ""
+except ThrottleUnavailable as exc:
+    REAL, WHY = None, str(exc)
 pytestmark = [
     pytest.mark.skipif(REAL is None, reason=f"cgroup CPU quotas unavailable here: {WHY}"),
     pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="local-hetero needs two CPUs this process may use"),

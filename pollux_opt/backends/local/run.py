@@ -22,6 +22,7 @@ newest checkpoints too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -226,7 +227,9 @@ def run_workload(
 
 def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress: bool,
          backend_kwargs: Mapping[str, Any] | None, backend_class: type = RealBackend) -> None:
-    """The run of ``cfg`` in ``run_dir`` until every job has finished or a stop signal came."""
+    """The run of ``cfg`` in ``run_dir`` until every job has finished or a stop signal
+    came, with the console view if ``progress``."""
+    from pollux_opt.scheduling.loop import run as loop
     from pollux_opt.scheduling.policies import make_policy
 
     workload = Workload.from_json(cfg["workload"])
@@ -251,7 +254,9 @@ def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress
             runtime_options=cfg["runtime_options"], should_stop=signals.requested, **extra,
         )
         try:
-            _loop(backend, pol, events, cfg["interval_s"], progress)
+            with ConsoleProgress(pol.name, backend) if progress else contextlib.nullcontext() as display:
+                loop(backend, pol, backend.cluster, events, interval=cfg["interval_s"],
+                     progress=display.update if display else None)
         except RunStopping:
             graceful = False  # the jobs are stopped below (or, on a second signal, ended at once)
             name = signal.Signals(signals.signum).name
@@ -267,13 +272,3 @@ def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress
             backend.close(graceful=graceful and not backend.finished())
         events.close()
 
-
-def _loop(backend: RealBackend, policy, events: EventLog, interval: float, progress: bool) -> None:
-    """The scheduler loop over ``backend`` until every job has finished, with the console view if ``progress``."""
-    from pollux_opt.scheduling.loop import run
-
-    if not progress:
-        run(backend, policy, backend.cluster, events, interval=interval)
-        return
-    with ConsoleProgress(policy.name, backend) as display:
-        run(backend, policy, backend.cluster, events, interval=interval, progress=display.update)

@@ -10,17 +10,13 @@
 directory takes its configuration from it (the clock from its recorded start
 time, so that JCTs include an outage) instead of from its arguments.
 
-**One scheduler per run directory.**  :func:`hold_run_lock` takes an exclusive
-``fcntl.flock`` on ``scheduler.lock``, without waiting, and holds it for the
-whole run; the scheduler's process id is written into the file so that a
-refusal can name the holder.  A second scheduler on the same directory is
-refused with :class:`solvers.InvalidProblem`, so that two writers never
-interleave one event log.  The kernel drops the lock when the holding process
-ends, however it ends (SIGKILL included), so a stale lock file never blocks a
-resume.  The lock's descriptor is not inherited by the processes the run
-starts (the worker pool's fork server is spawned fresh, and its workers are
-its children), so a left-over worker cannot hold it.  Where ``fcntl`` is
-missing (Windows) no lock is taken.
+**One scheduler per run directory.**  :func:`hold_run_lock` holds an
+exclusive ``fcntl.flock`` on ``scheduler.lock`` (holding the scheduler's pid)
+for the whole run, so that two schedulers never interleave one event log.  The
+kernel drops it when the holder ends, however it ends (SIGKILL included), so a
+stale lock file never blocks a resume; the processes the run starts do not
+inherit it (the pool's fork server is spawned fresh).  Without ``fcntl``
+(Windows) no lock is taken.
 """
 
 from __future__ import annotations
@@ -90,14 +86,6 @@ def cluster_from_json(data: list[dict]) -> Cluster:
         raise InvalidProblem(f"bad cluster in run config: {data!r}") from exc
 
 
-def _check_resume(run_dir: Path, cfg: dict, workload: Workload | None, policy: str | None) -> None:
-    if policy is not None and policy != cfg["policy"]:
-        raise InvalidProblem(f"run directory {str(run_dir)!r} holds a {cfg['policy']!r} run, not {policy!r}")
-    if workload is not None and workload.to_json() != cfg["workload"]:
-        raise InvalidProblem(f"run directory {str(run_dir)!r} holds a different workload "
-                             f"({cfg['workload']['name']!r}); use another directory")
-
-
 def open_run_config(
     run_dir: str | os.PathLike,
     workload: Workload | None,
@@ -128,7 +116,11 @@ def open_run_config(
     run_dir = Path(run_dir)
     if (run_dir / CONFIG_FILE).exists():
         cfg = load_run_config(run_dir)
-        _check_resume(run_dir, cfg, workload, policy)
+        if policy is not None and policy != cfg["policy"]:
+            raise InvalidProblem(f"run directory {str(run_dir)!r} holds a {cfg['policy']!r} run, not {policy!r}")
+        if workload is not None and workload.to_json() != cfg["workload"]:
+            raise InvalidProblem(f"run directory {str(run_dir)!r} holds a different workload "
+                                 f"({cfg['workload']['name']!r}); use another directory")
         return cfg, True
     if workload is None or policy is None:
         raise InvalidProblem(f"run directory {str(run_dir)!r} is new: give a workload and a policy")
@@ -170,8 +162,10 @@ def hold_run_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()  # the holder wrote its pid
+            holder = f"process {holder}" if holder.isdigit() else "another process"
             raise InvalidProblem(
-                f"run directory {str(run_dir)!r} is in use by another scheduler ({_holder(path)} holds "
+                f"run directory {str(run_dir)!r} is in use by another scheduler ({holder} holds "
                 f"{LOCK_FILE}); wait for it to end, or stop it (Ctrl-C) and rerun, or use another --out"
             ) from None
         os.ftruncate(fd, 0)
@@ -179,12 +173,3 @@ def hold_run_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
         yield path
     finally:
         os.close(fd)  # drops the lock (the file stays: removing it would race a new holder)
-
-
-def _holder(path: Path) -> str:
-    """What the lock file says about its holder (for the refusal)."""
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return "another process"
-    return f"process {text}" if text.isdigit() else "another process"

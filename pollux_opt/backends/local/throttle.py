@@ -41,7 +41,6 @@ __all__ = [
     "CgroupInfo",
     "Throttle",
     "ThrottleUnavailable",
-    "availability",
     "clean_stale",
     "detect",
     "quota_us",
@@ -118,15 +117,6 @@ def detect(root: str | os.PathLike = CGROUP_ROOT) -> CgroupInfo:
     if not os.access(info.cpu_root, os.W_OK):
         raise ThrottleUnavailable(f"cgroup cpu controller at {str(info.cpu_root)!r} is not writable by this process")
     return info
-
-
-def availability(root: str | os.PathLike = CGROUP_ROOT) -> tuple[CgroupInfo | None, str]:
-    """``(info, "")`` where :func:`detect` finds a writable cpu controller, else ``(None, reason)``
-    (for a check that reports rather than raises, e.g. a test's skip reason)."""
-    try:
-        return detect(root), ""
-    except ThrottleUnavailable as exc:
-        return None, str(exc)
 
 
 def _procs(group: Path) -> list[int]:
