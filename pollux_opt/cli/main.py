@@ -299,7 +299,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pollux_opt.backends.local.demo import DEMO_POLICIES
+    from pollux_opt.backends.local.run import DEMO_POLICIES
     from pollux_opt.scheduling.policies import policy_names
 
     parser = argparse.ArgumentParser(
