@@ -145,9 +145,7 @@ class WorkerPool:
     # ------------------------------------------------------------------ spawning
     def _spawn(self) -> WorkerHandle:
         parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=pool_process_main, args=(self.owner, worker_main, (child,)),
-                                    name="pollux-worker", daemon=True)
-        process.start()
+        process = self.start_process(worker_main, (child,), "pollux-worker")
         child.close()
         logger.debug("spawned worker pid %d", process.pid)
         return WorkerHandle(process, parent)

@@ -1,22 +1,16 @@
 """The nodes of a real run on this machine: its cluster, CPU pins, node types and cgroups.
 
-A real run's cluster is either untyped (``--nodes/--cpus``: one type, the CPUs
-this process may use split by :func:`default_cluster`) or a node-type
-description (:mod:`pollux_opt.model.cluster_types`, a JSON file or a preset
-such as ``local-hetero``; :func:`typed_cluster`), whose types may carry a
-``cpu_quota`` < 1: each replica slot of such a node may use that fraction of
-one CPU.  Either way :class:`CpuPinning` gives each node its own CPUs, and each
-replica one of its node's CPUs, so that jobs do not contend for a core (and a
-quota is a speed on a CPU of its own).
-
-:class:`RunNodes` holds one cgroup per throttled node (fraction = its type's
-``cpu_quota``, slots = its CPUs; :class:`~pollux_opt.backends.local.throttle.Throttle`),
-created when the backend starts and removed when it closes (the stale-group
-cleanup of the next run removes those of a killed scheduler).  Every replica
-of a job placed on a throttled run moves itself into its node's cgroup (or the
-root cgroup, on an unthrottled node) before it trains
-(``WorkerAllocation.cgroups``), so that a pool worker moving between nodes
-always runs under the quota of the node it serves.
+A real run's cluster is untyped (:func:`default_cluster` splits the CPUs this
+process may use) or comes from a node-type description
+(:mod:`pollux_opt.model.cluster_types`; :func:`typed_cluster`), whose types may
+carry a ``cpu_quota`` < 1: each replica slot of such a node may use that
+fraction of one CPU.  :class:`CpuPinning` gives each node its own CPUs and each
+replica one of them, so that jobs do not contend for a core (and a quota is a
+speed on a CPU of its own).  :class:`RunNodes` holds one cgroup per throttled
+node for the backend's life (a killed scheduler's are removed by the next run);
+each replica moves itself into its node's cgroup, or the root one, before it
+trains (``WorkerAllocation.cgroups``), so that a pool worker moving between
+nodes always runs under the quota of the node it serves.
 """
 
 from __future__ import annotations

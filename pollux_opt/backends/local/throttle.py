@@ -11,18 +11,12 @@ Every cgroup lives under one parent (:data:`PARENT`), named
 ``<owner pid>-<node id>``: :func:`clean_stale` removes those whose owner
 (the scheduler process) is gone, after a crash; :class:`Throttle` removes its
 own on close.  Where cgroups cannot be written (no controller, not root, a
-read-only mount) :func:`detect` raises :class:`ThrottleUnavailable` with the
-reason.
-
-Usage::
-
-    with Throttle() as throttle:
-        group = throttle.node("rtx-0", fraction=0.5, slots=2)
-        (group / "cgroup.procs").write_text(str(pid))  # a replica process joins that node
+read-only mount) :func:`detect` raises :class:`ThrottleUnavailable` with the reason.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -216,10 +210,8 @@ class Throttle:
         """Move every process back to the root cgroup and remove this throttle's cgroups."""
         while self.groups:
             _remove(self.info, self.groups.popitem()[1])
-        try:  # the shared parent goes with its last child
+        with contextlib.suppress(OSError):  # the shared parent goes with its last child (unless another's remain)
             (self.info.cpu_root / PARENT).rmdir()
-        except OSError:  # another scheduler's groups remain, or a fake tree
-            pass
 
     def __enter__(self) -> "Throttle":
         return self
