@@ -1,10 +1,7 @@
-"""One job of a real run: the :class:`JobHandle` the backend drives, and what the
-backend knows about it (:class:`JobBookkeeping`).
-
-The runtime's :class:`~pollux_opt.runtime.job.ElasticJob` is the default handle
-(:func:`elastic_factory`, :func:`elastic_opener`); tests drive the backend with
-in-process stand-ins.  The runtime is imported only when a default handle is
-made, so that importing the backend needs no torch.
+"""One job of a real run: the :class:`JobHandle` the backend drives (by default
+the runtime's :class:`~pollux_opt.runtime.job.ElasticJob`, imported only when
+one is made, so that importing the backend needs no torch; tests use
+in-process stand-ins), and what the backend knows about it (:class:`JobBookkeeping`).
 """
 
 from __future__ import annotations
@@ -37,14 +34,12 @@ class JobHandle(Protocol):
     """One training job as the real backend drives it.
 
     Placements are ``{node id: replicas}``; ``cpus`` are CPU ids, one per
-    replica in rank order, to pin the workers to (None: not pinned).  On a
-    cluster of several node types, or one with throttled nodes, ``start`` and
-    ``rescale`` also get ``node_types`` and ``cgroups`` (``{node id: type}``,
-    ``{node id: cgroup directory}`` of the placement's nodes; see
-    :class:`~pollux_opt.runtime.allocation.WorkerAllocation`); otherwise never.  The
-    commands return at once; the job reports their outcome through
-    :meth:`report` (``JobReport.events``).  A command on an ended job raises
-    :class:`solvers.InvalidProblem`.
+    replica in rank order (None: not pinned); ``node_types`` and ``cgroups``
+    (``{node id: type}``, ``{node id: cgroup directory}``, see
+    :class:`~pollux_opt.runtime.allocation.WorkerAllocation`) come only on a
+    typed or throttled cluster.  Commands return at once; the job reports their
+    outcome in :meth:`report` (``JobReport.events``).  A command on an ended job
+    raises :class:`solvers.InvalidProblem`.
     """
 
     def start(self, replicas: Mapping[str, int], num_nodes: int | None = None, *,
@@ -98,10 +93,10 @@ def elastic_opener(workdir: os.PathLike, pool) -> JobHandle:
 @dataclass(kw_only=True)
 class JobBookkeeping(JobTrack):
     """One job of a real run: its history as the event log records it (the
-    :class:`~pollux_opt.records.replay.JobTrack` fields, rebuilt by a replay on
-    resume and kept up to date as the backend writes events; ``durations`` also
-    gets the (re)start durations the job reports), plus its handle and the
-    cursors of reading it.  Its ``state`` is the one the runtime last reported.
+    :class:`~pollux_opt.records.replay.JobTrack` fields, replayed on resume and
+    kept up to date as the backend logs; ``durations`` also gets the (re)start
+    durations the job reports; ``state`` is the one the runtime last reported),
+    plus its handle and the cursors of reading it.
 
     Attributes:
         wl: the workload entry; ``spec``: its resolved ``JobSpec``.

@@ -73,12 +73,6 @@ def _fitted_model(report, params, measurements):
                                                     report.limits)
 
 
-def _max_profiled(report) -> int:
-    """Most replicas the job's measurements cover (0 before any)."""
-    k = report.measurements.num_replicas
-    return int(k.max()) if len(k) else 0
-
-
 # ------------------------------------------------------------------ reports in
 def translate_runtime_events(job: JobBookkeeping, report, started_unix: float) -> list[tuple[float, str, dict]]:
     """The runtime events of ``report`` newer than the last translated one, as
@@ -201,7 +195,7 @@ def complete_fields(job: JobBookkeeping, report, now: float) -> dict:
     if model is None:
         model = _fitted_model(report, None, report.measurements)
     typed = {}
-    if getattr(report, "type_measurements", None):
+    if report.type_measurements:
         fits = {t: _fitted_model(report, report.type_params.get(t), m) for t, m in report.type_measurements.items()}
         typed["type_models"] = {t: goodput_model_to_json(m) for t, m in fits.items() if m is not None}
     return {**typed,
@@ -214,9 +208,8 @@ def complete_fields(job: JobBookkeeping, report, now: float) -> dict:
 
 def models_of(report, types: Sequence[str]):
     """The job's per-type goodput models on ``types``, or None while it has none."""
-    models = getattr(report, "goodput_models", None)  # a stand-in handle's report may have none
     try:
-        return None if models is None else models(tuple(types)) or None
+        return report.goodput_models(tuple(types)) or None
     except (InvalidProblem, ValueError):
         return None
 
@@ -239,13 +232,14 @@ def job_view(job: JobBookkeeping, now: float, total_cpus: int, fallback_delay: f
     delay = float(np.median(delays)) if delays else fallback_delay
     job.account(now)
     cap = max_replicas(job, total_cpus)
+    profiled = int(report.measurements.num_replicas.max()) if len(report.measurements) else 0
     return JobView(
         job_id=job.id, submit_time=job.submit, state=job.state if held else JobState.QUEUED, placement=held,
         restarts=job.restarts, age=max(now - job.submit, 0.0),
         min_replicas=min(job.wl.min_replicas, cap), max_replicas=cap,
         submitted_replicas=job.wl.replicas, submitted_batch_size=job.wl.batch_size,
         goodput_model=model_of(report), restart_delay=delay, progress=float(report.progress),
-        attained_service=job.cpu_seconds, max_profiled_replicas=_max_profiled(report), weight=job.wl.weight,
+        attained_service=job.cpu_seconds, max_profiled_replicas=profiled, weight=job.wl.weight,
         goodput_models=None if types is None else models_of(report, types),
-        fixed_batch_size=getattr(report, "fixed_batch_size", None), batch_size=int(report.batch_size or 0),
+        fixed_batch_size=report.fixed_batch_size, batch_size=int(report.batch_size or 0),
     )

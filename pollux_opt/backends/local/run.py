@@ -67,22 +67,19 @@ class RunInterrupted(KeyboardInterrupt):
     """A run stopped by a signal after checkpointing and stopping its jobs.
 
     Attributes:
-        signum: the signal; ``exit_status`` is 128 + it.
+        signum: the signal; ``exit_status``: the shell's status of it, 128 + it.
         run_dir: the run directory (rerun on it to resume).
         stopped: ids of the jobs checkpointed and stopped (they resume).
     """
 
     def __init__(self, signum: int, run_dir: str, stopped: Sequence[str]) -> None:
         self.signum, self.run_dir, self.stopped = int(signum), str(run_dir), list(stopped)
+        self.exit_status = SIGNAL_EXIT_BASE + self.signum
         name = signal.Signals(self.signum).name
         super().__init__(
             f"stopped by {name}: {len(self.stopped)} unfinished job(s) checkpointed and stopped in "
             f"{self.run_dir}; run the same command again to resume"
         )
-
-    @property
-    def exit_status(self) -> int:
-        return SIGNAL_EXIT_BASE + self.signum
 
 
 class StopSignals:
