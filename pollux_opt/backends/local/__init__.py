@@ -1,14 +1,5 @@
-"""The real backend: a workload's CPU training jobs run on this machine.
-
-:mod:`~pollux_opt.backends.local.backend` (:class:`RealBackend`),
-:mod:`~pollux_opt.backends.local.handle` (the :class:`JobHandle` it drives),
-:mod:`~pollux_opt.backends.local.polling` (the jobs' reports read),
-:mod:`~pollux_opt.backends.local.nodes` (the cluster, CPU pins and cgroups),
-:mod:`~pollux_opt.backends.local.throttle` (cgroup CPU quotas),
-:mod:`~pollux_opt.backends.local.rundir` (the run directory, its configuration
-and lock) and :mod:`~pollux_opt.backends.local.run` (:func:`run_workload`, stop
-signals, the live view, :func:`run_demo`).
-"""
+"""The real backend: a workload's CPU training jobs run on this machine
+(:class:`RealBackend` over :class:`JobHandle` jobs; :func:`run_workload`, :func:`run_demo`)."""
 
 from pollux_opt.backends.local.backend import RealBackend
 from pollux_opt.backends.local.handle import JobHandle

@@ -9,23 +9,21 @@ decision into commands on CPUs, node types and cgroups
 (:mod:`~pollux_opt.backends.local.nodes`).  The loop decides every
 ``interval`` seconds, and also as soon as a job arrives, finishes, fails or
 reaches its target (``advance`` returns early), so that freed CPUs are not
-left idle until the next round.  The policy decides placements; each job picks
-its batch there with its own goodput model (:func:`pollux_opt.agent.batch.choose_batch`),
-or trains at its submitted batch under a ``fixed_batch`` policy.
+left idle.  Each job picks its batch for its placement with its own goodput
+model (:func:`pollux_opt.agent.batch.choose_batch`), or trains at its
+submitted batch under a ``fixed_batch`` policy.
 
-**Recovery.**  A backend created on a run directory whose event log already
-has events resumes the run: the submitted and finished jobs and the CPUs they
-held come from a replay of the log, and each unfinished job is re-opened from
-its work directory, so that it resumes from its newest good checkpoint when
-next started.  Jobs that held CPUs get a ``restart_after_fault`` event with an
+**Recovery.**  On a run directory whose event log has events, the jobs and the
+CPUs they held come from a replay of the log, and each unfinished job is
+re-opened from its work directory (it resumes from its newest good
+checkpoint); jobs that held CPUs get a ``restart_after_fault`` event with an
 empty placement (their workers ended with the scheduler).
 
-**Stopping early.**  Once ``should_stop`` holds (a stop signal, see
-:mod:`~pollux_opt.backends.local.run`), :meth:`RealBackend.advance` and
-:meth:`RealBackend.views` raise :class:`RunStopping`; :meth:`RealBackend.stop_run`
-checkpoints and stops every unfinished job, logs the stops (``rescale_begin``
-to ``{}``, then what the jobs report) and a ``run_stop`` event, and the run
-resumes from there like after a kill.
+**Stopping early.**  Once ``should_stop`` holds, :meth:`RealBackend.advance`
+and :meth:`RealBackend.views` raise :class:`RunStopping`;
+:meth:`RealBackend.stop_run` then checkpoints and stops every unfinished job,
+logs the stops (``rescale_begin`` to ``{}``, then what the jobs report) and a
+``run_stop`` event, and the run resumes from there like after a kill.
 """
 
 from __future__ import annotations
@@ -109,9 +107,6 @@ class RealBackend:
         should_stop: once true, the backend stops (see the module docstring).
         cpu_quota: ``{node type: fraction}`` of the cluster's throttled types,
             whose nodes get a cgroup CPU quota (:class:`~pollux_opt.backends.local.nodes.RunNodes`).
-
-    On a cluster of several node types each view carries the job's per-type
-    goodput models (``JobView.goodput_models``).
     """
 
     def __init__(
@@ -150,7 +145,7 @@ class RealBackend:
 
                 pool, self._own_pool = WorkerPool(spares=POOL_SPARES), True
         self._factory, self._opener, self.pool = job_factory, job_opener, pool
-        self.poll_seconds = 0.0  # wall time spent polling jobs in advance(): scheduler overhead
+        self.poll_seconds = 0.0  # wall time spent polling in advance(): scheduler overhead
         self._wake = False
         self._pinning = CpuPinning(cluster, pin_cpus)
         self._node_ids = frozenset(n.id for n in cluster.nodes)
@@ -168,8 +163,7 @@ class RealBackend:
 
     def _restore(self) -> None:
         """Replay the event log into the jobs and re-open the unfinished ones (see
-        the module docstring).  Runtime events older than the newest logged
-        event were translated before the scheduler went away."""
+        the module docstring); runtime events older than its newest event were logged."""
         logged = read_events(self.events.path) if self.events.path.exists() else []
         replay(logged, self.jobs)
         logged_until = self.started_unix + max((float(e["t"]) for e in logged), default=-math.inf)
