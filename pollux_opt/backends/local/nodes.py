@@ -35,15 +35,13 @@ log = logging.getLogger(__name__)
 #: CPUs a real run uses (0 is an error, not "unset": None is).
 _CPUS = Integer(ge=1)
 #: CFS period of a real run's throttled nodes, microseconds (20 ms; longer
-#: where a quota would fall below the kernel's 1 ms minimum, see
-#: :func:`throttle_period_us`).  The runtime represents a configuration by a
-#: low quantile of its recent step times (``measurements.STEP_TIME_QUANTILE``):
-#: a step shorter than the period either runs within the period's quota
-#: (unthrottled) or waits for the next period, so a long period hides the
-#: slowdown from the low quantile; a very short one costs the throttled group
-#: more than its quota in kernel overhead.  Measured with the built-in
-#: ``digits-cnn`` (15 ms steps) at a 0.5 quota on an idle core, slow/fast
-#: ratio of the measured (lower-quartile) step time, and of the mean step:
+#: where a quota would fall below the kernel's 1 ms minimum).  The runtime
+#: represents a configuration by a low quantile of its recent step times
+#: (``measurements.STEP_TIME_QUANTILE``): a step shorter than the period runs
+#: unthrottled within the period's quota or waits for the next period, so a
+#: long period hides the slowdown from the low quantile, and a very short one
+#: costs kernel overhead.  Slow/fast ratio of the measured (lower-quartile) and
+#: of the mean step of ``digits-cnn`` (15 ms steps) at a 0.5 quota on an idle core:
 #: 100 ms 0.99 / 2.00, 20 ms 2.01 / 2.27, 10 ms 2.31 / 2.33, 2 ms 3.06 / 3.52.
 THROTTLE_PERIOD_US = 20_000
 
@@ -57,8 +55,8 @@ def default_cluster(num_nodes: int = 1, cpus: int | None = None) -> Cluster:
     (``cpus`` of them, default all) as evenly as possible.
 
     Raises:
-        solvers.InvalidProblem: ``cpus`` not an integer >= 1, or ``num_nodes`` not one
-            in ``[1, cpus]`` (0 of either is an error, not a default).
+        solvers.InvalidProblem: ``cpus`` not an integer >= 1, or ``num_nodes`` not
+            one in ``[1, cpus]`` (0 of either is an error, not a default).
     """
     total = len(os.sched_getaffinity(0)) if cpus is None else check("cpus", cpus, _CPUS)
     num_nodes = check("num_nodes", num_nodes, Integer(ge=1, le=total))
@@ -115,14 +113,10 @@ def _refusal(quotas: Mapping[str, float], exc: Exception) -> str:
 
 
 class CpuPinning:
-    """Which CPU each job's replicas are pinned to.
-
-    Args:
-        cluster: the run's nodes; node ``i`` gets the next ``cpus`` CPUs of
-            this process's affinity, in order.
-        pin: pin at all; pinning is off (with a warning) where the cluster has
-            more CPUs than this process may use.
-    """
+    """Which CPU each job's replicas are pinned to: node ``i`` of ``cluster`` gets
+    the next ``cpus`` CPUs of this process's affinity, in order.  Pinning is off
+    unless ``pin``, and (with a warning) where the cluster has more CPUs than
+    this process may use."""
 
     def __init__(self, cluster: Cluster, pin: bool) -> None:
         affinity = sorted(os.sched_getaffinity(0))

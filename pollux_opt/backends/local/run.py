@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from solvers import InvalidProblem
 
@@ -40,8 +40,8 @@ from pollux_opt.records.files import atomic_write_json, safe_name
 from pollux_opt.scheduling.loop import Decision, JobView
 from pollux_opt.workloads.job import Workload
 
-__all__ = ["DEFAULT_INTERVAL_S", "DEMO_POLICIES", "QUICK_INTERVAL_S", "STOP_SIGNALS", "ConsoleProgress", "RunInterrupted",
-           "StopSignals", "run_demo", "run_workload"]
+__all__ = ["DEFAULT_INTERVAL_S", "DEMO_POLICIES", "QUICK_INTERVAL_S", "STOP_SIGNALS", "RunInterrupted",
+           "StopSignals", "console_progress", "run_demo", "run_workload"]
 
 log = logging.getLogger(__name__)
 
@@ -113,53 +113,39 @@ class StopSignals:
         self._previous.clear()
 
 
-class ConsoleProgress:
-    """Live progress table (rich, on stderr) of a run: jobs done, elapsed time and the current allocation.
-
-    Used as the ``progress`` callback of :func:`pollux_opt.scheduling.loop.run`;
+@contextlib.contextmanager
+def console_progress(policy: str, backend: RealBackend) -> Iterator[Callable[[float, Sequence[JobView], Decision], None]]:
+    """The live progress table (rich, on stderr) of a run, as the ``progress``
+    callback of :func:`pollux_opt.scheduling.loop.run`: each job's state, CPUs,
+    batch size, progress and restarts at round ``now`` (run seconds).  It is
     refreshed once per round (no refresh thread, so it costs no CPU between
-    rounds).  Off a terminal it prints one line per round instead.
-    """
+    rounds); off a terminal it prints one line per round instead."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
 
-    def __init__(self, policy: str, backend: RealBackend) -> None:
-        from rich.console import Console
+    console = Console(stderr=True)
+    live = Live(console=console, auto_refresh=False) if console.is_terminal else None
 
-        self.policy, self.backend = policy, backend
-        self.console = Console(stderr=True)
-        self._live = None
-
-    def __enter__(self) -> "ConsoleProgress":
-        from rich.live import Live
-
-        if self.console.is_terminal:
-            self._live = Live(console=self.console, auto_refresh=False, transient=False)
-            self._live.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-
-    def update(self, now: float, views: Sequence[JobView], decision: Decision) -> None:
-        """Show round ``now`` (run seconds): each job's state, CPUs, batch size, progress, restarts."""
-        from rich.table import Table
-
-        jobs = self.backend.jobs.values()
+    def update(now: float, views: Sequence[JobView], decision: Decision) -> None:
+        jobs = backend.jobs.values()
         done, total = sum(j.finished for j in jobs), len(jobs)
-        table = Table(title=f"{self.policy} on {self.backend.workload.name}: {done}/{total} jobs done, "
-                            f"t = {now:.0f} s, {self.backend.cluster.total_cpus} CPUs", title_justify="left")
+        cpus = {v.job_id: sum(decision.placement.get(v.job_id, {}).values()) for v in views}
+        if live is None:
+            alloc = ", ".join(f"{jid}:{k}" for jid, k in cpus.items())
+            console.print(f"[{policy}] t={now:.0f}s done {done}/{total} alloc {alloc}")
+            return
+        table = Table(title=f"{policy} on {backend.workload.name}: {done}/{total} jobs done, "
+                            f"t = {now:.0f} s, {backend.cluster.total_cpus} CPUs", title_justify="left")
         for col in ("job", "state", "CPUs", "batch", "progress", "restarts"):
             table.add_column(col)
         for v in views:
-            p = decision.placement.get(v.job_id, {})
-            table.add_row(v.job_id, v.state.value, str(sum(p.values())), str(v.batch_size) if v.batch_size else "-",
+            table.add_row(v.job_id, v.state.value, str(cpus[v.job_id]), str(v.batch_size) if v.batch_size else "-",
                           f"{v.progress:.0f}", str(v.restarts))
-        if self._live is not None:
-            self._live.update(table, refresh=True)
-        else:
-            alloc = ", ".join(f"{v.job_id}:{sum(decision.placement.get(v.job_id, {}).values())}" for v in views)
-            self.console.print(f"[{self.policy}] t={now:.0f}s done {done}/{total} alloc {alloc}")
+        live.update(table, refresh=True)
+
+    with live or contextlib.nullcontext():
+        yield update
 
 
 def run_workload(
@@ -259,9 +245,8 @@ def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress
             runtime_options=cfg["runtime_options"], should_stop=signals.requested, **extra,
         )
         try:
-            with ConsoleProgress(pol.name, backend) if progress else contextlib.nullcontext() as display:
-                loop(backend, pol, backend.cluster, events, interval=cfg["interval_s"],
-                     progress=display.update if display else None)
+            with console_progress(pol.name, backend) if progress else contextlib.nullcontext() as update:
+                loop(backend, pol, backend.cluster, events, interval=cfg["interval_s"], progress=update)
         except RunStopping:
             graceful = False  # the jobs are stopped below (or, on a second signal, ended at once)
             name = signal.Signals(signals.signum).name

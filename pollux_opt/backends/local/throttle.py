@@ -77,9 +77,8 @@ class CgroupInfo:
 
 
 def quota_us(fraction: float, slots: int, period_us: int = DEFAULT_PERIOD_US) -> int:
-    """CFS quota (microseconds per period) for ``slots`` replica slots at ``fraction`` of a CPU each.
-
-    ``round(fraction * slots * period_us)``, at least :data:`MIN_QUOTA_US`.
+    """CFS quota (microseconds per period) for ``slots`` replica slots at ``fraction``
+    of a CPU each: ``round(fraction * slots * period_us)``, at least :data:`MIN_QUOTA_US`.
 
     Raises:
         InvalidProblem: fraction not in (0, 1], slots < 1, period out of [1 ms, 1 s].
@@ -121,11 +120,8 @@ def _procs(group: Path) -> list[int]:
 
 
 def _remove(info: CgroupInfo, group: Path) -> None:
-    """Move ``group``'s processes back to the root cgroup, then remove it.
-
-    A process may fork between the move and the removal (the kernel then
-    refuses with EBUSY): move again, a few times.
-    """
+    """Move ``group``'s processes back to the root cgroup, then remove it (again, a
+    few times, where a process forked meanwhile and the kernel refused with EBUSY)."""
     for attempt in range(_REMOVE_ATTEMPTS):
         for pid in _procs(group):
             try:
@@ -160,11 +156,8 @@ def clean_stale(info: CgroupInfo) -> list[str]:
 
 
 class Throttle:
-    """Creates throttled node cgroups under :data:`PARENT`; removes them on close.
-
-    Args:
-        root: where the cgroup file systems are mounted (a fake tree in tests).
-        period_us: the CFS period of every group.
+    """Creates throttled node cgroups, of CFS period ``period_us``, under
+    :data:`PARENT` of the cgroup tree at ``root``; removes them on close.
 
     Raises:
         ThrottleUnavailable: see :func:`detect`.
