@@ -166,20 +166,17 @@ def run_workload(
 
     A new run needs ``workload`` and ``policy``; if ``run_dir`` already holds a
     ``config.json`` the run resumes with that configuration (``workload`` and
-    ``policy``, if given, must match it; see
-    :mod:`~pollux_opt.backends.local.rundir`).  Writes ``summary.json`` at the end.
+    ``policy``, if given, must match it).  Writes ``summary.json`` at the end.
     In the main thread, SIGINT and SIGTERM stop the run with every job
-    checkpointed and raise :class:`RunInterrupted` (see the module docstring).
+    checkpointed (see the module docstring).
 
     Args:
         run_dir: the run directory (created).
         workload: the jobs and arrivals (new runs).
         policy: a registered policy that runs on real jobs (new runs; see
             :func:`pollux_opt.scheduling.policies.policy_names`).
-        cluster: nodes and CPUs (default: this machine, one node), or a
-            node-type description (:func:`~pollux_opt.backends.local.nodes.typed_cluster`:
-            typed nodes, and a cgroup CPU quota on the nodes of a type with
-            ``cpu_quota`` < 1).
+        cluster: nodes and CPUs (default: this machine, one node), or a node-type
+            description (:func:`~pollux_opt.backends.local.nodes.typed_cluster`).
         interval: seconds between scheduling rounds (default :data:`DEFAULT_INTERVAL_S`).
         pin_cpus: pin replicas to CPUs (see :class:`RealBackend`).
         runtime_options: extra RuntimeOptions fields for every job.
@@ -192,8 +189,8 @@ def run_workload(
     Raises:
         InvalidProblem: bad arguments, a mismatch with the stored run, an
             unreadable event log, or another scheduler using ``run_dir``.
-        ThrottleRefused: a throttled node type where cgroups cannot be written
-            (an InvalidProblem; raised before the run directory is written).
+        ThrottleRefused: (an InvalidProblem) a throttled node type where cgroups
+            cannot be written, before the run directory is written.
         RunInterrupted: a stop signal stopped the run (resumable).
     """
     from pollux_opt.records.metrics import summarize
