@@ -1,10 +1,8 @@
-"""What the jobs report, read for the scheduler: a job's ``JobReport`` (state,
-progress, measurements, runtime events) and its checkpoint files become unified
-events (:mod:`pollux_opt.records.events`) and the
-:class:`~pollux_opt.scheduling.loop.JobView` a policy sees.
-
-These functions update the job's :class:`~pollux_opt.backends.local.handle.JobBookkeeping`
-and return the events to write; the backend writes them, in time order.
+"""What the jobs report, read for the scheduler: a job's ``JobReport`` and its
+checkpoint files become unified events (:mod:`pollux_opt.records.events`; the
+backend writes them, in time order) and the :class:`~pollux_opt.scheduling.loop.JobView`
+a policy sees.  These functions keep the job's
+:class:`~pollux_opt.backends.local.handle.JobBookkeeping` up to date.
 """
 
 from __future__ import annotations

@@ -102,10 +102,8 @@ def open_run_config(
     A directory with a ``config.json`` resumes: ``workload`` and ``policy``, if
     given, must match it.  Otherwise both are required and a new
     ``config.json`` is written from the arguments (``cluster`` None: this
-    machine, one node), stamped with the current Unix time as the run's start.
-    ``cpu_quota``: ``{node type: fraction}`` of the cluster's throttled types
-    (stored as ``"cpu_quota"``, only where there is one; see
-    :mod:`~pollux_opt.backends.local.nodes`).
+    machine, one node), stamped with the current Unix time as the run's start;
+    ``cpu_quota`` (``{node type: fraction}`` of the throttled types) only where there is one.
 
     Raises:
         InvalidProblem: a mismatch with the stored run, a new run without a

@@ -65,12 +65,8 @@ class ThrottleUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class CgroupInfo:
-    """The cgroup hierarchy that holds the ``cpu`` controller.
-
-    Attributes:
-        version: 1 or 2.
-        cpu_root: the directory of the root cgroup with the controller.
-    """
+    """The cgroup hierarchy that holds the ``cpu`` controller: its ``version`` (1
+    or 2) and ``cpu_root``, the directory of its root cgroup."""
 
     version: int
     cpu_root: Path
