@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from pollux_opt.backends.local import run_demo
-from pollux_opt.backends.local.demo import DEMO_POLICIES
+from pollux_opt.backends.local.run import DEMO_POLICIES
 from pollux_opt.records.files import atomic_write_csv
 from pollux_opt.workloads.sets import WORKLOAD_SETS
 from solver_speed import machine_name

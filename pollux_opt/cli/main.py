@@ -5,7 +5,7 @@ parsed arguments and returns an exit status.  Bad input (``InvalidProblem``)
 prints its message to stderr and exits 2, never a traceback.  Ctrl-C or
 SIGTERM during ``run`` or ``demo`` checkpoints and stops the jobs, prints one
 line and exits 128 + the signal number (130 for Ctrl-C); the same command
-then resumes (see :mod:`pollux_opt.backends.local.signals`).
+then resumes (see :mod:`pollux_opt.backends.local.run`).
 """
 
 from __future__ import annotations
@@ -299,7 +299,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pollux_opt.backends.local.demo import DEMO_POLICIES
+    from pollux_opt.backends.local.run import DEMO_POLICIES
     from pollux_opt.scheduling.policies import policy_names
 
     parser = argparse.ArgumentParser(

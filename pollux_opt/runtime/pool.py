@@ -1,23 +1,17 @@
 """A pool of warm worker processes (torch already imported), shared by jobs,
 and :class:`Worker`, what a job's supervisor uses of one worker.
 
-A supervisor talks to its workers through :class:`Worker` (commands with
-:meth:`Worker.send`) and its pool (reports with :meth:`WorkerPool.receive`),
-in the messages of :mod:`~pollux_opt.runtime.protocol`; a local worker is a
-process and a pipe (:class:`WorkerHandle`), a Ray one an actor whose methods
-are called (:mod:`pollux_opt.backends.ray.pool`).
+A supervisor sends its workers commands (:meth:`Worker.send`) and gets their
+reports from its pool (:meth:`WorkerPool.receive`), in the messages of
+:mod:`~pollux_opt.runtime.protocol`; a local worker is a process and a pipe
+(:class:`WorkerHandle`), a Ray one an actor (:mod:`pollux_opt.backends.ray.pool`).
 
 Spawning a worker costs about two seconds of one core (interpreter start and
 ``import torch``), more than the whole rescale budget, so the pool keeps
-``spares`` idle workers ready, and workers released by a job (scale-down,
-stop) stay idle with that job's model and data still built, so the same job
-scaling up again reuses them without rebuilding.
-
-Every process a pool starts runs under
-:func:`~pollux_opt.runtime.lifeline.pool_process_main`: it ignores SIGINT (the
-scheduler stops it) and ends itself once the process that made the pool is
-gone; the fork server imports :mod:`~pollux_opt.runtime.forkserver_boot`
-first.  A new pool removes the temporary folders ended pools left behind.
+``spares`` idle workers ready, and workers released by a job stay idle with
+that job's model and data still built, for the same job to reuse.  Every
+process a pool starts runs under :func:`~pollux_opt.runtime.lifeline.pool_process_main`
+(it ignores SIGINT and ends itself once the pool's owner is gone).
 """
 
 from __future__ import annotations
@@ -47,7 +41,6 @@ logger = logging.getLogger("pollux_opt.runtime")
 FORKSERVER_PRELOAD = ("pollux_opt.runtime.forkserver_boot",)
 #: Idle workers a pool keeps (spares, and at most ``max_idle``).
 _IDLE_WORKERS = Integer(ge=0)
-
 #: Seconds a terminated worker gets to exit before it is killed.
 TERMINATE_GRACE_S = 2.0
 
@@ -102,7 +95,7 @@ class WorkerHandle:
 
 
 class WorkerPool:
-    """Warm worker processes for one or more :class:`ElasticJob` handles.
+    """Warm worker processes for one or more :class:`ElasticJob` handles (thread-safe).
 
     Args:
         spares: idle workers kept ready (spawned in the background) beyond
@@ -110,12 +103,13 @@ class WorkerPool:
         max_idle: most idle workers kept; more are shut down on release.
         start_method: multiprocessing start method.  The default,
             "forkserver" where available, forks workers from a server process
-            that has imported torch once, so a cold worker costs tens of
-            milliseconds instead of seconds; "spawn" starts each interpreter
-            afresh (portable, slower).  Both are safe with the supervisor threads.
+            that has imported torch once (:mod:`~pollux_opt.runtime.forkserver_boot`),
+            so a cold worker costs tens of milliseconds instead of seconds;
+            "spawn" starts each interpreter afresh (portable, slower).
 
-    Thread-safe.  Call :meth:`close` (or use it as a context manager) to end
-    its idle processes; workers held by jobs are ended by the jobs.
+    :meth:`close` (or leaving a ``with`` block) ends its idle processes; workers
+    held by jobs are ended by the jobs.  A new pool removes the temporary
+    folders ended pools left behind.
     """
 
     def __init__(self, spares: int = 1, *, max_idle: int | None = None, start_method: str | None = None) -> None:
@@ -142,16 +136,12 @@ class WorkerPool:
         self._idle: list[WorkerHandle] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._spawned = 0
 
     # ------------------------------------------------------------------ spawning
     def _spawn(self) -> WorkerHandle:
         parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=pool_process_main, args=(self.owner, worker_main, (child,)),
-                                    name="pollux-worker", daemon=True)
-        process.start()
+        process = self.start_process(worker_main, (child,), "pollux-worker")
         child.close()
-        self._spawned += 1
         logger.debug("spawned worker pid %d", process.pid)
         return WorkerHandle(process, parent)
 
@@ -168,8 +158,7 @@ class WorkerPool:
         """Make sure at least ``count`` (default ``spares``) idle workers exist or are starting."""
         with self._lock:
             self._prune_locked()
-            target = self.spares if count is None else count
-            while not self._closed and len(self._idle) < target:
+            while not self._closed and len(self._idle) < (self.spares if count is None else count):
                 self._idle.append(self._spawn())
 
     def _prune_locked(self) -> None:
@@ -281,17 +270,6 @@ class WorkerPool:
                     w.job_key = job_key
                     asked += 1
         return asked
-
-    @property
-    def idle_count(self) -> int:
-        with self._lock:
-            self._prune_locked()
-            return len(self._idle)
-
-    @property
-    def spawned(self) -> int:
-        """Worker processes started so far (a measure of cold starts)."""
-        return self._spawned
 
     def close(self) -> None:
         """End all idle workers; further acquires fail."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pollux_opt.backends.local.throttle import availability
+from pollux_opt.backends.local.throttle import ThrottleUnavailable, detect
 
 #: The columns of a job's ``steps.csv`` as the runtime writes them.
 STEP_COLUMNS = (
@@ -94,9 +94,9 @@ def recorded_runs() -> RecordedRuns:
 
 @pytest.fixture
 def cgroups():
-    """This machine's cgroup CPU controller (:func:`availability`); skips the test
+    """This machine's cgroup CPU controller (:func:`detect`); skips the test
     where CPU quotas are unavailable."""
-    real, why = availability()
-    if real is None:
+    try:
+        return detect()
+    except ThrottleUnavailable as why:
         pytest.skip(f"cgroup CPU quotas unavailable here: {why}")
-    return real

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from pollux_opt.backends.local.bookkeeping import JobBookkeeping
+from pollux_opt.backends.local.handle import JobBookkeeping
 from pollux_opt.backends.local.polling import checkpoint_events
 from pollux_opt.workloads import WorkloadJob
 

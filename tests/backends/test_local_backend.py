@@ -11,7 +11,7 @@ import pytest
 
 from pollux_opt import Cluster, InvalidProblem
 from pollux_opt.backends.local import JobHandle, default_cluster, load_run_config
-from pollux_opt.backends.local.cpus import CpuPinning
+from pollux_opt.backends.local.nodes import CpuPinning
 from pollux_opt.backends.local.rundir import CONFIG_FILE, cluster_from_json, cluster_to_json, open_run_config
 from pollux_opt.workloads import WORKLOAD_SETS
 

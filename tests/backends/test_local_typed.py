@@ -12,7 +12,7 @@ import pytest
 from pollux_opt import InvalidProblem
 from pollux_opt.backends.local import nodes as nodes_module
 from pollux_opt.backends.local.nodes import (
-    NodeCgroups,
+    RunNodes,
     ThrottleRefused,
     check_throttle,
     throttle_period_us,
@@ -122,9 +122,9 @@ def test_cli_reports_missing_cgroups_before_writing_the_run(tmp_path, capsys, mo
 @needs_two_cpus
 def test_node_cgroups_give_throttled_nodes_a_group_and_others_the_root(cgroups):
     cluster, quotas = typed_cluster(PRESETS["local-hetero"])
-    groups = NodeCgroups(cluster, quotas)
+    nodes = RunNodes(cluster, quotas)
     try:
-        dirs = groups.of({"fast-0": 1, "slow-0": 1})
+        dirs = nodes.command_kwargs({"fast-0": 1, "slow-0": 1})["cgroups"]
         assert dirs["fast-0"] == str(cgroups.cpu_root)
         slow = Path(dirs["slow-0"])
         assert slow.parent.name == PARENT and slow.name == f"{os.getpid()}-slow-0"
@@ -132,5 +132,5 @@ def test_node_cgroups_give_throttled_nodes_a_group_and_others_the_root(cgroups):
             assert (slow / "cpu.cfs_quota_us").read_text().strip() == "10000"
             assert (slow / "cpu.cfs_period_us").read_text().strip() == "20000"
     finally:
-        groups.close()
+        nodes.close()
     assert not slow.exists()

@@ -88,11 +88,9 @@ def test_v1_group_gets_quota_and_period_files(tmp_path):
     cpu = _fake_v1(tmp_path)
     t = Throttle(tmp_path, period_us=50_000)
     g = t.node("rtx-0", fraction=0.5, slots=2)
-    assert g.path == cpu / PARENT / f"{os.getpid()}-rtx-0"
-    assert (g.path / "cpu.cfs_quota_us").read_text() == "50000"
-    assert (g.path / "cpu.cfs_period_us").read_text() == "50000"
-    g.add(12345)
-    assert (g.path / "cgroup.procs").read_text() == "12345"
+    assert g == cpu / PARENT / f"{os.getpid()}-rtx-0"
+    assert (g / "cpu.cfs_quota_us").read_text() == "50000"
+    assert (g / "cpu.cfs_period_us").read_text() == "50000"
     with pytest.raises(InvalidProblem, match="node_id 'rtx-0' already has a cgroup"):
         t.node("rtx-0", fraction=0.5, slots=1)
 
@@ -102,7 +100,7 @@ def test_v2_group_gets_cpu_max_and_delegates_the_controller(tmp_path):
     (root / PARENT).mkdir()
     (root / PARENT / "cgroup.subtree_control").write_text("")
     g = Throttle(root).node("slow", fraction=0.25, slots=1)
-    assert (g.path / "cpu.max").read_text() == f"{DEFAULT_PERIOD_US // 4} {DEFAULT_PERIOD_US}"
+    assert (g / "cpu.max").read_text() == f"{DEFAULT_PERIOD_US // 4} {DEFAULT_PERIOD_US}"
     assert (root / "cgroup.subtree_control").read_text() == "+cpu"
     assert (root / PARENT / "cgroup.subtree_control").read_text() == "+cpu"
 
@@ -138,10 +136,10 @@ def test_real_group_holds_a_process_and_leaves_nothing_behind(cgroups):
     try:
         with Throttle() as t:
             g = t.node("probe", fraction=0.5, slots=1)
-            g.add(sleeper.pid)
-            assert (g.path / "cgroup.procs").read_text().split() == [str(sleeper.pid)]
-            assert _cpu_cgroup_of(sleeper.pid, cgroups.version).endswith(f"{PARENT}/{g.path.name}")
-        assert not g.path.exists()
+            (g / "cgroup.procs").write_text(str(sleeper.pid))
+            assert (g / "cgroup.procs").read_text().split() == [str(sleeper.pid)]
+            assert _cpu_cgroup_of(sleeper.pid, cgroups.version).endswith(f"{PARENT}/{g.name}")
+        assert not g.exists()
         assert not (cgroups.cpu_root / PARENT).exists()  # the parent goes with its last group
         assert sleeper.poll() is None  # the process outlives its group, back in the root cgroup
         assert PARENT not in _cpu_cgroup_of(sleeper.pid, cgroups.version)
@@ -181,7 +179,7 @@ def _steps(group=None) -> tuple[float, float]:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     if group is not None:
-        group.add(p.pid)
+        (group / "cgroup.procs").write_text(str(p.pid))
     out, _ = p.communicate("go\n", timeout=300)
     rows = [tuple(map(float, line.split())) for line in out.splitlines()]
     wall = statistics.median(w for w, _ in rows)
@@ -209,6 +207,6 @@ def test_quota_caps_the_cpu_rate_even_on_a_contended_machine(cgroups):
         fraction = round(max(0.05, min(0.2, base_rate / 3)), 3)
         g = t.node("capped", fraction=fraction, slots=1)
         _, rate = _steps(g)
-        stat = dict(line.split()[:2] for line in (g.path / "cpu.stat").read_text().splitlines())
+        stat = dict(line.split()[:2] for line in (g / "cpu.stat").read_text().splitlines())
     assert rate <= fraction * 1.25, f"{rate:.3f} CPU-s per s under a {fraction} quota"
     assert int(stat["nr_throttled"]) > 0  # the kernel did hold the group back

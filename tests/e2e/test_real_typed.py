@@ -14,14 +14,17 @@ pytest.importorskip("torch", reason="real jobs need the CPU build of torch (pip 
 pytest.importorskip("sklearn", reason="the digits job needs scikit-learn (pip install 'pollux-opt[jobs]')")
 
 from pollux_opt.backends.local import run_workload  # noqa: E402
-from pollux_opt.backends.local.nodes import NodeCgroups, typed_cluster  # noqa: E402
-from pollux_opt.backends.local.throttle import PARENT, availability  # noqa: E402
+from pollux_opt.backends.local.nodes import RunNodes, typed_cluster  # noqa: E402
+from pollux_opt.backends.local.throttle import PARENT, ThrottleUnavailable, detect  # noqa: E402
 from pollux_opt.model.cluster_types import PRESETS  # noqa: E402
 from pollux_opt.records.events import read_events  # noqa: E402
 from pollux_opt.workloads import Workload, WorkloadJob  # noqa: E402
 
 
-REAL, WHY = availability()
+try:
+    REAL, WHY = detect(), ""
+except ThrottleUnavailable as exc:
+    REAL, WHY = None, str(exc)
 pytestmark = [
     pytest.mark.skipif(REAL is None, reason=f"cgroup CPU quotas unavailable here: {WHY}"),
     pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="local-hetero needs two CPUs this process may use"),
@@ -63,7 +66,7 @@ def test_half_quota_roughly_doubles_a_real_replicas_measured_step(tmp_path):
     if rate < 0.8:
         pytest.skip(f"CPUs contended: a busy loop got {rate:.2f} CPU-s per s, so a 0.5 quota cannot bind")
     spec = get_job("digits-cnn")
-    groups, pool = NodeCgroups(cluster, quotas), WorkerPool(spares=0)
+    nodes, pool = RunNodes(cluster, quotas), WorkerPool(spares=0)
     step = {}
     try:
         for node, node_type in (("fast-0", "fast"), ("slow-0", "slow")):
@@ -72,12 +75,12 @@ def test_half_quota_roughly_doubles_a_real_replicas_measured_step(tmp_path):
             # step misses the limit (docs/node-types.md, section 6).
             options = RuntimeOptions(step_limit=150, fixed_batch_size=spec.max_batch_size)
             with ElasticJob(spec, tmp_path / node, options=options, pool=pool) as job:
-                job.start({node: 1}, cpus=[cpu], node_types={node: node_type}, cgroups=groups.of({node: 1}))
+                job.start({node: 1}, cpus=[cpu], **nodes.command_kwargs({node: 1}))
                 report = job.wait(timeout=600)
                 step[node_type] = float(np.min(report.type_measurements[node_type].step_time))
     finally:
         pool.close()
-        groups.close()
+        nodes.close()
     assert 1.6 <= step["slow"] / step["fast"] <= 2.4, step
 
 

@@ -18,8 +18,8 @@ import pytest
 import pollux_opt.backends.local.backend as rb
 from pollux_opt import Cluster, InvalidProblem
 from pollux_opt.backends.local import run_workload
-from pollux_opt.backends.local.runlock import hold_run_lock
-from pollux_opt.backends.local.signals import RunInterrupted
+from pollux_opt.backends.local.rundir import hold_run_lock
+from pollux_opt.backends.local.run import RunInterrupted
 from pollux_opt.cli.main import main
 from pollux_opt.records.events import read_events
 from pollux_opt.workloads import Workload, WorkloadJob
@@ -119,7 +119,7 @@ def test_a_second_scheduler_on_the_same_directory_is_refused(tmp_path, capsys, f
 
 def test_the_run_lock_ends_with_the_process_that_held_it(tmp_path):
     pytest.importorskip("fcntl")
-    code = ("import sys, time; from pollux_opt.backends.local.runlock import hold_run_lock\n"
+    code = ("import sys, time; from pollux_opt.backends.local.rundir import hold_run_lock\n"
             f"with hold_run_lock({str(tmp_path)!r}):\n    print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:

@@ -1,33 +1,32 @@
-"""The job handle: what the real backend drives, one per job.
-
-:class:`JobHandle` declares exactly the calls
-:class:`~pollux_opt.backends.local.backend.RealBackend` makes on a job.  The
-runtime's :class:`~pollux_opt.runtime.job.ElasticJob` implements it (the
-default handle, made by :func:`elastic_factory` and re-opened by
-:func:`elastic_opener`); tests drive the backend with in-process stand-ins
-that implement it too.
-
-The runtime is imported only when a default handle is made, so that importing
-the backend needs no torch.
+"""One job of a real run: the :class:`JobHandle` the backend drives (by default
+the runtime's :class:`~pollux_opt.runtime.job.ElasticJob`, imported only when
+one is made, so that importing the backend needs no torch; tests use
+in-process stand-ins), and what the backend knows about it (:class:`JobBookkeeping`).
 """
 
 from __future__ import annotations
 
+import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from solvers import InvalidProblem
+
+from pollux_opt.records.replay import JobTrack
+from pollux_opt.workloads.job import WorkloadJob
 
 if TYPE_CHECKING:
     from pollux_opt.lifecycle import JobState
     from pollux_opt.runtime.report import JobReport, RuntimeOptions
     from pollux_opt.runtime.spec import JobSpec
 
-__all__ = ["JobFactory", "JobHandle", "JobOpener", "elastic_factory", "elastic_opener", "make_options", "new_pool"]
+__all__ = ["STOP_GRACE_S", "JobBookkeeping", "JobFactory", "JobHandle", "JobOpener", "elastic_factory",
+           "elastic_opener", "stop_jobs"]
 
-#: Idle warm workers the shared pool keeps ready (one spare cuts a cold start
-#: of about two CPU-seconds from most starts and scale-ups).
-POOL_SPARES = 1
+#: Seconds the backend waits for its jobs to checkpoint on a graceful stop.
+STOP_GRACE_S = 20.0
 
 
 @runtime_checkable
@@ -35,14 +34,12 @@ class JobHandle(Protocol):
     """One training job as the real backend drives it.
 
     Placements are ``{node id: replicas}``; ``cpus`` are CPU ids, one per
-    replica in rank order, to pin the workers to (None: not pinned).  On a
-    cluster of several node types, or one with throttled nodes, ``start`` and
-    ``rescale`` also get ``node_types`` and ``cgroups`` (``{node id: type}``,
-    ``{node id: cgroup directory}`` of the placement's nodes; see
-    :class:`~pollux_opt.runtime.allocation.WorkerAllocation`); otherwise never.  The
-    commands return at once; the job reports their outcome through
-    :meth:`report` (``JobReport.events``).  A command on an ended job raises
-    :class:`solvers.InvalidProblem`.
+    replica in rank order (None: not pinned); ``node_types`` and ``cgroups``
+    (``{node id: type}``, ``{node id: cgroup directory}``, see
+    :class:`~pollux_opt.runtime.allocation.WorkerAllocation`) come only on a
+    typed or throttled cluster.  Commands return at once; the job reports their
+    outcome in :meth:`report` (``JobReport.events``).  A command on an ended job
+    raises :class:`solvers.InvalidProblem`.
     """
 
     def start(self, replicas: Mapping[str, int], num_nodes: int | None = None, *,
@@ -93,18 +90,60 @@ def elastic_opener(workdir: os.PathLike, pool) -> JobHandle:
     return ElasticJob.from_workdir(workdir, pool=pool)
 
 
-def new_pool():
-    """A warm worker pool for the default handles, keeping :data:`POOL_SPARES` spares."""
-    from pollux_opt.runtime.pool import WorkerPool
+@dataclass(kw_only=True)
+class JobBookkeeping(JobTrack):
+    """One job of a real run: its history as the event log records it (the
+    :class:`~pollux_opt.records.replay.JobTrack` fields, replayed on resume and
+    kept up to date as the backend logs; ``durations`` also gets the (re)start
+    durations the job reports; ``state`` is the one the runtime last reported),
+    plus its handle and the cursors of reading it.
 
-    return WorkerPool(spares=POOL_SPARES)
+    Attributes:
+        wl: the workload entry; ``spec``: its resolved ``JobSpec``.
+        fixed_batch_size: the total batch it trains at (its submitted one, under
+            a fixed-batch policy; None: the job picks its batch).
+        handle: the job's handle (None until created, or if it could not be).
+        report: the last full report read (a ``JobReport``; None before one).
+        read_t: run time of that read, seconds.
+        ckpt_names: file names last seen in its checkpoint directory.
+        ckpt_rejected: checkpoint metadata files found not to verify (never logged).
+        report_t, report_progress, report_samples: time, progress and samples
+            at its last ``report`` event (the reference of the next one's rates).
+        change_t: run time of the last placement change the backend ordered.
+        startup_s: seconds its first start took (from the runtime's ``started`` event).
+    """
+
+    wl: WorkloadJob
+    spec: Any
+    fixed_batch_size: int | None = None
+    handle: JobHandle | None = None
+    report: Any = None
+    read_t: float = -math.inf
+    ckpt_names: frozenset = frozenset()
+    ckpt_rejected: set = field(default_factory=set)
+    report_t: float = math.nan
+    report_progress: float = math.nan
+    report_samples: float = math.nan
+    change_t: float = math.nan
+    startup_s: float | None = None
+
+    @property
+    def live(self) -> bool:
+        """Submitted, not finished, and with a handle: the backend reads and moves it."""
+        return self.submitted and not self.finished and self.handle is not None
 
 
-def make_options(kwargs: Mapping[str, Any]) -> RuntimeOptions:
-    """:class:`~pollux_opt.runtime.report.RuntimeOptions` from keyword fields (InvalidProblem naming an unknown one)."""
-    from pollux_opt.runtime.report import RuntimeOptions
-
-    try:
-        return RuntimeOptions(**kwargs)
-    except TypeError as exc:
-        raise InvalidProblem(f"unknown runtime option in {sorted(kwargs)}: {exc}") from exc
+def stop_jobs(jobs: Iterable[JobBookkeeping], timeout: float) -> None:
+    """Ask the jobs' handles to checkpoint and stop; wait up to ``timeout`` seconds for them all."""
+    jobs = list(jobs)
+    for job in jobs:
+        try:
+            job.handle.stop()
+        except InvalidProblem:
+            pass  # ended meanwhile
+    deadline = time.monotonic() + timeout
+    for job in jobs:
+        try:
+            job.handle.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except (TimeoutError, RuntimeError):
+            pass

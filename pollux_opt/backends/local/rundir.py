@@ -4,23 +4,33 @@
     run_dir/events.jsonl    the event log (see pollux_opt.records.events)
     run_dir/summary.json    metrics (pollux_opt.records.metrics), written at the end
     run_dir/jobs/<id>/      each job's work directory (checkpoints, logs)
-    run_dir/scheduler.lock  held by the running scheduler (see pollux_opt.backends.local.runlock)
+    run_dir/scheduler.lock  held by the running scheduler (:func:`hold_run_lock`)
 
 ``config.json`` is what makes a run resumable: a second run on the same
 directory takes its configuration from it (the clock from its recorded start
 time, so that JCTs include an outage) instead of from its arguments.
+
+**One scheduler per run directory.**  :func:`hold_run_lock` holds an
+exclusive ``fcntl.flock`` on ``scheduler.lock`` (holding the scheduler's pid)
+for the whole run, so that two schedulers never interleave one event log.  The
+kernel drops it when the holder ends, however it ends (SIGKILL included), so a
+stale lock file never blocks a resume; the processes the run starts do not
+inherit it (the pool's fork server is spawned fresh).  Without ``fcntl``
+(Windows) no lock is taken.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from solvers import InvalidProblem
 
-from pollux_opt.backends.local.cpus import default_cluster
+from pollux_opt.backends.local.nodes import default_cluster
 from pollux_opt.model import Cluster, Node
 from pollux_opt.model.cluster import DEFAULT_NODE_TYPE
 from pollux_opt.model.domains import check
@@ -29,11 +39,14 @@ from pollux_opt.scheduling.loop import ROUND_INTERVAL
 from pollux_opt.workloads.job import Workload
 
 __all__ = [
-    "CONFIG_FILE", "EVENTS_FILE", "SUMMARY_FILE", "cluster_from_json", "cluster_to_json", "load_run_config",
-    "open_run_config",
+    "CONFIG_FILE", "EVENTS_FILE", "LOCK_FILE", "SUMMARY_FILE", "cluster_from_json", "cluster_to_json",
+    "hold_run_lock", "load_run_config", "open_run_config",
 ]
 
+log = logging.getLogger(__name__)
+
 CONFIG_FILE = "config.json"
+LOCK_FILE = "scheduler.lock"
 EVENTS_FILE = "events.jsonl"
 SUMMARY_FILE = "summary.json"
 #: Version of the ``config.json`` layout.
@@ -73,14 +86,6 @@ def cluster_from_json(data: list[dict]) -> Cluster:
         raise InvalidProblem(f"bad cluster in run config: {data!r}") from exc
 
 
-def _check_resume(run_dir: Path, cfg: dict, workload: Workload | None, policy: str | None) -> None:
-    if policy is not None and policy != cfg["policy"]:
-        raise InvalidProblem(f"run directory {str(run_dir)!r} holds a {cfg['policy']!r} run, not {policy!r}")
-    if workload is not None and workload.to_json() != cfg["workload"]:
-        raise InvalidProblem(f"run directory {str(run_dir)!r} holds a different workload "
-                             f"({cfg['workload']['name']!r}); use another directory")
-
-
 def open_run_config(
     run_dir: str | os.PathLike,
     workload: Workload | None,
@@ -97,10 +102,8 @@ def open_run_config(
     A directory with a ``config.json`` resumes: ``workload`` and ``policy``, if
     given, must match it.  Otherwise both are required and a new
     ``config.json`` is written from the arguments (``cluster`` None: this
-    machine, one node), stamped with the current Unix time as the run's start.
-    ``cpu_quota``: ``{node type: fraction}`` of the cluster's throttled types
-    (stored as ``"cpu_quota"``, only where there is one; see
-    :mod:`~pollux_opt.backends.local.nodes`).
+    machine, one node), stamped with the current Unix time as the run's start;
+    ``cpu_quota`` (``{node type: fraction}`` of the throttled types) only where there is one.
 
     Raises:
         InvalidProblem: a mismatch with the stored run, a new run without a
@@ -111,7 +114,11 @@ def open_run_config(
     run_dir = Path(run_dir)
     if (run_dir / CONFIG_FILE).exists():
         cfg = load_run_config(run_dir)
-        _check_resume(run_dir, cfg, workload, policy)
+        if policy is not None and policy != cfg["policy"]:
+            raise InvalidProblem(f"run directory {str(run_dir)!r} holds a {cfg['policy']!r} run, not {policy!r}")
+        if workload is not None and workload.to_json() != cfg["workload"]:
+            raise InvalidProblem(f"run directory {str(run_dir)!r} holds a different workload "
+                                 f"({cfg['workload']['name']!r}); use another directory")
         return cfg, True
     if workload is None or policy is None:
         raise InvalidProblem(f"run directory {str(run_dir)!r} is new: give a workload and a policy")
@@ -132,3 +139,35 @@ def open_run_config(
         cfg["cpu_quota"] = {t: float(q) for t, q in cpu_quota.items()}
     atomic_write_json(run_dir / CONFIG_FILE, cfg)
     return cfg, False
+
+
+@contextlib.contextmanager
+def hold_run_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
+    """Hold the run directory's lock for the duration of the ``with`` block (see the module docstring).
+
+    Raises:
+        InvalidProblem: another process holds it (a scheduler running on this directory).
+    """
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        log.warning("no fcntl here: run directory %s is not locked against a second scheduler", run_dir)
+        yield path
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()  # the holder wrote its pid
+            holder = f"process {holder}" if holder.isdigit() else "another process"
+            raise InvalidProblem(
+                f"run directory {str(run_dir)!r} is in use by another scheduler ({holder} holds "
+                f"{LOCK_FILE}); wait for it to end, or stop it (Ctrl-C) and rerun, or use another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield path
+    finally:
+        os.close(fd)  # drops the lock (the file stays: removing it would race a new holder)

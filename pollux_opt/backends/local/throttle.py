@@ -11,18 +11,12 @@ Every cgroup lives under one parent (:data:`PARENT`), named
 ``<owner pid>-<node id>``: :func:`clean_stale` removes those whose owner
 (the scheduler process) is gone, after a crash; :class:`Throttle` removes its
 own on close.  Where cgroups cannot be written (no controller, not root, a
-read-only mount) :func:`detect` raises :class:`ThrottleUnavailable` with the
-reason.
-
-Usage::
-
-    with Throttle() as throttle:
-        group = throttle.node("rtx-0", fraction=0.5, slots=2)
-        group.add(pid)          # a replica process of that node
+read-only mount) :func:`detect` raises :class:`ThrottleUnavailable` with the reason.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -39,10 +33,8 @@ __all__ = [
     "MIN_QUOTA_US",
     "PARENT",
     "CgroupInfo",
-    "NodeGroup",
     "Throttle",
     "ThrottleUnavailable",
-    "availability",
     "clean_stale",
     "detect",
     "quota_us",
@@ -63,7 +55,6 @@ MIN_QUOTA_US = 1_000
 _REMOVE_ATTEMPTS = 5
 
 _FRACTION = Real(gt=0, le=1)
-_PID = Integer(gt=0)
 _SLOTS = Integer(gt=0)
 _PERIOD = Integer(ge=MIN_QUOTA_US, le=1_000_000)
 
@@ -74,21 +65,16 @@ class ThrottleUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class CgroupInfo:
-    """The cgroup hierarchy that holds the ``cpu`` controller.
-
-    Attributes:
-        version: 1 or 2.
-        cpu_root: the directory of the root cgroup with the controller.
-    """
+    """The cgroup hierarchy that holds the ``cpu`` controller: its ``version`` (1
+    or 2) and ``cpu_root``, the directory of its root cgroup."""
 
     version: int
     cpu_root: Path
 
 
 def quota_us(fraction: float, slots: int, period_us: int = DEFAULT_PERIOD_US) -> int:
-    """CFS quota (microseconds per period) for ``slots`` replica slots at ``fraction`` of a CPU each.
-
-    ``round(fraction * slots * period_us)``, at least :data:`MIN_QUOTA_US`.
+    """CFS quota (microseconds per period) for ``slots`` replica slots at ``fraction``
+    of a CPU each: ``round(fraction * slots * period_us)``, at least :data:`MIN_QUOTA_US`.
 
     Raises:
         InvalidProblem: fraction not in (0, 1], slots < 1, period out of [1 ms, 1 s].
@@ -122,15 +108,6 @@ def detect(root: str | os.PathLike = CGROUP_ROOT) -> CgroupInfo:
     return info
 
 
-def availability(root: str | os.PathLike = CGROUP_ROOT) -> tuple[CgroupInfo | None, str]:
-    """``(info, "")`` where :func:`detect` finds a writable cpu controller, else ``(None, reason)``
-    (for a check that reports rather than raises, e.g. a test's skip reason)."""
-    try:
-        return detect(root), ""
-    except ThrottleUnavailable as exc:
-        return None, str(exc)
-
-
 def _procs(group: Path) -> list[int]:
     try:
         return [int(x) for x in (group / "cgroup.procs").read_text().split()]
@@ -139,11 +116,8 @@ def _procs(group: Path) -> list[int]:
 
 
 def _remove(info: CgroupInfo, group: Path) -> None:
-    """Move ``group``'s processes back to the root cgroup, then remove it.
-
-    A process may fork between the move and the removal (the kernel then
-    refuses with EBUSY): move again, a few times.
-    """
+    """Move ``group``'s processes back to the root cgroup, then remove it (again, a
+    few times, where a process forked meanwhile and the kernel refused with EBUSY)."""
     for attempt in range(_REMOVE_ATTEMPTS):
         for pid in _procs(group):
             try:
@@ -177,25 +151,9 @@ def clean_stale(info: CgroupInfo) -> list[str]:
     return removed
 
 
-@dataclass(frozen=True)
-class NodeGroup:
-    """One throttled node's cgroup."""
-
-    node_id: str
-    path: Path
-
-    def add(self, pid: int) -> None:
-        """Move process ``pid`` (all its threads) into this node's cgroup."""
-        pid = check("pid", pid, _PID)
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-
 class Throttle:
-    """Creates throttled node cgroups under :data:`PARENT`; removes them on close.
-
-    Args:
-        root: where the cgroup file systems are mounted (a fake tree in tests).
-        period_us: the CFS period of every group.
+    """Creates throttled node cgroups, of CFS period ``period_us``, under
+    :data:`PARENT` of the cgroup tree at ``root``; removes them on close.
 
     Raises:
         ThrottleUnavailable: see :func:`detect`.
@@ -204,7 +162,8 @@ class Throttle:
     def __init__(self, root: str | os.PathLike = CGROUP_ROOT, *, period_us: int = DEFAULT_PERIOD_US) -> None:
         self.info = detect(root)
         self.period_us = check("period_us", period_us, _PERIOD)
-        self.groups: dict[str, NodeGroup] = {}
+        #: ``{node id: cgroup directory}`` of the groups it created.
+        self.groups: dict[str, Path] = {}
         base = self.info.cpu_root / PARENT
         try:
             base.mkdir(exist_ok=True)
@@ -216,8 +175,9 @@ class Throttle:
             raise ThrottleUnavailable(f"cannot create cgroup {str(base)!r}: {exc}") from None
         clean_stale(self.info)
 
-    def node(self, node_id: str, *, fraction: float, slots: int) -> NodeGroup:
-        """A cgroup for ``node_id`` whose processes share ``fraction x slots`` CPUs."""
+    def node(self, node_id: str, *, fraction: float, slots: int) -> Path:
+        """The directory of a new cgroup for ``node_id`` whose processes share
+        ``fraction x slots`` CPUs (a process joins by writing its pid to ``cgroup.procs``)."""
         node_id = check("node_id", node_id, NAME)
         if node_id in self.groups:
             raise InvalidProblem(f"node_id {node_id!r} already has a cgroup")
@@ -232,18 +192,15 @@ class Throttle:
                 (path / "cpu.cfs_quota_us").write_text(str(quota))
         except OSError as exc:
             raise ThrottleUnavailable(f"cannot set a CPU quota on {str(path)!r}: {exc}") from None
-        group = self.groups[node_id] = NodeGroup(node_id, path)
-        return group
+        self.groups[node_id] = path
+        return path
 
     def close(self) -> None:
         """Move every process back to the root cgroup and remove this throttle's cgroups."""
         while self.groups:
-            _, group = self.groups.popitem()
-            _remove(self.info, group.path)
-        try:  # the shared parent goes with its last child
+            _remove(self.info, self.groups.popitem()[1])
+        with contextlib.suppress(OSError):  # the shared parent goes with its last child (unless another's remain)
             (self.info.cpu_root / PARENT).rmdir()
-        except OSError:  # another scheduler's groups remain, or a fake tree
-            pass
 
     def __enter__(self) -> "Throttle":
         return self

@@ -36,9 +36,8 @@ import os
 from pathlib import Path
 
 from pollux_opt.backends.local.backend import JOBS_DIR, RealBackend
-from pollux_opt.backends.local.bookkeeping import JobBookkeeping
-from pollux_opt.backends.local.cpus import CpuPinning
-from pollux_opt.backends.local.handle import elastic_factory, elastic_opener
+from pollux_opt.backends.local.handle import JobBookkeeping, elastic_factory, elastic_opener
+from pollux_opt.backends.local.nodes import CpuPinning
 from pollux_opt.backends.ray.nodes import RayNodes
 from pollux_opt.backends.ray.pool import RayWorkerPool
 from pollux_opt.backends.local.rundir import cluster_to_json
