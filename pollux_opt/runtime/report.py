@@ -151,7 +151,7 @@ class JobReport:
         final_metric: the metric of the final checkpoint re-evaluated in a fresh
             process (set only when verified).
         placement: ``{node: replicas}`` currently held (empty when none, also
-            while ``running`` re-checks the final checkpoint in a fresh process).
+            while verifying).
         num_replicas, num_nodes: totals of ``placement``.
         local_bsz, accum_steps, batch_size: the batch configuration in use (or
             last used); batch_size = K * local_bsz * (accum_steps + 1).
@@ -173,6 +173,8 @@ class JobReport:
             measured on each type (``{node type: Measurements}``; empty on an
             untyped cluster); ``measurements`` pools every type.
         type_params: the throughput fit of each measured type (None until fitted).
+        verifying: the job reached its target and its final checkpoint is being
+            re-checked in a fresh process (state ``running``, holding no CPUs).
     """
 
     job_id: str
@@ -208,6 +210,7 @@ class JobReport:
     events: tuple[Event, ...]
     type_measurements: Mapping[str, Measurements] = field(default_factory=dict)
     type_params: Mapping[str, ThroughputParams | None] = field(default_factory=dict)
+    verifying: bool = False
 
     def goodput_model(self) -> GoodputModel | None:
         """The job's :class:`~pollux_opt.model.goodput.GoodputModel`, or None until it

@@ -180,4 +180,5 @@ class JobStatus:
             worker_pids=self.worker_pids if alloc else (), error=self.error, events=tuple(self.events),
             type_measurements={t: a.measurements for t, a in self.type_agents.items()},
             type_params={t: a.params for t, a in self.type_agents.items()},
+            verifying=self.lifecycle.verifying,
         )

@@ -86,7 +86,7 @@ def _wait_state(ctl: JobController, state: JobState) -> None:
 def _verifying(ctl: JobController) -> bool:
     """Running, verifying the final checkpoint, holding no CPUs."""
     report = ctl.report()
-    return report.state is JobState.RUNNING and ctl.status.lifecycle.verifying and not report.placement
+    return report.state is JobState.RUNNING and report.verifying and not report.placement
 
 
 def test_a_job_reopened_while_verifying_checks_its_final_checkpoint_at_once(tmp_path):
