@@ -1,13 +1,15 @@
 """What an elastic job knows about itself (:class:`JobStatus`): written by its
 supervisor thread, read by the scheduler's thread as :class:`JobReport`
-snapshots, persisted in ``state.json`` and restored from it and from the
-newest checkpoint."""
+snapshots, recorded in its work directory (:mod:`~pollux_opt.runtime.journal`)
+and restored from there and from the newest checkpoint."""
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -16,16 +18,22 @@ from solvers import InvalidProblem
 from pollux_opt.lifecycle import JobState, Lifecycle
 from pollux_opt.model import BatchConfig
 from pollux_opt.agent.agent import JobAgent, params_from_dict, params_to_dict
-from pollux_opt.runtime.allocation import WorkerAllocation
+from pollux_opt.agent.batch import choose_batch
 from pollux_opt.agent.measurements import profile_from_json
+from pollux_opt.records.events import jsonable
+from pollux_opt.runtime.allocation import WorkerAllocation
+from pollux_opt.runtime.journal import JobJournal
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 
 __all__ = ["JobStatus"]
 
+logger = logging.getLogger("pollux_opt.runtime")
+
 
 class JobStatus:
-    """The state of one job that other threads may read, guarded by ``lock``.
+    """The state of one job that other threads may read, guarded by ``lock``,
+    and its records in the work directory ``workdir`` (``journal``).
 
     ``lifecycle`` (:class:`~pollux_opt.lifecycle.Lifecycle`) owns the job's
     state.  ``changed`` is notified (lock held) whenever a report, state, event
@@ -35,8 +43,9 @@ class JobStatus:
     only.
     """
 
-    def __init__(self, job_id: str, spec: JobSpec, options: RuntimeOptions) -> None:
+    def __init__(self, job_id: str, spec: JobSpec, options: RuntimeOptions, workdir: Path) -> None:
         self.job_id, self.spec, self.options = job_id, spec, options
+        self.journal = JobJournal(workdir)
         self.limits = spec.limits()
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
@@ -64,12 +73,13 @@ class JobStatus:
         self.handled = 0  # commands the supervisor has taken off it
 
     # ------------------------------------------------------------------ restore
-    def restore(self, saved: dict, events: list[Event]) -> None:
+    def restore(self) -> None:
         """Take ``state.json`` (as :meth:`persistent` wrote it) and the event log.
 
         A job saved with workers lost them with its previous supervisor: it is
         restored ``queued`` (the supervisor makes it verify instead when its
         newest checkpoint is an unchecked final one)."""
+        saved = self.journal.read_state()
         if saved:
             value, known = saved.get("state", JobState.QUEUED.value), [s.value for s in JobState]
             if value not in known:
@@ -83,7 +93,7 @@ class JobStatus:
             self.start_times = list(saved.get("start_times", []))
             self.restarts = int(saved.get("num_restarts", 0))
             self.first_start = saved.get("first_start")
-        self.events = list(events)
+        self.events = self.journal.read_events()
 
     def absorb_meta(self, meta: dict) -> None:
         """Take the training state recorded in a checkpoint's metadata."""
@@ -126,6 +136,15 @@ class JobStatus:
         for agent in self.type_agents.values():
             agent.update_stats(stats, steps)
 
+    def take_metrics(self, info: dict) -> None:
+        """Take rank 0's ``METRICS`` report: its position, its measurements and
+        its rows of ``steps.csv``."""
+        with self.lock:
+            self.take_position(info)
+            self.take_measurements(info)
+            self.changed.notify_all()
+        self.journal.append_steps(info["rows"])
+
     def refit(self):
         """Re-fit the pooled throughput model and each type's (where stale); returns the pooled parameters."""
         for agent in self.type_agents.values():
@@ -138,7 +157,46 @@ class JobStatus:
         if info.get("metric") is not None:
             self.metric = info["metric"]
 
+    def batch_for(self, alloc: WorkerAllocation, current: BatchConfig | None) -> BatchConfig:
+        """The batch to run on ``alloc``: the user's pin, else the job's own choice
+        (:func:`~pollux_opt.agent.batch.choose_batch` with its freshest model),
+        keeping ``current`` unless a better one is clear."""
+        if alloc.pin is not None:
+            return alloc.pin
+        return choose_batch(self.limits, alloc.num_nodes, alloc.num_replicas, self.agent.batch_model(),
+                            fixed_batch_size=self.options.fixed_batch_size, current=current)
+
     # ------------------------------------------------------------------ output
+    def enter(self, state: JobState, reason: str, *, verifying: bool = False) -> None:
+        """Move to ``state``: the one place the state changes, checked against the table."""
+        with self.lock:
+            step = self.lifecycle.move(state, reason, verifying=verifying)
+            self.changed.notify_all()
+        logger.debug("job %s: %s -> %s (%s)", self.job_id, step.old.value, step.new.value, reason)
+
+    def record(self, kind: str, details: dict) -> None:
+        """Record an event (``events.jsonl``, and what :meth:`report` shows)."""
+        event = Event(time.time(), kind, jsonable(details))
+        with self.lock:
+            self.events.append(event)
+            self.changed.notify_all()
+        logger.info("job %s: %s %s", self.job_id, kind, details)
+        self.journal.append_event(event)
+
+    def fail(self, error: str, details: dict | None = None) -> None:
+        """End the job as ``failed``, recording why (``error``, and ``details``)."""
+        self.record("failed", dict(details or {}, error=error))
+        with self.lock:
+            self.error = error
+            self.enter(JobState.FAILED, error)
+        self.persist()
+
+    def persist(self) -> None:
+        """Write ``state.json`` (atomically)."""
+        with self.lock:
+            data = self.persistent()
+        self.journal.write_state(data)
+
     def persistent(self) -> dict:
         """What ``state.json`` holds (JSON-safe after :func:`~pollux_opt.records.events.jsonable`)."""
         return {

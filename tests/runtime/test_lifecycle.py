@@ -228,7 +228,7 @@ def test_supervisor_refuses_an_illegal_transition_and_stops_a_queued_job_in_plac
     job = ElasticJob("digits-cnn", tmp_path / "job")
     ctl = job._ctl
     with pytest.raises(IllegalTransition, match="from 'queued' to 'succeeded'"):
-        ctl._enter(JobState.SUCCEEDED, "verified")  # only a verified running job succeeds
+        ctl.status.enter(JobState.SUCCEEDED, "verified")  # only a verified running job succeeds
     ctl._request_stop(cancel=False)
     assert job.poll() is JobState.QUEUED and ctl.status.events[-1].details["never_started"]
     assert ctl.status.lifecycle.history == []  # a stop of a queued job is no change

@@ -457,6 +457,7 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
     the request must keep rank 1's report: the target pause then completes."""
     from pollux_opt.runtime import ElasticJob
     from pollux_opt.runtime.allocation import WorkerAllocation
+    from pollux_opt.runtime.generation import Generation
 
     job = ElasticJob("digits-cnn", tmp_path / "job")
     ctl = job._ctl
@@ -464,10 +465,10 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
     ctl._pool = _FakePool()
     ctl._start_verification = lambda: verifications.append(ctl.status.step)
     workers = [_FakeWorker(100), _FakeWorker(101)]
-    ctl._workers, ctl._gen = workers, 1
+    ctl._gen = Generation(1, workers)
     ctl.status.alloc = WorkerAllocation({"n0": 2})
-    ctl._enter(JobState.RESCALING, "launching: start")
-    ctl._enter(JobState.RUNNING, "workers resumed: start")
+    ctl.status.enter(JobState.RESCALING, "launching: start")
+    ctl.status.enter(JobState.RUNNING, "workers resumed: start")
 
     def paused(rank: int) -> dict:
         return {"generation": 1, "rank": rank, "step": 554, "reason": "target", "checksum": "c",
@@ -481,7 +482,7 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
     assert workers[0].sent == [("stop",)]  # the request reached rank 0, which ignores it once paused
     ctl._on_message(0, "paused", paused(0))
     assert [e.kind for e in ctl.status.events][-1] == "target_reached"
-    assert verifications == [554] and not ctl._workers and ctl._pool.released == workers
+    assert verifications == [554] and not ctl._gen.workers and ctl._pool.released == workers
     job.close()
 
 
@@ -490,15 +491,16 @@ def test_a_cancelled_running_job_checkpoints_then_ends_cancelled_ignoring_later_
     and leave) and then ends the job: a rescale asked for meanwhile is ignored."""
     from pollux_opt.runtime import ElasticJob
     from pollux_opt.runtime.allocation import WorkerAllocation
+    from pollux_opt.runtime.generation import Generation
 
     job = ElasticJob("digits-cnn", tmp_path / "job")
     ctl = job._ctl
     ctl._pool = _FakePool()
     workers = [_FakeWorker(100), _FakeWorker(101)]
-    ctl._workers, ctl._gen = workers, 1
+    ctl._gen = Generation(1, workers)
     ctl.status.alloc = WorkerAllocation({"n0": 2})
-    ctl._enter(JobState.RESCALING, "launching: start")
-    ctl._enter(JobState.RUNNING, "workers resumed: start")
+    ctl.status.enter(JobState.RESCALING, "launching: start")
+    ctl.status.enter(JobState.RUNNING, "workers resumed: start")
     ctl._request_stop(cancel=True)
     assert job.poll() is JobState.RESCALING and workers[0].sent == [("stop",)]
     ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
@@ -531,7 +533,7 @@ def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, 
     launched = []
     ctl._launch = lambda alloc, kind, t0: launched.append((alloc.placement, kind))
     ctl.status.alloc = WorkerAllocation({"n0": 2})
-    ctl._enter(JobState.RUNNING, "target reached", verifying=True)
+    ctl.status.enter(JobState.RUNNING, "target reached", verifying=True)
     ctl._after_failed_verification()
     if resume:
         assert launched == [({"n0": 2}, "restart")]
@@ -539,8 +541,8 @@ def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, 
         assert launched == [] and job.report().state is JobState.QUEUED
         assert ctl.status.events[-1].kind == "stopped" and ctl.status.events[-1].details["reason"] == "verification_failed"
     if not resume:
-        ctl._enter(JobState.RUNNING, "target reached", verifying=True)
-    ctl._verification_failures = 0
+        ctl.status.enter(JobState.RUNNING, "target reached", verifying=True)
+    ctl._verification.failures = 0
     ctl._request_alloc(WorkerAllocation({"n1": 1}), 0.0)  # the scheduler moved it meanwhile
     ctl._after_failed_verification()
     assert launched[-1] == ({"n1": 1}, "restart")
