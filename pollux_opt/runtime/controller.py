@@ -1,11 +1,11 @@
-"""The supervisor of one elastic job (:class:`JobController`): a thread that
-applies the scheduler's commands at step boundaries, launches and pauses the
-job's generations of workers (:class:`~pollux_opt.runtime.generation.Generation`),
+"""The decisions of one elastic job's supervisor (:class:`JobController`),
+taken in the supervisor thread of its :class:`~pollux_opt.runtime.job.ElasticJob`:
+it applies the scheduler's requests at step boundaries, launches and pauses
+the job's generations of workers (:class:`~pollux_opt.runtime.generation.Generation`),
 acts on what they report (their liveness included), verifies the final
 checkpoint, re-fits the job's throughput model and moves the job through its
 states (:mod:`~pollux_opt.lifecycle`), recorded by its
-:class:`~pollux_opt.runtime.status.JobStatus`, so that a job keeps adapting
-while the scheduler thread is busy.
+:class:`~pollux_opt.runtime.status.JobStatus`.
 
 **A reached target is never trained past.**  A final checkpoint (the one rank
 0 writes when an evaluation reaches the target) that no fresh-process check
@@ -18,23 +18,18 @@ worker died between the final checkpoint and the pause) verifies it instead.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from pollux_opt.lifecycle import JobState
 from pollux_opt.model import BatchConfig
 from pollux_opt.agent.agent import params_to_dict
 from pollux_opt.runtime.allocation import FollowUp, WorkerAllocation
-from pollux_opt.runtime.checkpoint import (
-    CheckpointInfo, checkpoint_dir, latest_good, list_checkpoints, wait_for_writer,
-)
+from pollux_opt.runtime.checkpoint import CheckpointInfo, checkpoint_dir, latest_good, wait_for_writer
 from pollux_opt.runtime.generation import Generation
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.protocol import ERROR, METRICS, RESUMED, STOP
-from pollux_opt.runtime.report import JobReport, RuntimeOptions
+from pollux_opt.runtime.report import RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 from pollux_opt.runtime.status import JobStatus
 from pollux_opt.runtime.verify import VerificationRun
@@ -55,119 +50,66 @@ _RESUMED_EVENT = {"rescale": "rescaled", "start": "started", "restart": "restart
 
 
 class JobController:
-    """Supervises the workers of one job (see the module docstring).
+    """The decisions of one job's supervisor (see the module docstring), taken
+    in the thread of its :class:`~pollux_opt.runtime.job.ElasticJob`: the
+    scheduler's requests (:meth:`request_alloc`, :meth:`request_stop`) and one
+    :meth:`tick` per turn of that thread.
 
     Args:
         job_id, spec, workdir, options: the job.
-        pool: the shared :class:`WorkerPool`, or None for a private one with one
-            spare worker (made when the thread starts, closed at shutdown).
+        pool: the :class:`WorkerPool` its workers come from (None until the
+            handle makes a private one).
+
+    Attributes:
+        resume_check: the unchecked final checkpoint of a job re-opened with one
+            (it is ``running``, verifying, and :meth:`resume_verification` starts
+            the check), else None.
     """
 
     def __init__(self, job_id: str, spec: JobSpec, workdir: Path, options: RuntimeOptions,
                  pool: WorkerPool | None) -> None:
         self.job_id, self.spec, self.workdir, self.options = job_id, spec, Path(workdir), options
         self.status = JobStatus(job_id, spec, options, self.workdir)
-        self._own_pool = pool is None
-        self._pool = pool
-        self._commands: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        # ---- supervisor-thread-only state
+        self.pool = pool
         self._gen = Generation()
         self._next: FollowUp | None = None  # what to do once the current transition ends
         self._verification = VerificationRun(self.status)
         self._params_sent = None
         self._last_adapt = 0.0
-        self.status.restore()
-        infos = list_checkpoints(checkpoint_dir(self.workdir))
-        if infos:
-            self.status.absorb_meta(infos[0].meta)
-        if infos and infos[0].final and not self.status.lifecycle.state.terminal:
+        self.resume_check: CheckpointInfo | None = None
+        newest = self.status.restore()
+        if newest is not None and newest.final and not self.status.lifecycle.state.terminal:
             info = latest_good(checkpoint_dir(self.workdir), on_corrupt=self._on_corrupt)
             if self._awaits_verification(info):
-                # The check resumes as soon as the thread runs.
                 self.status.enter(JobState.RUNNING, "re-opened with an unchecked final checkpoint", verifying=True)
                 self.status.absorb_meta(info.meta)
-                self.submit("verify", info)
+                self.resume_check = info
 
-    # ============================================================ handle side
-    def report(self) -> JobReport:
-        with self.status.lock:
-            return self.status.report()
+    def tick(self) -> bool:
+        """One turn of the supervisor thread after its commands: handle the
+        workers' reports (waiting up to :data:`SUPERVISOR_TICK_S` for one) and
+        faults, the end of a verification, and adaptation.  False once nothing
+        is left to supervise."""
+        self._pump(SUPERVISOR_TICK_S)
+        self._check_workers()
+        if self._verification.finish():
+            self._after_failed_verification()
+        self._maybe_adapt()
+        return not self.status.lifecycle.state.terminal or self._verification.active
 
-    def state(self) -> JobState:
-        with self.status.lock:
-            return self.status.lifecycle.state
-
-    def submit(self, kind: str, payload: Any) -> None:
-        """Queue a command (``"alloc"`` with a :class:`WorkerAllocation`, ``"stop"``,
-        ``"cancel"`` or ``"verify"``) and start the thread if it is not running."""
-        with self.status.lock:
-            self.status.submitted += 1
-        self._commands.put((kind, payload, time.monotonic()))
-        if self._thread is None:
-            if self._pool is None:
-                self._pool = WorkerPool(spares=1)
-            self._thread = threading.Thread(target=self._supervise, name=f"pollux-job-{self.job_id}", daemon=True)
-            self._thread.start()
-
-    def close(self) -> None:
-        """End the thread and any workers now (no checkpoint)."""
-        if self._thread is not None and self._thread.is_alive():
-            self._commands.put(("close", None, time.monotonic()))
-            self._thread.join()
-        else:
-            self._shutdown()
-
-    # ====================================================== supervisor thread
-    def _supervise(self) -> None:
-        try:
-            while self._handle_commands():
-                self._pump(SUPERVISOR_TICK_S)
-                self._check_workers()
-                if self._verification.finish():
-                    self._after_failed_verification()
-                self._maybe_adapt()
-                if self.status.lifecycle.state.terminal and not self._verification.active:
-                    break  # nothing left to supervise; close() cleans up
-        except Exception as exc:  # noqa: BLE001 - a controller bug must not hang the scheduler
-            logger.exception("supervisor of job %s crashed", self.job_id)
-            if not self.status.lifecycle.state.terminal:
-                self._fail(f"controller error: {type(exc).__name__}: {exc}")
-        finally:
-            self._shutdown()
-
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
+        """End the workers and any verification now (no checkpoint)."""
         workers = self._take_workers()
-        if workers and self._pool is not None:
-            self._pool.discard(workers)
+        if workers and self.pool is not None:
+            self.pool.discard(workers)
         self._verification.kill()
-        if self._own_pool and self._pool is not None:
-            self._pool.close()
 
-    def _handle_commands(self) -> bool:
-        while True:
-            try:
-                kind, payload, t0 = self._commands.get_nowait()
-            except queue.Empty:
-                return True
-            if kind == "close":
-                return False
-            try:
-                if self.status.lifecycle.state.terminal:
-                    continue
-                if kind == "alloc":
-                    self._request_alloc(payload, t0)
-                elif kind in ("stop", "cancel"):
-                    self._request_stop(cancel=kind == "cancel")
-                elif kind == "verify":
-                    self._verification.start(self._pool, payload, None, "verification_resumed")
-            finally:
-                with self.status.lock:
-                    self.status.handled += 1
-                    self.status.changed.notify_all()
+    def resume_verification(self) -> None:
+        """Start checking :attr:`resume_check`."""
+        self._verification.start(self.pool, self.resume_check, None, "verification_resumed")
 
     # --------------------------------------------------------------- requests
-    def _request_alloc(self, alloc: WorkerAllocation, t0: float) -> None:
+    def request_alloc(self, alloc: WorkerAllocation, t0: float) -> None:
         state, pending = self.status.lifecycle.state, self._next
         if pending is not None and pending.cancel:
             return  # a cancel is final
@@ -189,7 +131,7 @@ class JobController:
             # The rescale time counts from the oldest unserved request.
             self._next = FollowUp(alloc, t0 if pending is None or pending.stop else pending.t0)
 
-    def _request_stop(self, cancel: bool) -> None:
+    def request_stop(self, cancel: bool) -> None:
         """Checkpoint and release the workers once the current transition ends;
         end the job ``cancelled`` when ``cancel``."""
         lifecycle, follow = self.status.lifecycle, FollowUp(None, time.monotonic(), cancel)
@@ -255,7 +197,7 @@ class JobController:
             return
         config = st.batch_for(alloc, st.config if st.alloc is not None
                               and st.alloc.num_replicas == alloc.num_replicas else None)
-        gen = Generation.launch(self._pool, self._gen, alloc, config, kind, t0, info, job_id=self.job_id,
+        gen = Generation.launch(self.pool, self._gen, alloc, config, kind, t0, info, job_id=self.job_id,
                                 spec_json=self.spec.to_json(), workdir=str(self.workdir), options=self.options,
                                 params=params_to_dict(st.agent.params))
         with st.lock:
@@ -281,12 +223,12 @@ class JobController:
             workers, self._gen.workers = self._gen.workers, []
         return workers
 
-    def _fail(self, error: str, details: dict | None = None) -> None:
+    def fail(self, error: str, details: dict | None = None) -> None:
         """End the job as failed, recording why, then end its workers (never left blocked)."""
         workers = self._take_workers()
         self.status.fail(error, details)
         if workers:
-            self._pool.discard(workers)
+            self.pool.discard(workers)
 
     # ------------------------------------------------------ worker reports
     def _pump(self, timeout: float) -> None:
@@ -294,7 +236,7 @@ class JobController:
         if not self._gen.workers:
             time.sleep(timeout)
             return
-        for w, (kind, info) in self._pool.receive(self._gen.workers, timeout):
+        for w, (kind, info) in self.pool.receive(self._gen.workers, timeout):
             # Handling one report can end or replace the generation (a fault
             # restart, a rescale): reports of workers or generations no longer current are dropped.
             if w in self._gen.workers:
@@ -311,7 +253,7 @@ class JobController:
         if outcome is not None:
             what, data = outcome
             if what == ERROR:
-                self._fail(data.pop("error"), data)
+                self.fail(data.pop("error"), data)
             else:
                 (self._on_resumed if what == RESUMED else self._on_paused)(data)
 
@@ -328,7 +270,7 @@ class JobController:
                 (st.rescale_times if gen.kind == "rescale" else st.start_times).append(seconds)
             st.enter(JobState.RUNNING, f"workers resumed: {gen.kind}")
         # A warm spare with this job built makes the next scale-up cheap.
-        self._pool.prepare(self.job_id, self.spec.to_json(), str(self.workdir))
+        self.pool.prepare(self.job_id, self.spec.to_json(), str(self.workdir))
         st.persist()
         if self._next is not None:  # a stop or another allocation was asked for meanwhile
             self._pause()
@@ -338,13 +280,13 @@ class JobController:
             self.status.take_position(info0)
         reason, follow = info0["reason"], self._next
         if reason == "target":
-            self._pool.release(self._take_workers())
+            self.pool.release(self._take_workers())
             self.status.record("target_reached", {"step": info0["step"], "metric": info0["metric"]})
             self._start_verification()
         elif reason != "step_limit" and follow is not None and not follow.stop:
             self._launch(follow.alloc, "rescale", follow.t0)
         else:
-            self._pool.release(self._take_workers())
+            self.pool.release(self._take_workers())
             why = "step_limit" if reason == "step_limit" else "request"
             self._stopped(follow, {"reason": why, "step": info0["step"], "checksum": info0["checksum"]})
 
@@ -380,9 +322,9 @@ class JobController:
             workers = self._take_workers()
             self.status.restarts += 1
             restarts = self.status.restarts
-        self._pool.discard(workers)
+        self.pool.discard(workers)
         if restarts > self.options.max_restarts:
-            self._fail(f"worker rank {rank} (pid {w.pid}) died with exit code {w.exitcode}; "
+            self.fail(f"worker rank {rank} (pid {w.pid}) died with exit code {w.exitcode}; "
                        f"{restarts - 1} restarts already spent (max_restarts={self.options.max_restarts})")
             return
         follow = self._next
@@ -401,22 +343,22 @@ class JobController:
             self.status.record("verification_failed", {"reason": "no final checkpoint"})
             self._after_failed_verification()
             return
-        self._verification.start(self._pool, info, "target reached")
+        self._verification.start(self.pool, info, "target reached")
 
     def _verify_final(self, info: CheckpointInfo, alloc: WorkerAllocation) -> None:
         """Verify the final checkpoint ``info`` instead of launching ``alloc``:
         the job reached its target before a fault ended that generation."""
-        self._pool.release(self._take_workers())
+        self.pool.release(self._take_workers())
         with self.status.lock:
             self.status.alloc = alloc  # where a job driven on its own trains on if the check fails
         self._next = None
-        self._verification.start(self._pool, info, "target reached before the launch", "target_reached",
+        self._verification.start(self.pool, info, "target reached before the launch", "target_reached",
                                  from_checkpoint=True)
 
     def _after_failed_verification(self) -> None:
         self._verification.failures += 1
         if self._verification.failures >= MAX_VERIFICATION_FAILURES:
-            self._fail("the final metric did not reach the target when re-evaluated in a fresh process")
+            self.fail("the final metric did not reach the target when re-evaluated in a fresh process")
             return
         follow, self._next = self._next, None
         alloc = None if follow is None else follow.alloc

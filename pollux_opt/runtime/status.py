@@ -22,6 +22,7 @@ from pollux_opt.agent.batch import choose_batch
 from pollux_opt.agent.measurements import profile_from_json
 from pollux_opt.records.events import jsonable
 from pollux_opt.runtime.allocation import WorkerAllocation
+from pollux_opt.runtime.checkpoint import CheckpointInfo, checkpoint_dir, list_checkpoints
 from pollux_opt.runtime.journal import JobJournal
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
@@ -73,8 +74,9 @@ class JobStatus:
         self.handled = 0  # commands the supervisor has taken off it
 
     # ------------------------------------------------------------------ restore
-    def restore(self) -> None:
-        """Take ``state.json`` (as :meth:`persistent` wrote it) and the event log.
+    def restore(self) -> CheckpointInfo | None:
+        """Take ``state.json`` (as :meth:`persistent` wrote it), the event log and
+        the newest checkpoint's metadata; returns that checkpoint (None: none).
 
         A job saved with workers lost them with its previous supervisor: it is
         restored ``queued`` (the supervisor makes it verify instead when its
@@ -94,6 +96,10 @@ class JobStatus:
             self.restarts = int(saved.get("num_restarts", 0))
             self.first_start = saved.get("first_start")
         self.events = self.journal.read_events()
+        infos = list_checkpoints(checkpoint_dir(self.journal.workdir))
+        if infos:
+            self.absorb_meta(infos[0].meta)
+        return infos[0] if infos else None
 
     def absorb_meta(self, meta: dict) -> None:
         """Take the training state recorded in a checkpoint's metadata."""
@@ -212,31 +218,31 @@ class JobStatus:
         }
 
     def report(self) -> JobReport:
-        """A consistent snapshot (call with ``lock`` held)."""
-        state = self.lifecycle.state
-        alloc = self.alloc if self.lifecycle.holds_cpus else None
-        config = self.config or BatchConfig(0, 0)
-        replicas = alloc.num_replicas if alloc else 0
-        agent = self.agent
-        return JobReport(
-            job_id=self.job_id, kind=self.spec.name, state=state, step=self.step,
-            progress=self.progress, samples=self.samples,
-            epoch=self.samples / self.train_size if self.train_size else math.nan,
-            metric_name=self.spec.metric, target=self.spec.target,
-            higher_is_better=self.spec.higher_is_better, metric=self.metric,
-            final_metric=self.final_metric, placement=dict(alloc.placement) if alloc else {},
-            num_replicas=replicas, num_nodes=alloc.num_nodes if alloc else 0,
-            local_bsz=config.local_bsz, accum_steps=config.accum_steps,
-            batch_size=config.total_batch(replicas) if replicas else 0,
-            fixed_batch_size=self.options.fixed_batch_size,
-            measurements=agent.measurements, throughput_params=agent.params, grad_stats=agent.grad_stats,
-            limits=self.limits,
-            restart_delay=float(np.median(self.rescale_times)) if self.rescale_times else None,
-            rescale_times=tuple(self.rescale_times), start_times=tuple(self.start_times),
-            num_restarts=self.restarts,
-            age=0.0 if self.first_start is None else time.time() - self.first_start,
-            worker_pids=self.worker_pids if alloc else (), error=self.error, events=tuple(self.events),
-            type_measurements={t: a.measurements for t, a in self.type_agents.items()},
-            type_params={t: a.params for t, a in self.type_agents.items()},
-            verifying=self.lifecycle.verifying,
-        )
+        """A consistent snapshot."""
+        with self.lock:
+            alloc = self.alloc if self.lifecycle.holds_cpus else None
+            config = self.config or BatchConfig(0, 0)
+            replicas = alloc.num_replicas if alloc else 0
+            agent = self.agent
+            return JobReport(
+                job_id=self.job_id, kind=self.spec.name, state=self.lifecycle.state, step=self.step,
+                progress=self.progress, samples=self.samples,
+                epoch=self.samples / self.train_size if self.train_size else math.nan,
+                metric_name=self.spec.metric, target=self.spec.target,
+                higher_is_better=self.spec.higher_is_better, metric=self.metric,
+                final_metric=self.final_metric, placement=dict(alloc.placement) if alloc else {},
+                num_replicas=replicas, num_nodes=alloc.num_nodes if alloc else 0,
+                local_bsz=config.local_bsz, accum_steps=config.accum_steps,
+                batch_size=config.total_batch(replicas) if replicas else 0,
+                fixed_batch_size=self.options.fixed_batch_size,
+                measurements=agent.measurements, throughput_params=agent.params, grad_stats=agent.grad_stats,
+                limits=self.limits,
+                restart_delay=float(np.median(self.rescale_times)) if self.rescale_times else None,
+                rescale_times=tuple(self.rescale_times), start_times=tuple(self.start_times),
+                num_restarts=self.restarts,
+                age=0.0 if self.first_start is None else time.time() - self.first_start,
+                worker_pids=self.worker_pids if alloc else (), error=self.error, events=tuple(self.events),
+                type_measurements={t: a.measurements for t, a in self.type_agents.items()},
+                type_params={t: a.params for t, a in self.type_agents.items()},
+                verifying=self.lifecycle.verifying,
+            )

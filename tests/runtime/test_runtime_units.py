@@ -462,7 +462,7 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
     job = ElasticJob("digits-cnn", tmp_path / "job")
     ctl = job._ctl
     verifications = []
-    ctl._pool = _FakePool()
+    ctl.pool = _FakePool()
     ctl._start_verification = lambda: verifications.append(ctl.status.step)
     workers = [_FakeWorker(100), _FakeWorker(101)]
     ctl._gen = Generation(1, workers)
@@ -476,13 +476,13 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
 
     ctl._on_message(1, "paused", paused(1))
     if request_kind == "rescale":
-        ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
+        ctl.request_alloc(WorkerAllocation({"n0": 1}), 0.0)
     else:
-        ctl._request_stop(cancel=False)
+        ctl.request_stop(cancel=False)
     assert workers[0].sent == [("stop",)]  # the request reached rank 0, which ignores it once paused
     ctl._on_message(0, "paused", paused(0))
     assert [e.kind for e in ctl.status.events][-1] == "target_reached"
-    assert verifications == [554] and not ctl._gen.workers and ctl._pool.released == workers
+    assert verifications == [554] and not ctl._gen.workers and ctl.pool.released == workers
     job.close()
 
 
@@ -495,22 +495,22 @@ def test_a_cancelled_running_job_checkpoints_then_ends_cancelled_ignoring_later_
 
     job = ElasticJob("digits-cnn", tmp_path / "job")
     ctl = job._ctl
-    ctl._pool = _FakePool()
+    ctl.pool = _FakePool()
     workers = [_FakeWorker(100), _FakeWorker(101)]
     ctl._gen = Generation(1, workers)
     ctl.status.alloc = WorkerAllocation({"n0": 2})
     ctl.status.enter(JobState.RESCALING, "launching: start")
     ctl.status.enter(JobState.RUNNING, "workers resumed: start")
-    ctl._request_stop(cancel=True)
+    ctl.request_stop(cancel=True)
     assert job.poll() is JobState.RESCALING and workers[0].sent == [("stop",)]
-    ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
+    ctl.request_alloc(WorkerAllocation({"n0": 1}), 0.0)
     for rank in (0, 1):
         ctl._on_message(rank, "paused", {"generation": 1, "rank": rank, "step": 30, "reason": "request",
                                          "checksum": "c", "progress": 3.0, "samples": 960, "metric": None})
     stopped = ctl.status.events[-1]
     assert stopped.kind == "stopped" and stopped.details == {"reason": "request", "step": 30, "checksum": "c",
                                                              "cancel": True}
-    assert job.poll() is JobState.CANCELLED and ctl._pool.released == workers and not job.report().placement
+    assert job.poll() is JobState.CANCELLED and ctl.pool.released == workers and not job.report().placement
     assert [t.new for t in ctl.status.lifecycle.history] == [
         JobState.RESCALING, JobState.RUNNING, JobState.RESCALING, JobState.CANCELLED]
     job.close()
@@ -543,7 +543,7 @@ def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, 
     if not resume:
         ctl.status.enter(JobState.RUNNING, "target reached", verifying=True)
     ctl._verification.failures = 0
-    ctl._request_alloc(WorkerAllocation({"n1": 1}), 0.0)  # the scheduler moved it meanwhile
+    ctl.request_alloc(WorkerAllocation({"n1": 1}), 0.0)  # the scheduler moved it meanwhile
     ctl._after_failed_verification()
     assert launched[-1] == ({"n1": 1}, "restart")
     job.close()
