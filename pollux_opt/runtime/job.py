@@ -44,6 +44,7 @@ _JOB_ID = Text()
 #: measurements), but saw a step up to 0.1 s after it was reported.
 WAIT_POLL_S = 0.1
 
+
 class ElasticJob:
     """One elastic data-parallel training job, driven without blocking.
 
@@ -167,8 +168,9 @@ class ElasticJob:
         Returns at once; the job is ``rescaling`` until its workers train.
         Raises InvalidProblem for a bad allocation or a finished job.
         """
-        self._submit(self._ctl.request_alloc, self._allocation(replicas, num_nodes, cpus, local_bsz, accum_steps,
-                                                               node_types, cgroups))
+        self._submit(self._ctl.request_alloc, parse_allocation(
+            self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus, local_bsz, accum_steps,
+            node_types, cgroups))
 
     def rescale(
         self,
@@ -190,8 +192,9 @@ class ElasticJob:
         changing (same placement and CPUs) applies at the next step, without a
         restart, also while the job is still starting.
         """
-        self._submit(self._ctl.request_alloc, self._allocation(replicas, num_nodes, cpus, local_bsz, accum_steps,
-                                                               node_types, cgroups))
+        self._submit(self._ctl.request_alloc, parse_allocation(
+            self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus, local_bsz, accum_steps,
+            node_types, cgroups))
 
     def stop(self) -> None:
         """Checkpoint and release all workers (state ``queued``; resume with start)."""
@@ -268,17 +271,13 @@ class ElasticJob:
         return f"ElasticJob({self.job_id!r}, kind={self.spec.name!r}, state={self.poll().value!r})"
 
     # ============================================================ API helpers
-    def _allocation(self, replicas, num_nodes, cpus, local_bsz, accum_steps, node_types=None, cgroups=None):
-        return parse_allocation(self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus,
-                                local_bsz, accum_steps, node_types, cgroups)
-
     def _submit(self, request: Callable, *args: Any) -> None:
         if self._closed:
             raise InvalidProblem(f"job {self.job_id!r} is closed")
         state = self.poll()
         if state.terminal:
             raise InvalidProblem(f"job {self.job_id!r} has ended ({state.value}); it takes no more commands")
-        if request == self._ctl.request_alloc:
+        if request == self._ctl.request_alloc:  # a launch needs torch; its time counts from now
             check_torch()
             args += (time.monotonic(),)
         self._queue(request, *args)

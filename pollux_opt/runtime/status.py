@@ -107,16 +107,11 @@ class JobStatus:
         self.progress = float(meta.get("progress", 0.0))
         self.samples = int(meta.get("samples", 0))
         self.metric = meta.get("metric")
-        stats = meta.get("stats")
-        self.agent.restore(
-            profile_from_json(meta.get("profile")), params_from_dict(meta.get("params")),
-            None if stats is None else (float(stats[0]), float(stats[1])), int(meta.get("stats_steps", 0)),
-        )
+        raw = meta.get("stats")
+        stats = (None if raw is None else (float(raw[0]), float(raw[1])), int(meta.get("stats_steps", 0)))
+        self.agent.restore(profile_from_json(meta.get("profile")), params_from_dict(meta.get("params")), *stats)
         for t, profile in (meta.get("type_profiles") or {}).items():
-            self.type_agent(str(t)).restore(
-                profile_from_json(profile), None,
-                None if stats is None else (float(stats[0]), float(stats[1])), int(meta.get("stats_steps", 0)),
-            )
+            self.type_agent(str(t)).restore(profile_from_json(profile), None, *stats)
         config = meta.get("config")
         if config:
             self.config = BatchConfig(int(config[0]), int(config[1]))
