@@ -21,11 +21,11 @@ from pollux_opt.lifecycle import JobState
 from pollux_opt.model.domains import Text, check
 from pollux_opt.runtime.allocation import parse_allocation
 from pollux_opt.runtime.controller import JobController
-from pollux_opt.runtime.journal import JOB_FILE, JobJournal
 from pollux_opt.runtime.lazy_torch import check_torch
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.report import JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec, workdir_path
+from pollux_opt.runtime.status import JOB_FILE, read_job, step_log, write_job
 from pollux_opt.runtime.trust import check_declared_builder
 
 __all__ = ["WAIT_POLL_S", "ElasticJob"]
@@ -81,7 +81,6 @@ class ElasticJob:
             raise InvalidProblem(f"pool must be a WorkerPool or None, got {pool!r}")
         self.workdir = workdir_path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._journal = JobJournal(self.workdir)
         self.job_id: str = self._claim_workdir(spec, options, job_id)
         self.spec = spec
         self.options = options
@@ -98,11 +97,11 @@ class ElasticJob:
     def _claim_workdir(self, spec: JobSpec, options: RuntimeOptions, job_id: str | None) -> str:
         """The job id, after checking a job already in the work directory is this
         one (or recording this job there)."""
-        saved = self._journal.read_job()
+        saved = read_job(self.workdir)
         if saved is None:
             job_id = self.workdir.name if job_id is None else job_id
             check("job_id", job_id, _JOB_ID)
-            self._journal.write_job(job_id, spec.to_json(), options)
+            write_job(self.workdir, job_id, spec.to_json(), options)
             return job_id
         if saved["spec"] != spec.to_json():
             raise InvalidProblem(
@@ -130,7 +129,7 @@ class ElasticJob:
         from a declared module (the trust model of :mod:`pollux_opt.runtime.spec`).
         """
         path = workdir_path(workdir)
-        saved = JobJournal(path).read_job()
+        saved = read_job(path)
         if saved is None:
             raise InvalidProblem(f"workdir {str(path)!r} holds no job (no {JOB_FILE})")
         spec = JobSpec.from_json(saved["spec"])
@@ -258,8 +257,8 @@ class ElasticJob:
 
     def step_log(self):
         """Per-step measurements of rank 0 as a pandas DataFrame (see
-        :data:`~pollux_opt.runtime.journal.STEP_COLUMNS`)."""
-        return self._journal.step_log()
+        :data:`~pollux_opt.runtime.status.STEP_COLUMNS`)."""
+        return step_log(self.workdir)
 
     def __enter__(self) -> "ElasticJob":
         return self

@@ -1,15 +1,27 @@
 """What an elastic job knows about itself (:class:`JobStatus`): written by its
 supervisor thread, read by the scheduler's thread as :class:`JobReport`
-snapshots, recorded in its work directory (:mod:`~pollux_opt.runtime.journal`)
-and restored from there and from the newest checkpoint."""
+snapshots, and recorded in its work directory, from which (and from the
+newest checkpoint) a re-opened job is restored.
+
+Besides its checkpoints and logs, a job writes ``job.json`` (spec, options,
+id; written once), ``state.json`` (state, restart and rescale times; replaced
+atomically), ``events.jsonl`` (one event per line) and ``steps.csv`` (one row
+per optimizer step of rank 0).  A crash can tear only the last line of
+``events.jsonl`` or ``steps.csv`` (each line is one write); readers skip a
+torn line.
+"""
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
 import math
+import os
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -22,19 +34,53 @@ from pollux_opt.agent.batch import choose_batch
 from pollux_opt.agent.measurements import profile_from_json
 from pollux_opt.records.events import jsonable
 from pollux_opt.runtime.allocation import WorkerAllocation
-from pollux_opt.runtime.checkpoint import CheckpointInfo, checkpoint_dir, list_checkpoints
-from pollux_opt.runtime.journal import JobJournal
+from pollux_opt.runtime.checkpoint import CheckpointInfo, atomic_write_json, checkpoint_dir, list_checkpoints
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 
-__all__ = ["JobStatus"]
+__all__ = ["EVENTS_FILE", "JOB_FILE", "STATE_FILE", "STEPS_FILE", "STEP_COLUMNS", "JobStatus", "read_job",
+           "step_log", "write_job"]
 
 logger = logging.getLogger("pollux_opt.runtime")
+
+JOB_FILE = "job.json"
+STATE_FILE = "state.json"
+EVENTS_FILE = "events.jsonl"
+STEPS_FILE = "steps.csv"
+
+#: Columns of ``steps.csv``: one row per optimizer step on rank 0 (times in
+#: seconds; see :class:`~pollux_opt.runtime.trainer.Trainer`).
+STEP_COLUMNS = (
+    "generation", "step", "time", "num_replicas", "local_bsz", "accum_steps", "step_time",
+    "compute_time", "sync_time", "loss", "grad_sqr_est", "grad_var_est", "gain", "lr_factor", "progress",
+)
+
+
+def read_job(workdir: Path) -> dict | None:
+    """The saved ``{"job_id", "spec", "options", "created"}``, or None for a new job."""
+    path = Path(workdir) / JOB_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_job(workdir: Path, job_id: str, spec_json: str, options: RuntimeOptions) -> None:
+    atomic_write_json(Path(workdir) / JOB_FILE, {
+        "job_id": job_id, "spec": spec_json, "options": jsonable(options.__dict__), "created": time.time(),
+    })
+
+
+def step_log(workdir: Path):
+    """``steps.csv`` as a pandas DataFrame (empty, with the columns, before any step)."""
+    import pandas as pd
+
+    path = Path(workdir) / STEPS_FILE
+    if not path.exists():
+        return pd.DataFrame(columns=list(STEP_COLUMNS))
+    return pd.read_csv(path, on_bad_lines="skip")
 
 
 class JobStatus:
     """The state of one job that other threads may read, guarded by ``lock``,
-    and its records in the work directory ``workdir`` (``journal``).
+    and its records in its work directory ``workdir``.
 
     ``lifecycle`` (:class:`~pollux_opt.lifecycle.Lifecycle`) owns the job's
     state.  ``changed`` is notified (lock held) whenever a report, state, event
@@ -46,7 +92,7 @@ class JobStatus:
 
     def __init__(self, job_id: str, spec: JobSpec, options: RuntimeOptions, workdir: Path) -> None:
         self.job_id, self.spec, self.options = job_id, spec, options
-        self.journal = JobJournal(workdir)
+        self.workdir = Path(workdir)
         self.limits = spec.limits()
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
@@ -81,7 +127,7 @@ class JobStatus:
         A job saved with workers lost them with its previous supervisor: it is
         restored ``queued`` (the supervisor makes it verify instead when its
         newest checkpoint is an unchecked final one)."""
-        saved = self.journal.read_state()
+        saved = self._read_state()
         if saved:
             value, known = saved.get("state", JobState.QUEUED.value), [s.value for s in JobState]
             if value not in known:
@@ -95,11 +141,34 @@ class JobStatus:
             self.start_times = list(saved.get("start_times", []))
             self.restarts = int(saved.get("num_restarts", 0))
             self.first_start = saved.get("first_start")
-        self.events = self.journal.read_events()
-        infos = list_checkpoints(checkpoint_dir(self.journal.workdir))
+        self.events = self._read_events()
+        infos = list_checkpoints(checkpoint_dir(self.workdir))
         if infos:
             self.absorb_meta(infos[0].meta)
         return infos[0] if infos else None
+
+    def _read_state(self) -> dict:
+        """The saved state, or ``{}`` when there is none or it is unreadable."""
+        path = self.workdir / STATE_FILE
+        if not path.exists():
+            return {}
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            logger.warning("%s is unreadable; starting from the checkpoints alone", path)
+            return {}
+
+    def _read_events(self) -> list[Event]:
+        path = self.workdir / EVENTS_FILE
+        events = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    data = json.loads(line)
+                    events.append(Event(data["time"], data["kind"], data.get("details", {})))
+                except (ValueError, KeyError):
+                    continue  # a torn last line from a crash
+        return events
 
     def absorb_meta(self, meta: dict) -> None:
         """Take the training state recorded in a checkpoint's metadata."""
@@ -144,7 +213,19 @@ class JobStatus:
             self.take_position(info)
             self.take_measurements(info)
             self.changed.notify_all()
-        self.journal.append_steps(info["rows"])
+        self._append_steps(info["rows"])
+
+    def _append_steps(self, rows: Sequence[Sequence]) -> None:
+        """Append rows of :data:`STEP_COLUMNS` (the header first, in a new file)."""
+        if not rows:
+            return
+        path = self.workdir / STEPS_FILE
+        new = not path.exists()
+        with open(path, "a", newline="") as fh:
+            writer = csv.writer(fh)
+            if new:
+                writer.writerow(STEP_COLUMNS)
+            writer.writerows(rows)
 
     def refit(self):
         """Re-fit the pooled throughput model and each type's (where stale); returns the pooled parameters."""
@@ -182,7 +263,11 @@ class JobStatus:
             self.events.append(event)
             self.changed.notify_all()
         logger.info("job %s: %s %s", self.job_id, kind, details)
-        self.journal.append_event(event)
+        # One write per line, flushed and fsynced.
+        with open(self.workdir / EVENTS_FILE, "a") as fh:
+            fh.write(json.dumps({"time": event.time, "kind": event.kind, "details": event.details}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def fail(self, error: str, details: dict | None = None) -> None:
         """End the job as ``failed``, recording why (``error``, and ``details``)."""
@@ -196,7 +281,7 @@ class JobStatus:
         """Write ``state.json`` (atomically)."""
         with self.lock:
             data = self.persistent()
-        self.journal.write_state(data)
+        atomic_write_json(self.workdir / STATE_FILE, jsonable(data))
 
     def persistent(self) -> dict:
         """What ``state.json`` holds (JSON-safe after :func:`~pollux_opt.records.events.jsonable`)."""

@@ -157,7 +157,7 @@ class VerificationRun:
 
     def __init__(self, status: "JobStatus") -> None:
         self.status = status
-        self.workdir = status.journal.workdir
+        self.workdir = status.workdir
         self.failures = 0  # finished checks that did not confirm the target
         self._proc = None  # the multiprocessing process, while one exists
 
