@@ -31,7 +31,8 @@ from pollux_opt.runtime.checkpoint import (
     save_checkpoint,
 )
 from pollux_opt.lifecycle import JobState
-from pollux_opt.runtime.report import JobReport, Measurements, RuntimeOptions, normalize_placement
+from pollux_opt.runtime.allocation import normalize_placement
+from pollux_opt.runtime.report import JobReport, Measurements, RuntimeOptions
 from pollux_opt.agent.stats import GradStatsEMA, adascale_gain, lr_factor, micro_batch_estimates
 from pollux_opt.runtime import JobSpec, get_job, heldout_error, job_names, register_job
 
