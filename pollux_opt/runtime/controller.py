@@ -110,6 +110,7 @@ class JobController:
 
     # --------------------------------------------------------------- requests
     def request_alloc(self, alloc: WorkerAllocation, t0: float) -> None:
+        """Serve a start or rescale to ``alloc`` asked for at ``t0`` (``time.monotonic`` seconds)."""
         state, pending = self.status.lifecycle.state, self._next
         if pending is not None and pending.cancel:
             return  # a cancel is final

@@ -120,9 +120,7 @@ class Generation:
             # Where the time went, per rank: waiting for the worker to take the
             # assignment (busy or still starting), building, joining the group, loading.
             "queue_s": [self.resumed[r]["received"] - self.wall for r in ranks],
-            "build_s": [self.resumed[r]["build_s"] for r in ranks],
-            "group_s": [self.resumed[r]["group_s"] for r in ranks],
-            "load_s": [self.resumed[r]["load_s"] for r in ranks],
+            **{phase: [self.resumed[r][phase] for r in ranks] for phase in ("build_s", "group_s", "load_s")},
             "checkpoint_checksum": None if self.resume_from is None else self.resume_from.meta.get("checksum"),
         }
         if self.kind == "rescale" and self.previous_pause is not None:
