@@ -181,6 +181,7 @@ class FakeJob(JobHandle):
             grad_stats=GradientStats(1.0, 10.0, 32) if self.start_times else None, limits=spec.limits(),
             restart_delay=None, rescale_times=tuple(self.rescale_times), start_times=tuple(self.start_times),
             num_restarts=0, age=0.0, worker_pids=(), error=getattr(self, "error", None), events=tuple(self.events),
+            verifying=self.verifying,
         )
 
 

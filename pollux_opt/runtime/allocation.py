@@ -14,12 +14,15 @@ from solvers import InvalidProblem
 from pollux_opt.model import BatchConfig, BatchLimits
 from pollux_opt.model.domains import NAME, Integer, check
 from pollux_opt.agent.batch import choose_batch
-from pollux_opt.runtime.report import normalize_placement
 
-__all__ = ["FollowUp", "WorkerAllocation", "parse_allocation"]
+__all__ = ["FollowUp", "WorkerAllocation", "normalize_placement", "parse_allocation"]
 
 #: A CPU id a replica is pinned to.
 _CPU_ID = Integer(ge=0)
+#: Replicas and nodes of a placement given as counts.
+_POSITIVE_COUNT = Integer(ge=1)
+#: Replicas of a placement on one node (0: none there).
+_REPLICAS_ON_NODE = Integer(ge=0)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,37 @@ class WorkerAllocation:
         """Whether ``other`` asks for the same placement, CPUs, types and cgroups (whatever its batch)."""
         return (other is not None and self.placement == other.placement and self.cpus == other.cpus
                 and self.node_types == other.node_types and self.cgroups == other.cgroups)
+
+
+def normalize_placement(
+    replicas: int | Mapping[Any, int], num_nodes: int | None = None
+) -> dict[str, int]:
+    """``{node: replicas}`` from a replica count (spread over ``num_nodes`` logical
+    nodes, as evenly as possible) or from a mapping (zero entries dropped).
+
+    Node keys become strings (JSON-safe).  Raises InvalidProblem on bad input,
+    naming the argument.
+    """
+    if isinstance(replicas, Mapping):
+        placement = {}
+        for node, count in replicas.items():
+            count = check(f"placement[{node!r}]", count, _REPLICAS_ON_NODE)
+            if count:
+                placement[str(node)] = count
+        if not placement:
+            raise InvalidProblem(f"placement must give at least one replica, got {dict(replicas)!r}")
+        if num_nodes is not None and num_nodes != len(placement):
+            raise InvalidProblem(
+                f"num_nodes ({num_nodes!r}) disagrees with the placement {placement!r} "
+                f"({len(placement)} nodes); leave num_nodes out when giving a placement"
+            )
+        return placement
+    total = check("num_replicas", replicas, _POSITIVE_COUNT)
+    nodes = 1 if num_nodes is None else check("num_nodes", num_nodes, _POSITIVE_COUNT)
+    if nodes > total:
+        raise InvalidProblem(f"num_nodes must be <= num_replicas ({total}), got {nodes}")
+    base, extra = divmod(total, nodes)
+    return {str(n): base + (1 if n < extra else 0) for n in range(nodes)}
 
 
 def _per_node(what: str, value: Mapping[str, str] | None, placement: Mapping[str, int],

@@ -1,13 +1,11 @@
-"""The supervisor of one elastic job (:class:`JobController`): a thread that
-watches the job's workers (their reports, through the pool, and their liveness),
-applies the scheduler's commands at step boundaries, moves the job through its
-states (:mod:`~pollux_opt.lifecycle`), re-fits its throughput model
-(:class:`~pollux_opt.agent.agent.JobAgent`), records events and persists the
-job's state, so that a job keeps adapting while the scheduler thread is busy.
-
-The scheduler's handle, :class:`~pollux_opt.runtime.job.ElasticJob`, puts
-commands on the queue (:meth:`JobController.submit`) and reads snapshots
-(:meth:`JobController.report`); everything else happens in the thread.
+"""The decisions of one elastic job's supervisor (:class:`JobController`),
+taken in the supervisor thread of its :class:`~pollux_opt.runtime.job.ElasticJob`:
+it applies the scheduler's requests at step boundaries, launches and pauses
+the job's generations of workers (:class:`~pollux_opt.runtime.generation.Generation`),
+acts on what they report (their liveness included), verifies the final
+checkpoint, re-fits the job's throughput model and moves the job through its
+states (:mod:`~pollux_opt.lifecycle`), recorded by its
+:class:`~pollux_opt.runtime.status.JobStatus`.
 
 **A reached target is never trained past.**  A final checkpoint (the one rank
 0 writes when an evaluation reaches the target) that no fresh-process check
@@ -20,180 +18,99 @@ worker died between the final checkpoint and the pause) verifies it instead.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from pollux_opt.lifecycle import JobState
 from pollux_opt.model import BatchConfig
-from pollux_opt.records.events import jsonable
 from pollux_opt.agent.agent import params_to_dict
-from pollux_opt.agent.batch import choose_batch
 from pollux_opt.runtime.allocation import FollowUp, WorkerAllocation
-from pollux_opt.runtime.checkpoint import (
-    CheckpointInfo, checkpoint_dir, latest_good, list_checkpoints, wait_for_writer,
-)
-from pollux_opt.runtime.intake import WorkerIntake
-from pollux_opt.runtime.journal import JobJournal
-from pollux_opt.runtime.pool import Worker, WorkerPool
-from pollux_opt.runtime.recovery import FaultMonitor, VerificationRun
-from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
+from pollux_opt.runtime.checkpoint import CheckpointInfo, checkpoint_dir, latest_good, wait_for_writer
+from pollux_opt.runtime.generation import Generation
+from pollux_opt.runtime.pool import WorkerPool
+from pollux_opt.runtime.protocol import ERROR, METRICS, RESUMED, STOP
+from pollux_opt.runtime.report import RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 from pollux_opt.runtime.status import JobStatus
-from pollux_opt.runtime.protocol import RUN, STOP, Assignment
+from pollux_opt.runtime.verify import VerificationRun
 from pollux_opt.runtime.worker import WRITER_WAIT_S
 
-__all__ = ["SUPERVISOR_TICK_S", "JobController"]
+__all__ = ["MAX_VERIFICATION_FAILURES", "SUPERVISOR_TICK_S", "JobController"]
 
 logger = logging.getLogger("pollux_opt.runtime")
 
 #: Seconds the supervisor thread waits for worker messages per loop turn (the
 #: latency of reacting to commands and faults; small against a rescale budget of 1 s).
 SUPERVISOR_TICK_S = 0.02
+#: Verification failures (metric not reproduced in a fresh process) tolerated
+#: before a job is failed instead of resumed.
+MAX_VERIFICATION_FAILURES = 2
+#: Event recorded when a launch of each kind has all its workers training.
+_RESUMED_EVENT = {"rescale": "rescaled", "start": "started", "restart": "restarted"}
 
 
-class JobController(WorkerIntake):
-    """Supervises the workers of one job (see the module docstring; the
-    handling of worker reports, faults and verification is in
-    :class:`~pollux_opt.runtime.intake.WorkerIntake`).
+class JobController:
+    """The decisions of one job's supervisor (see the module docstring), taken
+    in the thread of its :class:`~pollux_opt.runtime.job.ElasticJob`: the
+    scheduler's requests (:meth:`request_alloc`, :meth:`request_stop`) and one
+    :meth:`tick` per turn of that thread.
 
     Args:
         job_id, spec, workdir, options: the job.
-        pool: the shared :class:`WorkerPool`, or None for a private one with one
-            spare worker (made when the thread starts, closed at shutdown).
+        pool: the :class:`WorkerPool` its workers come from (None until the
+            handle makes a private one).
+
+    Attributes:
+        resume_check: the unchecked final checkpoint of a job re-opened with one
+            (it is ``running``, verifying, and :meth:`resume_verification` starts
+            the check), else None.
     """
 
     def __init__(self, job_id: str, spec: JobSpec, workdir: Path, options: RuntimeOptions,
                  pool: WorkerPool | None) -> None:
         self.job_id, self.spec, self.workdir, self.options = job_id, spec, Path(workdir), options
-        self.limits = spec.limits()
-        self.journal = JobJournal(self.workdir)
-        self.status = JobStatus(job_id, spec, options)
-        self._own_pool = pool is None
-        self._pool = pool
-        self._commands: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        # ---- supervisor-thread-only state
-        self._workers: list[Worker] = []  # the current generation, by rank
-        self._gen = 0
+        self.status = JobStatus(job_id, spec, options, self.workdir)
+        self.pool = pool
+        self._gen = Generation()
         self._next: FollowUp | None = None  # what to do once the current transition ends
-        # Within ``rescaling``: the old generation is pausing (True) or a new one forming (False).
-        self._pausing = False
-        self._launch_kind, self._launch_t0, self._launch_wall = "start", 0.0, 0.0
-        self._resume_from: CheckpointInfo | None = None
-        self._resumed: dict[int, dict] = {}
-        self._paused: dict[int, dict] = {}
-        self._last_pause: dict | None = None
-        self._faults = FaultMonitor()
-        self._verification = VerificationRun(self.workdir, job_id)
-        self._verification_failures = 0
+        self._verification = VerificationRun(self.status)
         self._params_sent = None
         self._last_adapt = 0.0
-        self.status.restore(self.journal.read_state(), self.journal.read_events())
-        infos = list_checkpoints(checkpoint_dir(self.workdir))
-        if infos:
-            self.status.absorb_meta(infos[0].meta)
-        if infos and infos[0].final and not self.status.lifecycle.state.terminal:
+        self.resume_check: CheckpointInfo | None = None
+        newest = self.status.restore()
+        if newest is not None and newest.final and not self.status.lifecycle.state.terminal:
             info = latest_good(checkpoint_dir(self.workdir), on_corrupt=self._on_corrupt)
             if self._awaits_verification(info):
-                # The check resumes as soon as the thread runs.
-                self._enter(JobState.RUNNING, "re-opened with an unchecked final checkpoint", verifying=True)
+                self.status.enter(JobState.RUNNING, "re-opened with an unchecked final checkpoint", verifying=True)
                 self.status.absorb_meta(info.meta)
-                self._queue("verify", info)
+                self.resume_check = info
 
-    # ============================================================ handle side
-    def report(self) -> JobReport:
-        with self.status.lock:
-            return self.status.report()
+    def tick(self) -> bool:
+        """One turn of the supervisor thread after its commands: handle the
+        workers' reports (waiting up to :data:`SUPERVISOR_TICK_S` for one) and
+        faults, the end of a verification, and adaptation.  False once nothing
+        is left to supervise."""
+        self._pump(SUPERVISOR_TICK_S)
+        self._check_workers()
+        if self._verification.finish():
+            self._after_failed_verification()
+        self._maybe_adapt()
+        return not self.status.lifecycle.state.terminal or self._verification.active
 
-    def state(self) -> JobState:
-        with self.status.lock:
-            return self.status.lifecycle.state
-
-    def submit(self, kind: str, payload: Any) -> None:
-        """Queue a command (``"alloc"`` with a :class:`WorkerAllocation`, ``"stop"``
-        or ``"cancel"``) and start the thread if it is not running."""
-        self._queue(kind, payload)
-
-    def _queue(self, kind: str, payload: Any) -> None:
-        with self.status.lock:
-            self.status.submitted += 1
-        self._commands.put((kind, payload, time.monotonic()))
-        if self._thread is None:
-            if self._pool is None:
-                self._pool = WorkerPool(spares=1)
-            self._thread = threading.Thread(target=self._supervise, name=f"pollux-job-{self.job_id}", daemon=True)
-            self._thread.start()
-
-    def close(self) -> None:
-        """End the thread and any workers now (no checkpoint)."""
-        if self._thread is not None and self._thread.is_alive():
-            self._commands.put(("close", None, time.monotonic()))
-            self._thread.join()
-        else:
-            self._shutdown()
-
-    # ====================================================== supervisor thread
-    def _supervise(self) -> None:
-        try:
-            while True:
-                if not self._handle_commands():
-                    break
-                self._pump(SUPERVISOR_TICK_S)
-                self._check_workers()
-                self._check_verification()
-                self._maybe_adapt()
-                if self.status.lifecycle.state.terminal and not self._verification.active:
-                    break  # nothing left to supervise; close() cleans up
-        except Exception as exc:  # noqa: BLE001 - a controller bug must not hang the scheduler
-            logger.exception("supervisor of job %s crashed", self.job_id)
-            if not self.status.lifecycle.state.terminal:
-                self._fail(f"controller error: {type(exc).__name__}: {exc}")
-        finally:
-            self._shutdown()
-
-    def _shutdown(self) -> None:
-        with self.status.lock:
-            workers, self._workers = self._workers, []
-        if workers and self._pool is not None:
-            self._pool.discard(workers)
+    def shutdown(self) -> None:
+        """End the workers and any verification now (no checkpoint)."""
+        workers = self._take_workers()
+        if workers and self.pool is not None:
+            self.pool.discard(workers)
         self._verification.kill()
-        if self._own_pool and self._pool is not None:
-            self._pool.close()
 
-    def _handle_commands(self) -> bool:
-        while True:
-            try:
-                kind, payload, t0 = self._commands.get_nowait()
-            except queue.Empty:
-                return True
-            if kind == "close":
-                return False
-            try:
-                if self.status.lifecycle.state.terminal:
-                    continue
-                if kind == "alloc":
-                    self._request_alloc(payload, t0)
-                elif kind in ("stop", "cancel"):
-                    self._request_stop(cancel=kind == "cancel")
-                elif kind == "verify":
-                    self._resume_verification(payload)
-            finally:
-                with self.status.lock:
-                    self.status.handled += 1
-                    self.status.changed.notify_all()
-
-    def _enter(self, state: JobState, reason: str, *, verifying: bool = False) -> None:
-        """Move to ``state``: the one place the state changes, checked against the table."""
-        with self.status.lock:
-            step = self.status.lifecycle.move(state, reason, verifying=verifying)
-            self.status.changed.notify_all()
-        logger.debug("job %s: %s -> %s (%s)", self.job_id, step.old.value, step.new.value, reason)
+    def resume_verification(self) -> None:
+        """Start checking :attr:`resume_check`."""
+        self._verification.start(self.pool, self.resume_check, None, "verification_resumed")
 
     # --------------------------------------------------------------- requests
-    def _request_alloc(self, alloc: WorkerAllocation, t0: float) -> None:
+    def request_alloc(self, alloc: WorkerAllocation, t0: float) -> None:
+        """Serve a start or rescale to ``alloc`` asked for at ``t0`` (``time.monotonic`` seconds)."""
         state, pending = self.status.lifecycle.state, self._next
         if pending is not None and pending.cancel:
             return  # a cancel is final
@@ -201,10 +118,13 @@ class JobController(WorkerIntake):
             self._launch(alloc, "start", t0)
         elif self.status.lifecycle.verifying:
             self._next = FollowUp(alloc, t0)  # served if the verification does not confirm the target
-        elif not self._pausing and alloc.same_workers(self.status.alloc):
+        elif not self._gen.pausing and alloc.same_workers(self.status.alloc):
             # The same workers: only the batch may change, at a step boundary, without a restart.
             self._next = None  # (while forming: asked for what is being launched)
-            self._apply_pin(alloc)
+            with self.status.lock:
+                self.status.alloc = alloc
+            if alloc.pin is not None and alloc.pin != self.status.config:
+                self._send_batch(alloc.pin)
         elif state is JobState.RUNNING:
             self._next = FollowUp(alloc, t0)
             self._pause()
@@ -212,7 +132,7 @@ class JobController(WorkerIntake):
             # The rescale time counts from the oldest unserved request.
             self._next = FollowUp(alloc, t0 if pending is None or pending.stop else pending.t0)
 
-    def _request_stop(self, cancel: bool) -> None:
+    def request_stop(self, cancel: bool) -> None:
         """Checkpoint and release the workers once the current transition ends;
         end the job ``cancelled`` when ``cancel``."""
         lifecycle, follow = self.status.lifecycle, FollowUp(None, time.monotonic(), cancel)
@@ -229,30 +149,24 @@ class JobController(WorkerIntake):
         """Record a stop (its event's ``details``) and hold no workers: ``queued``,
         or ``cancelled`` when ``follow`` cancels the job."""
         cancel = follow is not None and follow.cancel
-        self._record("stopped", dict(details, cancel=True) if cancel else details)
+        self.status.record("stopped", dict(details, cancel=True) if cancel else details)
         self._next = None
         if cancel or self.status.lifecycle.state is not JobState.QUEUED:
-            self._enter(JobState.CANCELLED if cancel else JobState.QUEUED, f"stopped: {details['reason']}")
-        self._persist()
-
-    def _apply_pin(self, alloc: WorkerAllocation) -> None:
-        with self.status.lock:
-            self.status.alloc = alloc
-        if alloc.pin is not None and alloc.pin != self.status.config:
-            self._send_batch(alloc.pin)
+            self.status.enter(JobState.CANCELLED if cancel else JobState.QUEUED, f"stopped: {details['reason']}")
+        self.status.persist()
 
     def _pause(self) -> None:
         """Ask the workers to finish their step, checkpoint and leave."""
         # The paused reports are not cleared here: while running, ranks may already
         # have paused on their own (target or step limit) and will not report
-        # again; their reports complete this pause.  _launch clears them.
-        self._pausing = True
-        self._enter(JobState.RESCALING, "pausing")
-        self._send(0, (STOP,))
+        # again; their reports complete this pause.
+        self._gen.pausing = True
+        self.status.enter(JobState.RESCALING, "pausing")
+        self._send_to_rank0(STOP)
 
-    def _send(self, rank: int, msg: tuple) -> None:
-        if rank < len(self._workers):
-            self._workers[rank].send(*msg)  # a dead worker: _check_workers handles it
+    def _send_to_rank0(self, *message) -> None:
+        if self._gen.workers:
+            self._gen.workers[0].send(*message)  # a dead worker: _check_workers handles it
 
     def _send_batch(self, config: BatchConfig) -> None:
         """Switch the running batch configuration (rank 0 applies it at the next step)."""
@@ -260,23 +174,14 @@ class JobController(WorkerIntake):
         with self.status.lock:
             self.status.config = config
         params = self.status.agent.params
-        self._send(0, ("batch", config.local_bsz, config.accum_steps, params_to_dict(params)))
+        self._send_to_rank0("batch", config.local_bsz, config.accum_steps, params_to_dict(params))
         self._params_sent = params
-        self._record("batch_changed", {
+        self.status.record("batch_changed", {
             "from": None if old is None else [old.local_bsz, old.accum_steps],
             "to": [config.local_bsz, config.accum_steps], "step": self.status.step,
         })
 
     # ------------------------------------------------------------- launching
-    def _batch_for(self, alloc: WorkerAllocation, current: BatchConfig | None) -> BatchConfig:
-        """The batch to run on ``alloc``: the user's pin, else the job's own choice
-        (:func:`~pollux_opt.agent.batch.choose_batch` with its freshest model),
-        keeping ``current`` unless a better one is clear."""
-        if alloc.pin is not None:
-            return alloc.pin
-        return choose_batch(self.limits, alloc.num_nodes, alloc.num_replicas, self.status.agent.batch_model(),
-                            fixed_batch_size=self.options.fixed_batch_size, current=current)
-
     def _launch(self, alloc: WorkerAllocation, kind: str, t0: float) -> None:
         """Start a new generation of workers on ``alloc`` from the newest good
         checkpoint (or verify it instead, if it is an unchecked final one)."""
@@ -284,88 +189,186 @@ class JobController(WorkerIntake):
             logger.warning("job %s: a previous worker still writes checkpoints after %.0f s; resuming anyway",
                            self.job_id, WRITER_WAIT_S)
         info = latest_good(checkpoint_dir(self.workdir), on_corrupt=self._on_corrupt)
+        st = self.status
         if info is not None:
-            with self.status.lock:
-                self.status.absorb_meta(info.meta)
+            with st.lock:
+                st.absorb_meta(info.meta)
         if self._awaits_verification(info):
             self._verify_final(info, alloc)
             return
-        k, n = alloc.num_replicas, alloc.num_nodes
-        st = self.status
-        config = self._batch_for(alloc, st.config if st.alloc is not None and st.alloc.num_replicas == k else None)
-        workers = self._pool.regroup(self._workers, alloc, job_key=self.job_id)
-        self._gen += 1
-        self._launch_wall = time.time()
-        store = self._pool.rendezvous(workers, self.workdir, self._gen) if k > 1 else None
-        params = params_to_dict(self.status.agent.params)
-        rank_nodes = alloc.rank_nodes()
-        for rank, w in enumerate(workers):
-            w.job_key = self.job_id
-            a = Assignment(
-                job_id=self.job_id, spec_json=self.spec.to_json(), workdir=str(self.workdir), generation=self._gen,
-                rank=rank, world=k, num_nodes=n, store_path=None if store is None else str(store),
-                checkpoint_meta=None if info is None else str(info.meta_path), local_bsz=config.local_bsz,
-                accum_steps=config.accum_steps, options=self.options, params=params,
-                cpu=None if alloc.cpus is None else alloc.cpus[rank], node_type=alloc.node_type,
-                cgroup=None if alloc.cgroups is None else alloc.cgroups[rank_nodes[rank]],
-            )
-            w.send(RUN, a)  # a worker gone is noticed as a lost worker
-        with self.status.lock:
-            self._workers = workers
-            self.status.worker_pids = tuple(w.pid for w in workers)
-            self.status.alloc, self.status.config = alloc, config
-            if self.status.first_start is None:
-                self.status.first_start = time.time()
-            self._pausing = False
-            self._enter(JobState.RESCALING, f"launching: {kind}")
-        self._resumed, self._paused = {}, {}
-        self._faults.reset()
-        self._resume_from = info
-        self._launch_kind, self._launch_t0 = kind, t0
+        config = st.batch_for(alloc, st.config if st.alloc is not None
+                              and st.alloc.num_replicas == alloc.num_replicas else None)
+        gen = Generation.launch(self.pool, self._gen, alloc, config, kind, t0, info, job_id=self.job_id,
+                                spec_json=self.spec.to_json(), workdir=str(self.workdir), options=self.options,
+                                params=params_to_dict(st.agent.params))
+        with st.lock:
+            self._gen = gen
+            st.worker_pids = tuple(w.pid for w in gen.workers)
+            st.alloc, st.config = alloc, config
+            if st.first_start is None:
+                st.first_start = time.time()
+            st.enter(JobState.RESCALING, f"launching: {kind}")
         self._next = None
-        self._persist()
+        st.persist()
 
     def _awaits_verification(self, info: CheckpointInfo | None) -> bool:
         """``info`` is a final checkpoint that no fresh-process check has rejected."""
         return info is not None and info.final and not self._verification.rejected(info)
 
+    def _on_corrupt(self, info: CheckpointInfo) -> None:
+        self.status.record("checkpoint_corrupt", {"step": info.step, "path": str(info.path)})
+
+    def _take_workers(self) -> list:
+        """The current generation's workers, which it no longer holds."""
+        with self.status.lock:
+            workers, self._gen.workers = self._gen.workers, []
+        return workers
+
+    def fail(self, error: str, details: dict | None = None) -> None:
+        """End the job as failed, recording why, then end its workers (never left blocked)."""
+        workers = self._take_workers()
+        self.status.fail(error, details)
+        if workers:
+            self.pool.discard(workers)
+
+    # ------------------------------------------------------ worker reports
+    def _pump(self, timeout: float) -> None:
+        """Handle the workers' reports, waiting up to ``timeout`` seconds for one."""
+        if not self._gen.workers:
+            time.sleep(timeout)
+            return
+        for w, (kind, info) in self.pool.receive(self._gen.workers, timeout):
+            # Handling one report can end or replace the generation (a fault
+            # restart, a rescale): reports of workers or generations no longer current are dropped.
+            if w in self._gen.workers:
+                self._on_message(self._gen.workers.index(w), kind, info)
+
+    def _on_message(self, rank: int, kind: str, info: dict) -> None:
+        if info.get("generation") != self._gen.number:
+            return  # a late report of an earlier generation
+        if kind == METRICS:
+            self.status.take_metrics(info)
+            return
+        # CHECKPOINT reports: recorded on disk; the newest good one is looked up when needed.
+        outcome = self._gen.take(rank, kind, info)
+        if outcome is not None:
+            what, data = outcome
+            if what == ERROR:
+                self.fail(data.pop("error"), data)
+            else:
+                (self._on_resumed if what == RESUMED else self._on_paused)(data)
+
+    def _on_resumed(self, info0: dict) -> None:
+        gen, st = self._gen, self.status
+        seconds = time.monotonic() - gen.t0
+        # The event is recorded before the state changes, so that whoever sees
+        # the new state also sees the event explaining it.
+        st.record(_RESUMED_EVENT[gen.kind], gen.resumed_details(st.alloc, st.config, st.worker_pids, seconds))
+        with st.lock:
+            st.take_position(info0)
+            st.train_size = info0["train_size"]
+            if gen.kind != "restart":
+                (st.rescale_times if gen.kind == "rescale" else st.start_times).append(seconds)
+            st.enter(JobState.RUNNING, f"workers resumed: {gen.kind}")
+        # A warm spare with this job built makes the next scale-up cheap.
+        self.pool.prepare(self.job_id, self.spec.to_json(), str(self.workdir))
+        st.persist()
+        if self._next is not None:  # a stop or another allocation was asked for meanwhile
+            self._pause()
+
+    def _on_paused(self, info0: dict) -> None:
+        with self.status.lock:
+            self.status.take_position(info0)
+        reason, follow = info0["reason"], self._next
+        if reason == "target":
+            self.pool.release(self._take_workers())
+            self.status.record("target_reached", {"step": info0["step"], "metric": info0["metric"]})
+            self._start_verification()
+        elif reason != "step_limit" and follow is not None and not follow.stop:
+            self._launch(follow.alloc, "rescale", follow.t0)
+        else:
+            self.pool.release(self._take_workers())
+            why = "step_limit" if reason == "step_limit" else "request"
+            self._stopped(follow, {"reason": why, "step": info0["step"], "checksum": info0["checksum"]})
+
+    def _check_workers(self) -> None:
+        if not self.status.lifecycle.holds_cpus or (all(w.alive() for w in self._gen.workers)
+                                                     and not self._gen.collective_errors):
+            return
+        # Error reports (or the last PAUSED) may still be on their way;
+        # handling them may end or replace the generation.
+        self._pump(0.0)
+        gen = self._gen
+        lost = gen.lost() if self.status.lifecycle.holds_cpus else None
+        if lost is None:
+            return
+        rank, w = lost
+        state = self.status.lifecycle.state
+        pausing = gen.pausing and state is JobState.RESCALING
+        if state is JobState.RUNNING or pausing:
+            # Training survivors checkpoint the last completed step before they exit,
+            # then report their final step rows (or an error of their own, which
+            # fails the job here); forming ones may wait in the rendezvous for the
+            # lost peer (nothing to save).
+            gen.await_survivors(rank)
+            self._pump(0.0)
+            if not self.status.lifecycle.holds_cpus:
+                return
+        self.status.record("worker_lost", {
+            "rank": rank, "pid": w.pid, "exitcode": w.exitcode, "step": self.status.step,
+            "state": state.value, "pausing": pausing,
+            "peers_reporting_failed_collectives": sorted(self._gen.collective_errors),
+        })
+        with self.status.lock:
+            workers = self._take_workers()
+            self.status.restarts += 1
+            restarts = self.status.restarts
+        self.pool.discard(workers)
+        if restarts > self.options.max_restarts:
+            self.fail(f"worker rank {rank} (pid {w.pid}) died with exit code {w.exitcode}; "
+                       f"{restarts - 1} restarts already spent (max_restarts={self.options.max_restarts})")
+            return
+        follow = self._next
+        if pausing and follow is not None and follow.stop:
+            self._stopped(follow, {"reason": "request", "step": self.status.step, "after_fault": True})
+            return
+        self._launch(follow.alloc if follow is not None and not follow.stop else self.status.alloc,
+                     "restart", time.monotonic())
+        if follow is not None and follow.stop:
+            self._next = follow  # the stop still stands once the restarted workers train
+
+    # ---------------------------------------------------------- verification
+    def _start_verification(self) -> None:
+        info = latest_good(checkpoint_dir(self.workdir), on_corrupt=self._on_corrupt)
+        if info is None or not info.final:
+            self.status.record("verification_failed", {"reason": "no final checkpoint"})
+            self._after_failed_verification()
+            return
+        self._verification.start(self.pool, info, "target reached")
+
     def _verify_final(self, info: CheckpointInfo, alloc: WorkerAllocation) -> None:
         """Verify the final checkpoint ``info`` instead of launching ``alloc``:
         the job reached its target before a fault ended that generation."""
-        self._release_all()
+        self.pool.release(self._take_workers())
         with self.status.lock:
             self.status.alloc = alloc  # where a job driven on its own trains on if the check fails
         self._next = None
-        self._record("target_reached", {"step": info.step, "metric": info.meta.get("metric"),
-                                        "from_checkpoint": True})
-        self._verification.start(self._pool, info)
-        self._enter(JobState.RUNNING, "target reached before the launch", verifying=True)
-        self._persist()
+        self._verification.start(self.pool, info, "target reached before the launch", "target_reached",
+                                 from_checkpoint=True)
 
-    def _resume_verification(self, info: CheckpointInfo) -> None:
-        """Check the final checkpoint ``info`` of a job re-opened verifying it."""
-        self._record("verification_resumed", {"step": info.step, "metric": info.meta.get("metric")})
-        self._verification.start(self._pool, info)
-        self._persist()
-
-    def _on_corrupt(self, info: CheckpointInfo) -> None:
-        self._record("checkpoint_corrupt", {"step": info.step, "path": str(info.path)})
-
-    def _release_all(self) -> None:
-        with self.status.lock:
-            workers, self._workers = self._workers, []
-        self._pool.release(workers)
-
-    def _fail(self, error: str, details: dict | None = None) -> None:
-        """End the job as failed: record why, then end its workers (never left blocked)."""
-        self._record("failed", dict(details or {}, error=error))
-        with self.status.lock:
-            workers, self._workers = self._workers, []
-            self.status.error = error
-            self._enter(JobState.FAILED, error)
-        if workers:
-            self._pool.discard(workers)
-        self._persist()
+    def _after_failed_verification(self) -> None:
+        self._verification.failures += 1
+        if self._verification.failures >= MAX_VERIFICATION_FAILURES:
+            self.fail("the final metric did not reach the target when re-evaluated in a fresh process")
+            return
+        follow, self._next = self._next, None
+        alloc = None if follow is None else follow.alloc
+        if follow is None and self.options.resume_after_failed_verification:
+            alloc = self.status.alloc
+        if alloc is None:  # asked to stop, or waiting, holding nothing, for the scheduler's next allocation
+            self._stopped(follow, {"reason": "verification_failed", "step": self.status.step})
+            return
+        self._launch(alloc, "restart", time.monotonic())
 
     # ------------------------------------------------------------ adaptation
     def _maybe_adapt(self) -> None:
@@ -382,24 +385,10 @@ class JobController(WorkerIntake):
         alloc = self.status.alloc
         if alloc is None or alloc.pin is not None:
             return
-        new = self._batch_for(alloc, self.status.config)
+        new = self.status.batch_for(alloc, self.status.config)
         if new != self.status.config:
             self._send_batch(new)
         elif params is not self._params_sent:
             # Refresh the fitted model rank 0 stores in its checkpoints.
-            self._send(0, ("batch", new.local_bsz, new.accum_steps, params_to_dict(params)))
+            self._send_to_rank0("batch", new.local_bsz, new.accum_steps, params_to_dict(params))
         self._params_sent = params
-
-    # ----------------------------------------------------------- persistence
-    def _record(self, kind: str, details: dict) -> None:
-        event = Event(time.time(), kind, jsonable(details))
-        with self.status.lock:
-            self.status.events.append(event)
-            self.status.changed.notify_all()
-        logger.info("job %s: %s %s", self.job_id, kind, details)
-        self.journal.append_event(event)
-
-    def _persist(self) -> None:
-        with self.status.lock:
-            data = self.status.persistent()
-        self.journal.write_state(data)

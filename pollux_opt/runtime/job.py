@@ -1,13 +1,17 @@
 """The non-blocking handle a scheduler holds per job: :class:`ElasticJob`.
 
 Every method returns at once: it checks its arguments, queues a command for
-the job's supervisor thread (:class:`~pollux_opt.runtime.controller.JobController`)
-or reads a snapshot of the job's state.
+the job's supervisor thread, which applies it at the next turn through the
+job's :class:`~pollux_opt.runtime.controller.JobController`, or reads a
+snapshot of the job's state.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import queue
+import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -17,14 +21,16 @@ from pollux_opt.lifecycle import JobState
 from pollux_opt.model.domains import Text, check
 from pollux_opt.runtime.allocation import parse_allocation
 from pollux_opt.runtime.controller import JobController
-from pollux_opt.runtime.journal import JOB_FILE, STEP_COLUMNS, JobJournal
 from pollux_opt.runtime.lazy_torch import check_torch
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.report import JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec, workdir_path
+from pollux_opt.runtime.status import JOB_FILE, read_job, step_log, write_job
 from pollux_opt.runtime.trust import check_declared_builder
 
-__all__ = ["STEP_COLUMNS", "WAIT_POLL_S", "ElasticJob"]
+__all__ = ["WAIT_POLL_S", "ElasticJob"]
+
+logger = logging.getLogger("pollux_opt.runtime")
 
 #: A job's id (its work directory's name by default).
 _JOB_ID = Text()
@@ -37,7 +43,6 @@ _JOB_ID = Text()
 #: figures); a fixed 0.1 s pause cost 3.7 % (2.7 % once a report reused its
 #: measurements), but saw a step up to 0.1 s after it was reported.
 WAIT_POLL_S = 0.1
-
 
 
 class ElasticJob:
@@ -76,22 +81,27 @@ class ElasticJob:
             raise InvalidProblem(f"pool must be a WorkerPool or None, got {pool!r}")
         self.workdir = workdir_path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._journal = JobJournal(self.workdir)
         self.job_id: str = self._claim_workdir(spec, options, job_id)
         self.spec = spec
         self.options = options
         self.limits = spec.limits()
         self._closed = False
+        self._own_pool = pool is None
+        self._commands: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
         self._ctl = JobController(self.job_id, spec, self.workdir, options, pool)
+        self._status = self._ctl.status
+        if self._ctl.resume_check is not None:
+            self._queue(self._ctl.resume_verification)  # at once, without a scheduler's command
 
     def _claim_workdir(self, spec: JobSpec, options: RuntimeOptions, job_id: str | None) -> str:
         """The job id, after checking a job already in the work directory is this
         one (or recording this job there)."""
-        saved = self._journal.read_job()
+        saved = read_job(self.workdir)
         if saved is None:
             job_id = self.workdir.name if job_id is None else job_id
             check("job_id", job_id, _JOB_ID)
-            self._journal.write_job(job_id, spec.to_json(), options)
+            write_job(self.workdir, job_id, spec.to_json(), options)
             return job_id
         if saved["spec"] != spec.to_json():
             raise InvalidProblem(
@@ -119,7 +129,7 @@ class ElasticJob:
         from a declared module (the trust model of :mod:`pollux_opt.runtime.spec`).
         """
         path = workdir_path(workdir)
-        saved = JobJournal(path).read_job()
+        saved = read_job(path)
         if saved is None:
             raise InvalidProblem(f"workdir {str(path)!r} holds no job (no {JOB_FILE})")
         spec = JobSpec.from_json(saved["spec"])
@@ -157,8 +167,9 @@ class ElasticJob:
         Returns at once; the job is ``rescaling`` until its workers train.
         Raises InvalidProblem for a bad allocation or a finished job.
         """
-        self._submit("alloc", self._allocation(replicas, num_nodes, cpus, local_bsz, accum_steps,
-                                               node_types, cgroups))
+        self._submit(self._ctl.request_alloc, parse_allocation(
+            self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus, local_bsz, accum_steps,
+            node_types, cgroups))
 
     def rescale(
         self,
@@ -180,27 +191,29 @@ class ElasticJob:
         changing (same placement and CPUs) applies at the next step, without a
         restart, also while the job is still starting.
         """
-        self._submit("alloc", self._allocation(replicas, num_nodes, cpus, local_bsz, accum_steps,
-                                               node_types, cgroups))
+        self._submit(self._ctl.request_alloc, parse_allocation(
+            self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus, local_bsz, accum_steps,
+            node_types, cgroups))
 
     def stop(self) -> None:
         """Checkpoint and release all workers (state ``queued``; resume with start)."""
-        self._submit("stop", None)
+        self._submit(self._ctl.request_stop, False)
 
     def cancel(self) -> None:
         """Checkpoint and release all workers like :meth:`stop`, then end the job
         (state ``cancelled``; a job verifying its final checkpoint may still
         succeed first).  A start or rescale meanwhile is ignored; once the job
         has ended, every command raises InvalidProblem."""
-        self._submit("cancel", None)
+        self._submit(self._ctl.request_stop, True)
 
     def report(self) -> JobReport:
         """A consistent snapshot of the job (never blocks on the workers)."""
-        return self._ctl.report()
+        return self._status.report()
 
     def poll(self) -> JobState:
         """The job's current state (cheap)."""
-        return self._ctl.state()
+        with self._status.lock:
+            return self._status.lifecycle.state
 
     def wait(self, timeout: float | None = None, until: Callable[[JobReport], bool] | None = None) -> JobReport:
         """Block until ``until(report)`` holds (default: the job settles: it is
@@ -209,7 +222,7 @@ class ElasticJob:
         Raises TimeoutError after ``timeout`` seconds, and RuntimeError if the
         job settles without ``until`` holding.
         """
-        status = self._ctl.status
+        status = self._status
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with status.lock:
@@ -236,11 +249,16 @@ class ElasticJob:
         if self._closed:
             return
         self._closed = True
-        self._ctl.close()
+        if self._thread is not None and self._thread.is_alive():
+            self._commands.put(None)
+            self._thread.join()
+        else:
+            self._shutdown()
 
     def step_log(self):
-        """Per-step measurements of rank 0 as a pandas DataFrame (see STEP_COLUMNS)."""
-        return self._journal.step_log()
+        """Per-step measurements of rank 0 as a pandas DataFrame (see
+        :data:`~pollux_opt.runtime.status.STEP_COLUMNS`)."""
+        return step_log(self.workdir)
 
     def __enter__(self) -> "ElasticJob":
         return self
@@ -252,16 +270,61 @@ class ElasticJob:
         return f"ElasticJob({self.job_id!r}, kind={self.spec.name!r}, state={self.poll().value!r})"
 
     # ============================================================ API helpers
-    def _allocation(self, replicas, num_nodes, cpus, local_bsz, accum_steps, node_types=None, cgroups=None):
-        return parse_allocation(self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus,
-                                local_bsz, accum_steps, node_types, cgroups)
-
-    def _submit(self, kind: str, payload: Any) -> None:
+    def _submit(self, request: Callable, *args: Any) -> None:
         if self._closed:
             raise InvalidProblem(f"job {self.job_id!r} is closed")
         state = self.poll()
         if state.terminal:
             raise InvalidProblem(f"job {self.job_id!r} has ended ({state.value}); it takes no more commands")
-        if kind == "alloc":
+        if request == self._ctl.request_alloc:  # a launch needs torch; its time counts from now
             check_torch()
-        self._ctl.submit(kind, payload)
+            args += (time.monotonic(),)
+        self._queue(request, *args)
+
+    # ======================================================= supervisor thread
+    def _queue(self, request: Callable, *args: Any) -> None:
+        """Have the supervisor thread call ``request(*args)`` (starting the thread)."""
+        with self._status.lock:
+            self._status.submitted += 1
+        self._commands.put((request, args))
+        if self._thread is None:
+            if self._ctl.pool is None:
+                self._ctl.pool = WorkerPool(spares=1)
+            self._thread = threading.Thread(target=self._supervise, name=f"pollux-job-{self.job_id}", daemon=True)
+            self._thread.start()
+
+    def _supervise(self) -> None:
+        """The job's supervisor thread: each turn, the queued commands, then a
+        :meth:`JobController.tick`, until the job has ended or is closed."""
+        try:
+            while self._handle_commands() and self._ctl.tick():
+                pass
+        except Exception as exc:  # noqa: BLE001 - a controller bug must not hang the scheduler
+            logger.exception("supervisor of job %s crashed", self.job_id)
+            if not self.poll().terminal:
+                self._ctl.fail(f"controller error: {type(exc).__name__}: {exc}")
+        finally:
+            self._shutdown()
+
+    def _handle_commands(self) -> bool:
+        """Apply the queued commands (ignored once the job has ended); False on close."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if command is None:
+                return False
+            try:
+                if not self.poll().terminal:
+                    request, args = command
+                    request(*args)
+            finally:
+                with self._status.lock:
+                    self._status.handled += 1
+                    self._status.changed.notify_all()
+
+    def _shutdown(self) -> None:
+        self._ctl.shutdown()
+        if self._own_pool and self._ctl.pool is not None:
+            self._ctl.pool.close()

@@ -1,6 +1,6 @@
 """The messages between a job's supervisor and its workers: the one module both
 sides import (the supervisor: :mod:`~pollux_opt.runtime.controller`,
-:mod:`~pollux_opt.runtime.intake`, the pools; a worker:
+:mod:`~pollux_opt.runtime.generation`, the pools; a worker:
 :mod:`~pollux_opt.runtime.worker`, :mod:`~pollux_opt.runtime.trainer`).
 
 A message is a tuple whose first item is its kind.  Commands, supervisor -> worker:

@@ -1,68 +1,24 @@
 """What a scheduler reads from a job (:class:`JobReport`) and how it configures one
-(:class:`RuntimeOptions`, placements)."""
+(:class:`RuntimeOptions`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from solvers import InvalidProblem
-
 from pollux_opt.lifecycle import JobState
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
-from pollux_opt.model.domains import Boolean, Integer, Real, check, check_fields, domain_field
+from pollux_opt.model.domains import Boolean, Integer, Real, check_fields, domain_field
 from pollux_opt.agent.agent import goodput_model
 from pollux_opt.runtime.divergence import DEFAULT_DIVERGENCE_FACTOR, DEFAULT_DIVERGENCE_REPORTS
 from pollux_opt.agent.measurements import Measurements
 
-__all__ = [
-    "Event",
-    "JobReport",
-    "Measurements",
-    "RuntimeOptions",
-    "normalize_placement",
-]
+__all__ = ["Event", "JobReport", "Measurements", "RuntimeOptions"]
 
-
-#: Replicas and nodes of a placement given as counts.
-_POSITIVE_COUNT = Integer(ge=1)
-#: Replicas of a placement on one node (0: none there).
-_REPLICAS_ON_NODE = Integer(ge=0)
 #: Step counts and batch sizes the runtime options may set (None: unset).
 _OPTIONAL_POSITIVE = Integer(ge=1, none=True)
 #: Wall seconds between the runtime's periodic actions, and its gloo timeout.
 _PERIOD_S = Real(gt=0)
-
-
-def normalize_placement(
-    replicas: int | Mapping[Any, int], num_nodes: int | None = None
-) -> dict[str, int]:
-    """``{node: replicas}`` from a replica count (spread over ``num_nodes`` logical
-    nodes, as evenly as possible) or from a mapping (zero entries dropped).
-
-    Node keys become strings (JSON-safe).  Raises InvalidProblem on bad input,
-    naming the argument.
-    """
-    if isinstance(replicas, Mapping):
-        placement = {}
-        for node, count in replicas.items():
-            count = check(f"placement[{node!r}]", count, _REPLICAS_ON_NODE)
-            if count:
-                placement[str(node)] = count
-        if not placement:
-            raise InvalidProblem(f"placement must give at least one replica, got {dict(replicas)!r}")
-        if num_nodes is not None and num_nodes != len(placement):
-            raise InvalidProblem(
-                f"num_nodes ({num_nodes!r}) disagrees with the placement {placement!r} "
-                f"({len(placement)} nodes); leave num_nodes out when giving a placement"
-            )
-        return placement
-    total = check("num_replicas", replicas, _POSITIVE_COUNT)
-    nodes = 1 if num_nodes is None else check("num_nodes", num_nodes, _POSITIVE_COUNT)
-    if nodes > total:
-        raise InvalidProblem(f"num_nodes must be <= num_replicas ({total}), got {nodes}")
-    base, extra = divmod(total, nodes)
-    return {str(n): base + (1 if n < extra else 0) for n in range(nodes)}
 
 
 @dataclass(frozen=True)
@@ -151,7 +107,7 @@ class JobReport:
         final_metric: the metric of the final checkpoint re-evaluated in a fresh
             process (set only when verified).
         placement: ``{node: replicas}`` currently held (empty when none, also
-            while ``running`` re-checks the final checkpoint in a fresh process).
+            while verifying).
         num_replicas, num_nodes: totals of ``placement``.
         local_bsz, accum_steps, batch_size: the batch configuration in use (or
             last used); batch_size = K * local_bsz * (accum_steps + 1).
@@ -173,6 +129,8 @@ class JobReport:
             measured on each type (``{node type: Measurements}``; empty on an
             untyped cluster); ``measurements`` pools every type.
         type_params: the throughput fit of each measured type (None until fitted).
+        verifying: the job reached its target and its final checkpoint is being
+            re-checked in a fresh process (state ``running``, holding no CPUs).
     """
 
     job_id: str
@@ -208,6 +166,7 @@ class JobReport:
     events: tuple[Event, ...]
     type_measurements: Mapping[str, Measurements] = field(default_factory=dict)
     type_params: Mapping[str, ThroughputParams | None] = field(default_factory=dict)
+    verifying: bool = False
 
     def goodput_model(self) -> GoodputModel | None:
         """The job's :class:`~pollux_opt.model.goodput.GoodputModel`, or None until it

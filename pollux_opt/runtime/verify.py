@@ -1,6 +1,7 @@
 """Completion check: re-evaluate a final checkpoint in a fresh process.
 
-The job's controller starts :func:`verify_process` in a new process forked
+The job's controller starts :func:`verify_process` (through
+:class:`VerificationRun`) in a new process forked
 from the worker pool's fork server (which has imported torch and nothing of
 any job), so the check skips the interpreter start and ``import torch``
 (seconds on a small machine) yet shares no memory with the training
@@ -21,8 +22,16 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["main", "verify_checkpoint", "verify_process"]
+from pollux_opt.lifecycle import JobState
+
+if TYPE_CHECKING:
+    from pollux_opt.runtime.checkpoint import CheckpointInfo
+    from pollux_opt.runtime.pool import WorkerPool
+    from pollux_opt.runtime.status import JobStatus
+
+__all__ = ["VerificationRun", "main", "verify_checkpoint", "verify_process"]
 
 VERIFICATION_FILE = "verification.json"
 
@@ -139,6 +148,85 @@ def verify_process(workdir: str, meta_path: str, log_path: str) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     sys.exit(main([workdir, meta_path]))
+
+
+class VerificationRun:
+    """The controller's side of the check: the one process checking a job's
+    final checkpoint, and what its end means for the job (recorded through the
+    job's :class:`~pollux_opt.runtime.status.JobStatus` ``status``)."""
+
+    def __init__(self, status: "JobStatus") -> None:
+        self.status = status
+        self.workdir = status.workdir
+        self.failures = 0  # finished checks that did not confirm the target
+        self._proc = None  # the multiprocessing process, while one exists
+
+    @property
+    def active(self) -> bool:
+        return self._proc is not None
+
+    def start(self, pool: "WorkerPool", info: "CheckpointInfo", reason: str | None, event: str | None = None,
+              **details) -> None:
+        """Start checking ``info`` in a new process from the pool's fork server
+        (torch already imported, none of the training processes' memory): record
+        ``event`` (with ``details``) first if given, then enter ``running``,
+        verifying, for ``reason`` (None: the job already verifies)."""
+        if event is not None:
+            self.status.record(event, {"step": info.step, "metric": info.meta.get("metric"), **details})
+        (self.workdir / VERIFICATION_FILE).unlink(missing_ok=True)
+        log_dir = self.workdir / "logs"
+        log_dir.mkdir(exist_ok=True)
+        self._proc = pool.start_process(
+            verify_process, (str(self.workdir), str(info.meta_path), str(log_dir / "verify.log")),
+            name=f"pollux-verify-{self.status.job_id}",
+        )
+        if reason is not None:
+            self.status.enter(JobState.RUNNING, reason, verifying=True)
+        self.status.persist()
+
+    def finish(self) -> bool:
+        """Once the check has ended, record what it found: the job succeeds, or
+        fails when the check could not run.  True when it ran without confirming
+        the target (what follows is the controller's choice)."""
+        proc = self._proc
+        if proc is None or proc.is_alive():
+            return False
+        proc.join()
+        self._proc = None
+        if proc.exitcode != 0:
+            self.status.fail(f"verification process exited with status {proc.exitcode} (see logs/verify.log)")
+            return False
+        record = self.record()
+        if not record["reached"]:
+            self.status.record("verification_failed", record)
+            return True
+        self.status.record("verified", record)
+        with self.status.lock:
+            self.status.final_metric = record["metric"]
+            self.status.enter(JobState.SUCCEEDED, "verified")
+        self.status.persist()
+        return False
+
+    def record(self) -> dict:
+        """What the finished check wrote (see :func:`verify_checkpoint`)."""
+        return json.loads((self.workdir / VERIFICATION_FILE).read_text())
+
+    def rejected(self, info: "CheckpointInfo") -> bool:
+        """True if the last finished check was of ``info`` and did not confirm the
+        target (then the job trains on from it rather than checking it again)."""
+        try:
+            record = self.record()
+        except (OSError, ValueError):
+            return False
+        if not isinstance(record, dict):
+            return False
+        checked = Path(str(record.get("checkpoint", ""))).name
+        return checked == info.meta_path.name and record.get("reached") is False
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
 
 
 if __name__ == "__main__":

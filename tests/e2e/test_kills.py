@@ -45,7 +45,7 @@ pytest.importorskip("torch", reason="real jobs need the CPU build of torch (pip 
 pytest.importorskip("sklearn", reason="the digits job needs scikit-learn (pip install 'pollux-opt[jobs]')")
 
 from pollux_opt.records.events import read_events  # noqa: E402
-from pollux_opt.runtime.journal import STEP_COLUMNS  # noqa: E402
+from pollux_opt.runtime.status import STEP_COLUMNS  # noqa: E402
 from pollux_opt.runtime.lifeline import TEMP_PREFIX  # noqa: E402
 from pollux_opt.runtime.report import RuntimeOptions  # noqa: E402
 

@@ -228,8 +228,8 @@ def test_supervisor_refuses_an_illegal_transition_and_stops_a_queued_job_in_plac
     job = ElasticJob("digits-cnn", tmp_path / "job")
     ctl = job._ctl
     with pytest.raises(IllegalTransition, match="from 'queued' to 'succeeded'"):
-        ctl._enter(JobState.SUCCEEDED, "verified")  # only a verified running job succeeds
-    ctl._request_stop(cancel=False)
+        ctl.status.enter(JobState.SUCCEEDED, "verified")  # only a verified running job succeeds
+    ctl.request_stop(cancel=False)
     assert job.poll() is JobState.QUEUED and ctl.status.events[-1].details["never_started"]
     assert ctl.status.lifecycle.history == []  # a stop of a queued job is no change
     job.close()
@@ -240,7 +240,7 @@ def test_a_cancelled_job_ends_and_refuses_further_commands(tmp_path):
 
     job = ElasticJob("digits-cnn", tmp_path / "job")
     ctl = job._ctl
-    ctl._request_stop(cancel=True)
+    ctl.request_stop(cancel=True)
     assert job.poll() is JobState.CANCELLED and ctl.status.events[-1].details["cancel"]
     assert [(t.old, t.new) for t in ctl.status.lifecycle.history] == [(JobState.QUEUED, JobState.CANCELLED)]
     with pytest.raises(InvalidProblem, match=r"job 'job' has ended \(cancelled\); it takes no more commands"):

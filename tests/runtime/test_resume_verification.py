@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 from pollux_opt.lifecycle import JobState
-from pollux_opt.runtime import RuntimeOptions, get_job
+from pollux_opt.runtime import ElasticJob, WorkerPool, get_job
 from pollux_opt.runtime.allocation import parse_allocation
-from pollux_opt.runtime.controller import JobController
 from pollux_opt.runtime.verify import VERIFICATION_FILE
 
 SPEC = get_job("digits-cnn")
@@ -36,12 +35,12 @@ class _Finished:
         pass
 
 
-class StubPool:
+class StubPool(WorkerPool):
     """Starts no process: records what it was asked to check and writes the
     check's record as the real verification would (``reached`` as given).
-    It has no ``acquire``: a launch of workers would fail the test."""
+    A launch of workers would fail the test (the pool holds none)."""
 
-    def __init__(self, reached: bool = True) -> None:
+    def __init__(self, reached: bool = True) -> None:  # no fork server: WorkerPool.__init__ not called
         self.reached = reached
         self.checked: list[str] = []
 
@@ -58,6 +57,12 @@ class StubPool:
     def discard(self, workers, graceful=False) -> None:
         pass
 
+    def acquire(self, count, job_key=None):
+        raise AssertionError("the job launched workers")
+
+    def close(self) -> None:
+        pass
+
 
 def _final_checkpoint(workdir: Path, step: int = 42) -> str:
     """Write a final checkpoint (payload bytes and metadata with their SHA-256); returns the metadata's name."""
@@ -71,46 +76,47 @@ def _final_checkpoint(workdir: Path, step: int = 42) -> str:
     return f"ckpt-{step:010d}.json"
 
 
-def _controller(workdir: Path, pool: StubPool, state: str, **saved) -> JobController:
+def _job(workdir: Path, pool: StubPool, state: str, **saved) -> ElasticJob:
+    workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "state.json").write_text(json.dumps({"state": state, **saved}))
-    return JobController("j", SPEC, workdir, RuntimeOptions(), pool)
+    return ElasticJob(SPEC, workdir, job_id="j", pool=pool)
 
 
-def _wait_state(ctl: JobController, state: JobState) -> None:
+def _wait_state(job: ElasticJob, state: JobState) -> None:
     deadline = time.monotonic() + WAIT_S
-    while ctl.state() is not state and time.monotonic() < deadline:
+    while job.poll() is not state and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert ctl.state() is state
+    assert job.poll() is state
 
 
-def _verifying(ctl: JobController) -> bool:
+def _verifying(job: ElasticJob) -> bool:
     """Running, verifying the final checkpoint, holding no CPUs."""
-    report = ctl.report()
-    return report.state is JobState.RUNNING and ctl.status.lifecycle.verifying and not report.placement
+    report = job.report()
+    return report.state is JobState.RUNNING and report.verifying and not report.placement
 
 
 def test_a_job_reopened_while_verifying_checks_its_final_checkpoint_at_once(tmp_path):
     name = _final_checkpoint(tmp_path)
     pool = StubPool()
-    ctl = _controller(tmp_path, pool, "running", verifying=True)
+    job = _job(tmp_path, pool, "running", verifying=True)
     try:
-        assert _verifying(ctl)  # never shown as queued: no scheduler allocates it CPUs
-        _wait_state(ctl, JobState.SUCCEEDED)
+        assert _verifying(job)  # never shown as queued: no scheduler allocates it CPUs
+        _wait_state(job, JobState.SUCCEEDED)
         assert pool.checked == [name]
-        kinds = [e.kind for e in ctl.status.events]
+        kinds = [e.kind for e in job.report().events]
         assert kinds == ["verification_resumed", "verified"]
-        assert ctl.report().final_metric == 0.97 and ctl.report().step == 42
+        assert job.report().final_metric == 0.97 and job.report().step == 42
     finally:
-        ctl.close()
+        job.close()
 
 
 def test_a_job_killed_after_its_final_checkpoint_but_before_verifying_verifies_it(tmp_path):
     _final_checkpoint(tmp_path)
-    ctl = _controller(tmp_path, StubPool(), "running")  # the pause after the target never completed
+    job = _job(tmp_path, StubPool(), "running")  # the pause after the target never completed
     try:
-        _wait_state(ctl, JobState.SUCCEEDED)
+        _wait_state(job, JobState.SUCCEEDED)
     finally:
-        ctl.close()
+        job.close()
 
 
 def test_a_rejected_final_checkpoint_is_trained_on_not_checked_again(tmp_path):
@@ -118,23 +124,23 @@ def test_a_rejected_final_checkpoint_is_trained_on_not_checked_again(tmp_path):
     (tmp_path / VERIFICATION_FILE).write_text(json.dumps(
         {"checkpoint": str(tmp_path / "checkpoints" / name), "reached": False}))
     pool = StubPool()
-    ctl = _controller(tmp_path, pool, "queued")
+    job = _job(tmp_path, pool, "queued")
     try:
-        assert ctl.state() is JobState.QUEUED and pool.checked == []
+        assert job.poll() is JobState.QUEUED and pool.checked == []
     finally:
-        ctl.close()
+        job.close()
 
 
 def test_a_launch_that_finds_an_unchecked_final_checkpoint_verifies_it(tmp_path):
     pool = StubPool(reached=False)
-    ctl = _controller(tmp_path, pool, "queued")
+    job = _job(tmp_path, pool, "queued")
     name = _final_checkpoint(tmp_path, step=7)  # written after the job was opened (a worker died after it)
     alloc = parse_allocation(SPEC.limits(), None, 1, None, None, None, None)
-    ctl._launch(alloc, "restart", time.monotonic())
+    job._ctl._launch(alloc, "restart", time.monotonic())
     try:
-        assert _verifying(ctl) and pool.checked == [name]
-        reached = ctl.status.events[-1]
+        assert _verifying(job) and pool.checked == [name]
+        reached = job.report().events[-1]
         assert reached.kind == "target_reached" and reached.details == {
             "step": 7, "metric": 0.97, "from_checkpoint": True}
     finally:
-        ctl.close()
+        job.close()

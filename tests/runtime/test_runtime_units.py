@@ -31,7 +31,8 @@ from pollux_opt.runtime.checkpoint import (
     save_checkpoint,
 )
 from pollux_opt.lifecycle import JobState
-from pollux_opt.runtime.report import JobReport, Measurements, RuntimeOptions, normalize_placement
+from pollux_opt.runtime.allocation import normalize_placement
+from pollux_opt.runtime.report import JobReport, Measurements, RuntimeOptions
 from pollux_opt.agent.stats import GradStatsEMA, adascale_gain, lr_factor, micro_batch_estimates
 from pollux_opt.runtime import JobSpec, get_job, heldout_error, job_names, register_job
 
@@ -457,17 +458,18 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
     the request must keep rank 1's report: the target pause then completes."""
     from pollux_opt.runtime import ElasticJob
     from pollux_opt.runtime.allocation import WorkerAllocation
+    from pollux_opt.runtime.generation import Generation
 
     job = ElasticJob("digits-cnn", tmp_path / "job")
     ctl = job._ctl
     verifications = []
-    ctl._pool = _FakePool()
+    ctl.pool = _FakePool()
     ctl._start_verification = lambda: verifications.append(ctl.status.step)
     workers = [_FakeWorker(100), _FakeWorker(101)]
-    ctl._workers, ctl._gen = workers, 1
+    ctl._gen = Generation(1, workers)
     ctl.status.alloc = WorkerAllocation({"n0": 2})
-    ctl._enter(JobState.RESCALING, "launching: start")
-    ctl._enter(JobState.RUNNING, "workers resumed: start")
+    ctl.status.enter(JobState.RESCALING, "launching: start")
+    ctl.status.enter(JobState.RUNNING, "workers resumed: start")
 
     def paused(rank: int) -> dict:
         return {"generation": 1, "rank": rank, "step": 554, "reason": "target", "checksum": "c",
@@ -475,13 +477,13 @@ def test_target_pause_racing_a_scheduler_request_still_completes(tmp_path, reque
 
     ctl._on_message(1, "paused", paused(1))
     if request_kind == "rescale":
-        ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
+        ctl.request_alloc(WorkerAllocation({"n0": 1}), 0.0)
     else:
-        ctl._request_stop(cancel=False)
+        ctl.request_stop(cancel=False)
     assert workers[0].sent == [("stop",)]  # the request reached rank 0, which ignores it once paused
     ctl._on_message(0, "paused", paused(0))
     assert [e.kind for e in ctl.status.events][-1] == "target_reached"
-    assert verifications == [554] and not ctl._workers and ctl._pool.released == workers
+    assert verifications == [554] and not ctl._gen.workers and ctl.pool.released == workers
     job.close()
 
 
@@ -490,25 +492,26 @@ def test_a_cancelled_running_job_checkpoints_then_ends_cancelled_ignoring_later_
     and leave) and then ends the job: a rescale asked for meanwhile is ignored."""
     from pollux_opt.runtime import ElasticJob
     from pollux_opt.runtime.allocation import WorkerAllocation
+    from pollux_opt.runtime.generation import Generation
 
     job = ElasticJob("digits-cnn", tmp_path / "job")
     ctl = job._ctl
-    ctl._pool = _FakePool()
+    ctl.pool = _FakePool()
     workers = [_FakeWorker(100), _FakeWorker(101)]
-    ctl._workers, ctl._gen = workers, 1
+    ctl._gen = Generation(1, workers)
     ctl.status.alloc = WorkerAllocation({"n0": 2})
-    ctl._enter(JobState.RESCALING, "launching: start")
-    ctl._enter(JobState.RUNNING, "workers resumed: start")
-    ctl._request_stop(cancel=True)
+    ctl.status.enter(JobState.RESCALING, "launching: start")
+    ctl.status.enter(JobState.RUNNING, "workers resumed: start")
+    ctl.request_stop(cancel=True)
     assert job.poll() is JobState.RESCALING and workers[0].sent == [("stop",)]
-    ctl._request_alloc(WorkerAllocation({"n0": 1}), 0.0)
+    ctl.request_alloc(WorkerAllocation({"n0": 1}), 0.0)
     for rank in (0, 1):
         ctl._on_message(rank, "paused", {"generation": 1, "rank": rank, "step": 30, "reason": "request",
                                          "checksum": "c", "progress": 3.0, "samples": 960, "metric": None})
     stopped = ctl.status.events[-1]
     assert stopped.kind == "stopped" and stopped.details == {"reason": "request", "step": 30, "checksum": "c",
                                                              "cancel": True}
-    assert job.poll() is JobState.CANCELLED and ctl._pool.released == workers and not job.report().placement
+    assert job.poll() is JobState.CANCELLED and ctl.pool.released == workers and not job.report().placement
     assert [t.new for t in ctl.status.lifecycle.history] == [
         JobState.RESCALING, JobState.RUNNING, JobState.RESCALING, JobState.CANCELLED]
     job.close()
@@ -531,7 +534,7 @@ def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, 
     launched = []
     ctl._launch = lambda alloc, kind, t0: launched.append((alloc.placement, kind))
     ctl.status.alloc = WorkerAllocation({"n0": 2})
-    ctl._enter(JobState.RUNNING, "target reached", verifying=True)
+    ctl.status.enter(JobState.RUNNING, "target reached", verifying=True)
     ctl._after_failed_verification()
     if resume:
         assert launched == [({"n0": 2}, "restart")]
@@ -539,9 +542,9 @@ def test_failed_verification_resumes_alone_or_waits_for_the_scheduler(tmp_path, 
         assert launched == [] and job.report().state is JobState.QUEUED
         assert ctl.status.events[-1].kind == "stopped" and ctl.status.events[-1].details["reason"] == "verification_failed"
     if not resume:
-        ctl._enter(JobState.RUNNING, "target reached", verifying=True)
-    ctl._verification_failures = 0
-    ctl._request_alloc(WorkerAllocation({"n1": 1}), 0.0)  # the scheduler moved it meanwhile
+        ctl.status.enter(JobState.RUNNING, "target reached", verifying=True)
+    ctl._verification.failures = 0
+    ctl.request_alloc(WorkerAllocation({"n1": 1}), 0.0)  # the scheduler moved it meanwhile
     ctl._after_failed_verification()
     assert launched[-1] == ({"n1": 1}, "restart")
     job.close()

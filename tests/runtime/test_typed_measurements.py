@@ -37,8 +37,8 @@ def _profile(truth: ThroughputParams, keys) -> dict:
 ONE_NODE = [ConfigKey(1, 1, m, 0) for m in (8, 32, 128)]
 
 
-def _status() -> JobStatus:
-    return JobStatus("job", get_job("synth-regress"), RuntimeOptions())
+def _status(workdir) -> JobStatus:
+    return JobStatus("job", get_job("synth-regress"), RuntimeOptions(), workdir)
 
 
 def _metrics(pooled: dict, typed: dict, stats=(1.0, 2.0)) -> dict:
@@ -71,8 +71,8 @@ def test_bad_node_types_and_cgroups_are_named(kwargs, match):
 
 
 # ------------------------------------------------------------------- routing
-def test_steps_go_to_the_type_they_ran_on_and_statistics_are_shared():
-    st = _status()
+def test_steps_go_to_the_type_they_ran_on_and_statistics_are_shared(tmp_path):
+    st = _status(tmp_path)
     fast, slow = _profile(FAST, ONE_NODE), _profile(SLOW, ONE_NODE[:2])
     st.take_measurements(_metrics({**fast}, {"fast": fast, "slow": slow}))
     assert set(st.type_agents) == {"fast", "slow"}
@@ -87,8 +87,8 @@ def test_steps_go_to_the_type_they_ran_on_and_statistics_are_shared():
     assert report.throughput_params is not None  # the pooled fit stands beside them
 
 
-def test_an_untyped_job_has_no_type_agents_and_no_typed_models():
-    st = _status()
+def test_an_untyped_job_has_no_type_agents_and_no_typed_models(tmp_path):
+    st = _status(tmp_path)
     st.take_measurements({"stats": [1.0, 2.0], "stats_steps": 5, "profile": _profile(FAST, ONE_NODE)})
     st.refit()
     with st.lock:
@@ -98,14 +98,14 @@ def test_an_untyped_job_has_no_type_agents_and_no_typed_models():
     assert report.goodput_model() is not None
 
 
-def test_type_profiles_survive_a_checkpoint():
+def test_type_profiles_survive_a_checkpoint(tmp_path):
     state = TrainingState()
     record_step(state.type_profiles.setdefault("slow", {}), ConfigKey(1, 1, 16, 0), 0.02, 0.0, 0.02)
     saved = json.loads(json.dumps(state.to_dict()))
     assert TrainingState.from_dict(saved).type_profiles == state.type_profiles
     assert TrainingState.from_dict({k: v for k, v in saved.items() if k != "type_profiles"}).type_profiles == {}
 
-    st = _status()
+    st = _status(tmp_path)
     meta = {"step": 10, "progress": 5.0, "samples": 320, "profile": profile_to_json(_profile(FAST, ONE_NODE)),
             "type_profiles": {"fast": profile_to_json(_profile(FAST, ONE_NODE)),
                               "slow": profile_to_json(_profile(SLOW, ONE_NODE[:1]))},
@@ -117,16 +117,16 @@ def test_type_profiles_survive_a_checkpoint():
 
 
 # ---------------------------------------------------------------- projection
-def _report(typed: dict):
-    st = _status()
+def _report(typed: dict, workdir):
+    st = _status(workdir)
     st.take_measurements(_metrics({}, typed))
     st.refit()
     with st.lock:
         return st.report()
 
 
-def test_each_measured_type_has_its_own_model():
-    report = _report({"fast": _profile(FAST, ONE_NODE), "slow": _profile(SLOW, ONE_NODE)})
+def test_each_measured_type_has_its_own_model(tmp_path):
+    report = _report({"fast": _profile(FAST, ONE_NODE), "slow": _profile(SLOW, ONE_NODE)}, tmp_path)
     models = report.goodput_models(("fast", "slow"))
     assert models["fast"].throughput_params == report.type_params["fast"]
     assert models["slow"].throughput_params == report.type_params["slow"]
@@ -136,8 +136,8 @@ def test_each_measured_type_has_its_own_model():
         models["fast"].grad_stats == models["slow"].grad_stats
 
 
-def test_an_unmeasured_type_is_projected_at_ratio_one_until_measured():
-    report = _report({"fast": _profile(FAST, ONE_NODE)})
+def test_an_unmeasured_type_is_projected_at_ratio_one_until_measured(tmp_path):
+    report = _report({"fast": _profile(FAST, ONE_NODE)}, tmp_path)
     models = report.goodput_models(("fast", "slow"))
     assert set(models) == {"fast", "slow"}
     src, proj = models["fast"].throughput_params, models["slow"].throughput_params

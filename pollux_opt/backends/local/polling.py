@@ -33,9 +33,9 @@ _CKPT_META_RE = re.compile(r"^ckpt-(\d+)\.json$")
 
 def verifying(job: JobBookkeeping) -> bool:
     """The job reached its target and its final checkpoint is being re-checked
-    in a fresh process: ``running`` with no CPUs held (``report.placement``
-    empty).  It is not offered to policies, nor moved, until the check ends."""
-    return job.state is JobState.RUNNING and job.report is not None and not job.report.placement
+    in a fresh process (``report.verifying``).  It is not offered to policies,
+    nor moved, until the check ends."""
+    return job.report is not None and job.report.verifying
 
 
 def max_replicas(job: JobBookkeeping, total_cpus: int) -> int:
