@@ -82,7 +82,7 @@ def epoch_batches(user_loop, dataset, shuffle: bool, loader_kwargs: Mapping[str,
     """The micro-batches of the rest of the current epoch on this rank (see the module docstring)."""
     import torch
 
-    trainer = user_loop._require()
+    trainer = user_loop.attached()
     state, spec = trainer.state, user_loop.spec
     size = len(dataset)
     order = EpochSampler(torch, size, spec.seed).permutation(state.epoch) if shuffle else torch.arange(size)

@@ -13,11 +13,10 @@ Spawning a worker costs about two seconds of one core (interpreter start and
 stop) stay idle with that job's model and data still built, so the same job
 scaling up again reuses them without rebuilding.
 
-Every process a pool starts runs under
-:func:`~pollux_opt.runtime.lifeline.pool_process_main`: it ignores SIGINT (the
+Every process a pool starts runs under a
+:class:`~pollux_opt.runtime.lifeline.Lifeline`: it ignores SIGINT (the
 scheduler stops it) and ends itself once the process that made the pool is
-gone; the fork server imports :mod:`~pollux_opt.runtime.forkserver_boot`
-first.  A new pool removes the temporary folders ended pools left behind.
+gone; the fork server preloads :mod:`~pollux_opt.runtime.lifeline`.  A new pool removes the temporary folders ended pools left behind.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ logger = logging.getLogger("pollux_opt.runtime")
 
 #: The fork server's preload list: one module, which imports torch and the
 #: workers' code under a parent-death signal (see its docstring).
-FORKSERVER_PRELOAD = ("pollux_opt.runtime.forkserver_boot",)
+FORKSERVER_PRELOAD = ("pollux_opt.runtime.lifeline",)
 #: Idle workers a pool keeps (spares, and at most ``max_idle``).
 _IDLE_WORKERS = Integer(ge=0)
 
@@ -147,7 +146,7 @@ class WorkerPool:
     # ------------------------------------------------------------------ spawning
     def _spawn(self) -> WorkerHandle:
         parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=pool_process_main, args=(self.owner, worker_main, (child,)),
+        process = self._ctx.Process(target=worker_main, args=(child, self.owner),
                                     name="pollux-worker", daemon=True)
         process.start()
         child.close()

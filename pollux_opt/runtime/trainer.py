@@ -1,20 +1,17 @@
 """The training loop of one assignment on one rank (:class:`Trainer`).
 
-A step has three parts, so that the builder protocol's loop (:meth:`Trainer.run`)
-and a user's own loop (:mod:`pollux_opt.elastic`, which calls the parts from its
-data loader and its optimizer's ``step``) run the same machinery:
+A step has three parts, which the builder protocol's loop (:meth:`Trainer.run`)
+and a user's own loop (:mod:`~pollux_opt.runtime.user_loop`) both call:
 
-* :meth:`Trainer.begin_step`: before each step rank 0 broadcasts a control
-  vector ``[stop_code, local_bsz, accum_steps]``, so that commands of the
-  controller take effect at a step boundary on every rank and no step is
-  half-done when a checkpoint is taken;
-* :meth:`Trainer.add_micro`, once per micro-batch (``accum_steps + 1`` per
-  replica, after its ``backward``): folds its gradient into the step's sum;
+* :meth:`Trainer.begin_step`: rank 0 broadcasts ``[stop_code, local_bsz,
+  accum_steps]``, so that commands take effect at the same step boundary on
+  every rank and no step is half-done when a checkpoint is taken;
+* :meth:`Trainer.add_micro`, after each micro-batch's ``backward``;
 * :meth:`Trainer.finish_step`: all-reduces the mean gradient, updates the
   gradient statistics and the AdaScale gain (:mod:`~pollux_opt.agent.stats`),
-  applies the learning rate rule and, past the warm-up steps, adds the step's
-  times to the measurement profile (:mod:`~pollux_opt.agent.measurements`);
-  then :meth:`Trainer.after_step` (rank 0) evaluates, checkpoints, reports and
+  applies the learning rate rule and, past the warm-up steps, records the
+  step's times (:mod:`~pollux_opt.agent.measurements`); then
+  :meth:`Trainer.after_step` (rank 0) evaluates, checkpoints, reports and
   applies the divergence rule (:mod:`~pollux_opt.runtime.divergence`).
 
 **A lost peer loses no step.**  When a collective fails (a peer died, or the
@@ -160,9 +157,10 @@ class Trainer:
         self._t_micro = time.perf_counter()
         return self.config
 
-    def add_micro(self, loss=None) -> None:
+    def add_micro(self, loss=None) -> int:
         """Fold the gradient of one micro-batch (the parameters' ``grad``, from its
-        mean ``loss``'s backward) into the step's sum, and clear it."""
+        mean ``loss``'s backward) into the step's sum, and clear it; returns
+        the micro-batches folded in so far this step."""
         torch = self.torch
         acc = self.vec[: self.numel]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
@@ -175,6 +173,7 @@ class Trainer:
         for p in self.params:
             p.grad = None
         self._micro += 1
+        return self._micro
 
     def finish_step(self, micro_bsz: int | None = None) -> None:
         """Reduce, update and account the step (see the module docstring).
@@ -271,18 +270,14 @@ class Trainer:
             p.grad = None
 
     # ------------------------------------------------------- between steps (rank 0)
-    def epochs_done(self) -> float:
-        """Epochs completed: a user's loop counts them; the builder protocol's stream in samples."""
-        if self.base_lrs is None:
-            return float(self.state.epoch)
-        return self.state.samples / self.parts.train_size
-
     def update_completion(self) -> None:
-        """Mark the target reached when every completion criterion of the spec holds."""
+        """Mark the target reached when every completion criterion of the spec holds
+        (epochs: a user's loop counts them, the builder protocol's stream in samples)."""
         spec, state = self.spec, self.state
         if spec.target is not None and not self.metric_ok:
             return
-        state.target_reached = spec.counts_reached(state.progress, self.epochs_done())
+        epochs = float(state.epoch) if self.base_lrs is None else state.samples / self.parts.train_size
+        state.target_reached = spec.counts_reached(state.progress, epochs)
 
     def _evaluate(self) -> None:
         state, spec, parts = self.state, self.spec, self.parts
@@ -312,13 +307,10 @@ class Trainer:
             opts = self.a.options
             check_divergence(self.state, [row[9] for row in self.rows], opts.divergence_factor,
                              opts.divergence_reports)
-            self._report(force=True)
+            self._report()
 
-    def _report(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last_report < self.a.options.report_interval_s:
-            return
-        self.last_report = now
+    def _report(self) -> None:
+        self.last_report = time.monotonic()
         stats = self.state.ema.estimate()
         info = {
             "generation": self.a.generation, "rank": 0, "step": self.state.step,
@@ -383,7 +375,7 @@ class Trainer:
                     for buffer, saved in zip(self.buffers, self.buffers_before_step):
                         buffer.copy_(saved)
                 self.buffers_before_step = None
-            self._report(force=True)
+            self._report()
             if self.state.step > 0 and self.last_ckpt_step != self.state.step:
                 self.save(final=self.state.target_reached)
                 logger.info("checkpointed step %d after a failed collective", self.state.step)
@@ -394,23 +386,27 @@ class Trainer:
         """Rank 0 on the way out after stop ``code``: report, and checkpoint
         (a final checkpoint when the target is reached).  Returns ``code``."""
         if self.rank == 0:
-            self._report(force=True)
+            self._report()
             if code == STOP_TARGET:
                 self.save(final=True)
             elif self.last_ckpt_step != self.state.step:
                 self.save()
         return code
 
+    def leave(self, exc: StopTraining | CollectiveError) -> int:
+        """Rank 0 checkpoints on the way out: after a stop (returns its code) or
+        a failed collective (re-raised)."""
+        if isinstance(exc, StopTraining):
+            return self.finish(exc.code)
+        if self.rank == 0:
+            self.save_after_fault()
+        raise exc
+
     def run(self) -> int:
-        """Train until a stop code; returns it.  Rank 0 checkpoints on the way
-        out, also when a collective fails (then the CollectiveError propagates)."""
+        """The builder protocol: train until a stop code; returns it (see :meth:`leave`)."""
         while True:
             try:
                 self._step()
-            except StopTraining as stop:
-                return self.finish(stop.code)
-            except CollectiveError:
-                if self.rank == 0:
-                    self.save_after_fault()
-                raise
-            self.after_step()
+                self.after_step()
+            except (StopTraining, CollectiveError) as exc:
+                return self.leave(exc)

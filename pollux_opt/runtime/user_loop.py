@@ -1,28 +1,17 @@
 """A user's own training loop run as one assignment of an elastic job: the
-worker side of :mod:`pollux_opt.elastic`.
+worker side of :mod:`pollux_opt.elastic`, whose wrappers find the current
+:class:`UserLoop` and drive the same :class:`~pollux_opt.runtime.trainer.Trainer`
+as the builder protocol: ``ElasticDataParallel`` calls :meth:`UserLoop.attach`
+(the checkpoint is loaded into the user's objects and the worker reports that
+it trains), the data loader :meth:`UserLoop.begin_step`, the wrapped
+``optimizer.step()`` :meth:`UserLoop.micro_done`.  A stop is raised at a step
+boundary as :class:`Preempted`, after rank 0 checkpointed, back into the worker.
 
-The worker process calls the user's ``main()`` with a :class:`UserLoop`
-current; the wrappers of :mod:`pollux_opt.elastic` find it and drive the
-same :class:`~pollux_opt.runtime.trainer.Trainer` as the builder protocol:
-
-* ``ElasticDataParallel(model, optimizer, ...)`` calls :meth:`UserLoop.attach`:
-  the checkpoint is loaded into the user's objects (model, optimizer, LR
-  scheduler, grad scaler, extra state), rank 0's parameters reach every rank,
-  and the worker reports that it trains;
-* the data loader calls :meth:`UserLoop.begin_step` before a step's first
-  micro-batch, and the wrapped ``optimizer.step()`` calls
-  :meth:`UserLoop.micro_done` after each micro-batch's backward pass;
-* a stop (a rescale, a stop request, the target) is raised at a step boundary
-  as :class:`Preempted`, after rank 0 checkpointed: it unwinds the user's
-  loop (it is a ``BaseException``, so the user's ``except Exception`` does not
-  catch it) back into the worker, which reports the pause as for any job.
-
-``main()`` returning is the end of the user's training: the job is complete
-if its spec's completion criteria hold (rank 0 writes the final checkpoint,
-checked in a fresh process), and fails naming the criterion otherwise.  In
-the verification process (:mod:`~pollux_opt.runtime.verify`) the user loop is in
-*verify* mode: ``attach`` loads the final checkpoint, evaluates it and ends
-``main()`` with :class:`VerificationDone`.
+``main()`` returning ends the user's training: the job is complete if its
+spec's completion criteria hold (rank 0 writes the final checkpoint), and
+fails naming the criterion otherwise.  In the verification process
+(:mod:`~pollux_opt.runtime.verify`) ``attach`` loads the final checkpoint,
+evaluates it and ends ``main()`` with :class:`VerificationDone`.
 """
 
 from __future__ import annotations
@@ -33,7 +22,7 @@ from typing import Any, Callable, Mapping
 from pollux_opt.runtime.protocol import STOP_TARGET, CollectiveError, StopTraining
 from pollux_opt.runtime.spec import JobParts, JobSpec
 
-__all__ = ["CollectiveAbort", "UserLoop", "Preempted", "VerificationDone", "current_loop", "run_user_loop"]
+__all__ = ["UserLoop", "Preempted", "VerificationDone", "current_loop", "run_user_loop"]
 
 _local = threading.local()
 
@@ -44,19 +33,13 @@ def current_loop() -> "UserLoop | None":
 
 
 class Preempted(BaseException):
-    """A stop at a step boundary, after rank 0 checkpointed (``code``: a stop code)."""
+    """Unwinds the user's loop at a step boundary, after rank 0's checkpoint (a
+    ``BaseException``, so that the user's ``except Exception`` does not catch
+    it): ``code``, the stop code, or ``error``, the collective that failed."""
 
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-class CollectiveAbort(BaseException):
-    """A failed collective, carried through the user's loop (``error``: the CollectiveError)."""
-
-    def __init__(self, error: CollectiveError) -> None:
-        super().__init__(str(error))
-        self.error = error
+    def __init__(self, code: int | None = None, error: CollectiveError | None = None) -> None:
+        super().__init__(code if error is None else str(error))
+        self.code, self.error = code, error
 
 
 class VerificationDone(BaseException):
@@ -142,27 +125,24 @@ class UserLoop:
         self.trainer = self._attach_fn(self, parts, checkpointed(scheduler, extra))
         return self.trainer
 
-    def _require(self):
+    def attached(self):
+        """The trainer; RuntimeError before the wrapper was created."""
         if self.trainer is None:
             raise RuntimeError("create the ElasticDataParallel before iterating an ElasticDataLoader "
                                "or remaining_epochs_until")
         return self.trainer
 
     # --------------------------------------------------------------- a step
-    def _leave(self, exc: Exception) -> BaseException:
-        """The exception that leaves the user's loop for the trainer's stop or
-        collective failure ``exc`` (after rank 0's checkpoint)."""
-        if isinstance(exc, StopTraining):
-            self.trainer.finish(exc.code)
-            return Preempted(exc.code)
-        if self.rank == 0:
-            self.trainer.save_after_fault()
-        return CollectiveAbort(exc)
+    def _leave(self, exc: StopTraining | CollectiveError) -> Preempted:
+        try:
+            return Preempted(code=self.trainer.leave(exc))
+        except CollectiveError as err:
+            return Preempted(error=err)
 
     def begin_step(self, epoch_left: int) -> int:
         """Start a step with ``epoch_left`` samples left in the epoch; returns
         the step's micro-batch size (0: the epoch ends before this step)."""
-        trainer = self.trainer or self._require()
+        trainer = self.trainer or self.attached()
         try:
             m, s = trainer.begin_step()
         except (StopTraining, CollectiveError) as exc:
@@ -174,12 +154,11 @@ class UserLoop:
     def micro_done(self, loss=None) -> bool:
         """After one micro-batch's backward pass: fold its gradient in; on the
         step's last one, reduce and update.  Returns True if the step was applied."""
-        trainer, plan = self.trainer or self._require(), self.plan
+        trainer, plan = self.trainer or self.attached(), self.plan
         if plan is None:
             raise RuntimeError("optimizer.step() was called outside an ElasticDataLoader batch")
-        trainer.add_micro(loss)
         m, s, micro = plan
-        if trainer._micro <= s:
+        if trainer.add_micro(loss) <= s:
             return False
         self.plan = None
         try:
@@ -192,7 +171,7 @@ class UserLoop:
 
     def end_epoch(self) -> None:
         """The loader ran out of samples for the current epoch."""
-        trainer = self._require()
+        trainer = self.attached()
         trainer.state.epoch += 1
         trainer.state.epoch_pos = 0
         if self.rank == 0:
@@ -200,14 +179,14 @@ class UserLoop:
 
     def epochs_left(self, epochs: int) -> bool:
         """True while ``remaining_epochs_until(epochs)`` yields another epoch."""
-        state = self._require().state
+        state = self.attached().state
         limit = epochs if self.spec.epochs is None else min(epochs, self.spec.epochs)
         return state.epoch < limit
 
     # -------------------------------------------------------------- the end
     def complete(self) -> int:
         """``main()`` returned: the final checkpoint if the spec's criteria hold (rank 0)."""
-        trainer = self._require()
+        trainer = self.attached()
         if self.rank == 0:
             trainer.update_completion()
             state = trainer.state
@@ -235,7 +214,6 @@ def run_user_loop(user_loop: UserLoop, fn: Callable[[], Any]) -> int:
 
     Raises:
         CollectiveError: a collective failed (rank 0 checkpointed its last step).
-        VerificationDone: never; a verification's end returns STOP_TARGET.
         RuntimeError: ``fn`` returned without creating the wrapper, or before its criteria.
     """
     _local.user_loop = user_loop
@@ -243,9 +221,9 @@ def run_user_loop(user_loop: UserLoop, fn: Callable[[], Any]) -> int:
         try:
             fn()
         except Preempted as stop:
+            if stop.error is not None:
+                raise stop.error from None
             return stop.code
-        except CollectiveAbort as abort:
-            raise abort.error from None
         except VerificationDone:
             return STOP_TARGET
         if user_loop.trainer is None:

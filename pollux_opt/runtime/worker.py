@@ -1,12 +1,11 @@
 """Worker processes: one per replica, one CPU thread each, kept warm between assignments.
 
-A worker is a spawned process (:func:`worker_main`) that imports torch once and
-then serves *assignments* from its controller over a pipe (the messages of
-:mod:`~pollux_opt.runtime.protocol`): build (or reuse) the job's parts, join a
-gloo process group of ``world`` workers, load the checkpoint, train until told
-to stop (or until the target or step limit is reached), checkpoint, leave the
-group and wait for the next assignment.  All ranks stop at the same step (see
-:mod:`~pollux_opt.runtime.trainer`, the training loop of an assignment).
+A worker (:func:`worker_main`) imports torch once, then serves *assignments*
+from its controller (the messages of :mod:`~pollux_opt.runtime.protocol`):
+build (or reuse) the job's parts, join a gloo group of ``world`` workers, load
+the checkpoint, train (:mod:`~pollux_opt.runtime.trainer`) until told to stop
+or until the target or step limit, checkpoint, leave the group and wait for the
+next assignment.
 """
 
 from __future__ import annotations
@@ -22,9 +21,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from pollux_opt.runtime.checkpoint import WriterLock, load_payload
+from pollux_opt.runtime.checkpoint import WriterLock, list_checkpoints, load_payload
 from pollux_opt.runtime.entry import LOOP, entry_protocol
-from pollux_opt.runtime.lifeline import ORPHAN_GRACE_S, saving_state
+from pollux_opt.runtime.lifeline import ORPHAN_GRACE_S, Lifeline, ProcessIdentity
 from pollux_opt.runtime.lazy_torch import require_torch
 from pollux_opt.runtime.protocol import (
     ERROR, EXIT, PAUSED, PREPARE, RESUMED, RUN, STOP_PARENT, STOP_REASONS, TCP_STORE_PREFIX, Assignment,
@@ -33,6 +32,7 @@ from pollux_opt.runtime.protocol import (
 from pollux_opt.runtime.spec import BuildContext, JobParts, JobSpec, resolve_builder
 from pollux_opt.runtime.state import TrainingState, param_checksum, restore_rng
 from pollux_opt.runtime.trainer import Trainer
+from pollux_opt.runtime.user_loop import UserLoop, run_user_loop
 
 __all__ = ["WRITER_WAIT_S", "PartsCache", "error_report", "prepare_parts", "serve_assignment", "worker_main",
            "worker_setup"]
@@ -75,8 +75,6 @@ def _assigned_checkpoint(a: Assignment):
     """The checkpoint ``a`` resumes from (None: a fresh start)."""
     if a.checkpoint_meta is None:
         return None
-    from pollux_opt.runtime.checkpoint import list_checkpoints
-
     wanted = Path(a.checkpoint_meta)
     info = next((c for c in list_checkpoints(wanted.parent) if c.meta_path == wanted), None)
     if info is None:
@@ -109,14 +107,13 @@ def _load_state(a: Assignment, spec: JobSpec, parts: JobParts, info, torch, dist
 
 
 class _Launch:
-    """One assignment being set up: its timings and what the "resumed" report says."""
+    """One assignment being set up and trained: the timings its "resumed" report gives."""
 
-    def __init__(self, conn, a: Assignment, spec: JobSpec, info, torch, dist, received: float) -> None:
-        self.conn, self.a, self.spec, self.info, self.torch, self.dist = conn, a, spec, info, torch, dist
-        self.received = received
-        self.t0 = time.perf_counter()
+    def __init__(self, conn, a: Assignment, torch, dist, received: float) -> None:
+        self.conn, self.a, self.torch, self.dist, self.received = conn, a, torch, dist, received
+        self.spec = JobSpec.from_json(a.spec_json)
+        self.info = _assigned_checkpoint(a)
         self.t_build = self.t_group = 0.0
-        self.pg = False
 
     def join_group(self) -> None:
         a, dist = self.a, self.dist
@@ -127,7 +124,6 @@ class _Launch:
                 dist.init_process_group, "gloo", store=store, rank=a.rank, world_size=a.world,
                 timeout=timedelta(seconds=a.options.collective_timeout_s),
             )
-            self.pg = True
         self.t_group = time.perf_counter() - t
 
     def trainer(self, parts: JobParts, base_lrs, extra: dict | None = None) -> Trainer:
@@ -150,56 +146,50 @@ class _Launch:
             trainer.parent_lost = True  # stops at the first step boundary
         return trainer
 
+    def train(self, cache: PartsCache, saving) -> tuple[int, Trainer]:
+        """Build (or reuse) the parts and train them, or run a user's own loop
+        (:mod:`~pollux_opt.runtime.user_loop`); returns ``(stop code, trainer)``.
+        ``saving``: the context of the training itself (rank 0 checkpoints on
+        its way out, also when orphaned)."""
+        a, spec, torch = self.a, self.spec, self.torch
+        fn = resolve_builder(spec.builder, spec.import_dir)
+        t0 = time.perf_counter()
+        if entry_protocol(fn) != LOOP:
+            parts, base_lrs = cache.get((a.job_id, a.workdir, a.spec_json), spec, Path(a.workdir), torch,
+                                        reuse=self.info is not None)
+            self.t_build = time.perf_counter() - t0
+            self.join_group()
+            trainer = self.trainer(parts, base_lrs)
+            with saving:
+                return trainer.run(), trainer
+        self.join_group()
+        t0 = time.perf_counter()
 
-def _run_builder(launch: _Launch, cache: PartsCache, workdir: Path):
-    """The builder protocol: build (or reuse) the parts, train; returns ``(code, trainer)``."""
-    a, spec, torch = launch.a, launch.spec, launch.torch
-    key = (a.job_id, a.workdir, a.spec_json)
-    t0 = time.perf_counter()
-    parts, base_lrs = cache.get(key, spec, workdir, torch, reuse=launch.info is not None)
-    launch.t_build = time.perf_counter() - t0
-    launch.join_group()
-    trainer = launch.trainer(parts, base_lrs)
-    with saving_state() if a.rank == 0 else contextlib.nullcontext():
-        return trainer.run(), trainer  # rank 0 checkpoints on its way out, also when orphaned
+        def attach(user_loop, parts, extra):
+            self.t_build = time.perf_counter() - t0  # the user's setup until the wrapper
+            return self.trainer(parts, None, extra)
 
-
-def _run_loop(launch: _Launch, fn) -> tuple[int, Trainer]:
-    """A user's own loop (:mod:`~pollux_opt.runtime.user_loop`); returns ``(code, trainer)``."""
-    from pollux_opt.runtime.user_loop import UserLoop, run_user_loop
-
-    a = launch.a
-    launch.join_group()
-    t0 = time.perf_counter()
-
-    def attach(user_loop, parts, extra):
-        launch.t_build = time.perf_counter() - t0  # the user's setup until the wrapper
-        parts.train_size = user_loop.train_size or parts.train_size
-        return launch.trainer(parts, None, extra)
-
-    user_loop = UserLoop(launch.spec, a.rank, a.world, attach)
-    torch = launch.torch
-    torch.manual_seed(launch.spec.seed)
-    random.seed(launch.spec.seed)
-    with saving_state() if a.rank == 0 else contextlib.nullcontext():
-        code = run_user_loop(user_loop, fn)
-    return code, user_loop.trainer
+        user_loop = UserLoop(spec, a.rank, a.world, attach)
+        torch.manual_seed(spec.seed)
+        random.seed(spec.seed)
+        with saving:
+            return run_user_loop(user_loop, fn), user_loop.trainer
 
 
-def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cpus) -> bool:
-    """Run one assignment; returns False if the controller is gone."""
+def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cpus,
+                     lifeline: Lifeline | None = None) -> bool:
+    """Run one assignment; returns False if the controller is gone.  ``lifeline``:
+    the pool process's, which gives an orphaned rank 0 its grace to checkpoint."""
     received = time.time()
     workdir = Path(a.workdir)
     log_dir = workdir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(log_dir / f"worker-rank{a.rank}.log")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d gen%(generation)s %(levelname)s %(message)s"))
-    handler.addFilter(_GenerationFilter(a.generation))
+    handler.setFormatter(logging.Formatter(f"%(asctime)s %(process)d gen{a.generation} %(levelname)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     writer = WriterLock(workdir)
-    launch = None
     try:
         if a.rank == 0 and not writer.acquire(WRITER_WAIT_S):
             logger.warning("another process still holds %s; writing checkpoints without it", writer.path)
@@ -209,19 +199,13 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
             logger.warning("could not set CPU affinity to %s", a.cpu)
         if a.cgroup is not None:
             join_cgroup(a.cgroup)
-        spec = JobSpec.from_json(a.spec_json)
-        launch = _Launch(conn, a, spec, _assigned_checkpoint(a), torch, dist, received)
-        fn = resolve_builder(spec.builder, spec.import_dir)
-        if entry_protocol(fn) == LOOP:
-            code, trainer = _run_loop(launch, fn)
-        else:
-            code, trainer = _run_builder(launch, cache, workdir)
+        saving = lifeline.saving_state() if lifeline is not None and a.rank == 0 else contextlib.nullcontext()
+        code, trainer = _Launch(conn, a, torch, dist, received).train(cache, saving)
         writer.release()  # before PAUSED: the controller may launch the next writer then
         state = trainer.state
         checksum = param_checksum(trainer.parts.model)
-        if launch.pg:
+        if a.world > 1:
             dist.destroy_process_group()
-            launch.pg = False
         logger.info("paused at step %d (%s)", state.step, STOP_REASONS.get(code, code))
         return send(conn, PAUSED, {
             "generation": a.generation, "rank": a.rank, "step": state.step, "reason": STOP_REASONS.get(code, code),
@@ -248,16 +232,6 @@ def join_cgroup(directory: str) -> None:
     """
     with open(os.path.join(directory, "cgroup.procs"), "w") as fh:
         fh.write(str(os.getpid()))
-
-
-class _GenerationFilter(logging.Filter):
-    def __init__(self, generation: int) -> None:
-        super().__init__()
-        self.generation = generation
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.generation = self.generation
-        return True
 
 
 def prepare_parts(cache: PartsCache, job_id: str, spec_json: str, workdir: str, torch) -> None:
@@ -311,14 +285,15 @@ def error_report(a: Assignment, exc: BaseException) -> dict:
             "traceback": traceback.format_exc(), "collective": isinstance(exc, CollectiveError)}
 
 
-def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
-    """Entry point of a spawned worker process (see the module docstring);
-    ``gloo_interface`` is the network interface its collectives bind to."""
-    # A pool worker is a daemon (it ends with its scheduler, see lifeline); a
-    # user's DataLoader with num_workers > 0 starts children, which
-    # multiprocessing refuses in a daemon.  They end with this process.
+def worker_main(conn, scheduler: ProcessIdentity) -> None:
+    """Entry point of a pool's worker process (see the module docstring), which
+    ends itself once its scheduler ``scheduler`` is gone (its :class:`Lifeline`)."""
+    lifeline = Lifeline(scheduler).start()
+    # A pool worker is a daemon (it ends with its scheduler); a user's
+    # DataLoader with num_workers > 0 starts children, which multiprocessing
+    # refuses in a daemon.  They end with this process.
     multiprocessing.current_process()._config["daemon"] = False
-    torch, dist, all_cpus = worker_setup(gloo_interface)
+    torch, dist, all_cpus = worker_setup()
     cache = PartsCache()
     while True:
         try:
@@ -334,7 +309,7 @@ def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
             continue  # a late command for a finished assignment
         a: Assignment = msg[1]
         try:
-            alive = serve_assignment(conn, a, cache, torch, dist, all_cpus)
+            alive = serve_assignment(conn, a, cache, torch, dist, all_cpus, lifeline)
         except BaseException as exc:  # noqa: BLE001 - reported to the controller, then exit
             send(conn, ERROR, error_report(a, exc))
             # The process group may be half-formed and peers blocked in it: do
