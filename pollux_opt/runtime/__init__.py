@@ -74,8 +74,7 @@ Modules: :mod:`~pollux_opt.runtime.job` (the handle),
 :mod:`~pollux_opt.runtime.status`, :mod:`~pollux_opt.runtime.journal`,
 :mod:`~pollux_opt.runtime.protocol` (the messages between them),
 :mod:`~pollux_opt.runtime.worker`, :mod:`~pollux_opt.runtime.trainer` and :mod:`~pollux_opt.runtime.state` (the
-worker processes; :mod:`~pollux_opt.runtime.user_loop` and
-:mod:`~pollux_opt.runtime.elastic_data` for a user's loop),
+worker processes; :mod:`~pollux_opt.runtime.user_loop` for a user's loop),
 :mod:`~pollux_opt.runtime.divergence` (the divergence rule); the job agent
 they run, shared with the simulator, is :mod:`pollux_opt.agent`.
 

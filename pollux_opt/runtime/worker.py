@@ -17,7 +17,6 @@ import os
 import random
 import time
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
