@@ -94,25 +94,29 @@ class Trainer:
         self._sqr_sum = self._loss_sum = 0.0
 
     # ------------------------------------------------------------------- a step
-    def _read_commands(self) -> None:
-        """Rank 0: take the supervisor's commands (:data:`STOP`, :data:`BATCH`) sent since the last step."""
-        conn = self.conn
-        try:
-            while conn.poll():
-                msg = conn.recv()
-                if msg[0] == STOP:
-                    self.stop_requested = True
-                elif msg[0] == BATCH:
-                    self.pending_config = (int(msg[1]), int(msg[2]))
-                    if msg[3] is not None:
-                        self.state.params = msg[3]
-        except (EOFError, OSError):
+    def send(self, kind: str, **info) -> None:
+        """Report ``kind`` with this rank's position and ``info``; a supervisor
+        that is gone stops the training at the next step boundary."""
+        state = self.state
+        if not send(self.conn, kind, {"generation": self.a.generation, "rank": self.rank, "step": state.step,
+                                      "progress": state.progress, "samples": state.samples, **info}):
             self.parent_lost = True
 
     def _decide(self) -> int:
-        """The step's stop code: rank 0 decides and broadcasts it with the batch (see the protocol)."""
+        """The step's stop code: rank 0 takes the supervisor's commands sent since
+        the last step, decides, and broadcasts it with the batch (see the protocol)."""
         if self.rank == 0:
-            self._read_commands()
+            try:
+                while self.conn.poll():
+                    msg = self.conn.recv()
+                    if msg[0] == STOP:
+                        self.stop_requested = True
+                    elif msg[0] == BATCH:
+                        self.pending_config = (int(msg[1]), int(msg[2]))
+                        if msg[3] is not None:
+                            self.state.params = msg[3]
+            except (EOFError, OSError):
+                self.parent_lost = True
             if self.parent_lost:
                 code = STOP_PARENT
             elif self.state.target_reached:
@@ -311,18 +315,11 @@ class Trainer:
 
     def _report(self) -> None:
         self.last_report = time.monotonic()
-        stats = self.state.ema.estimate()
-        info = {
-            "generation": self.a.generation, "rank": 0, "step": self.state.step,
-            "progress": self.state.progress, "samples": self.state.samples,
-            "metric": self.state.metric, "eval_history": self.state.eval_history[-5:],
-            "stats": None if stats is None else [stats[0], stats[1]], "stats_steps": self.state.ema.count,
-            "profile": self.state.profile, "type_profiles": self.state.type_profiles, "rows": self.rows,
-            "config": list(self.config),
-        }
-        self.rows = []
-        if not send(self.conn, METRICS, info):
-            self.parent_lost = True
+        state, stats = self.state, self.state.ema.estimate()
+        rows, self.rows = self.rows, []
+        self.send(METRICS, metric=state.metric, eval_history=state.eval_history[-5:],
+                  stats=None if stats is None else [stats[0], stats[1]], stats_steps=state.ema.count,
+                  profile=state.profile, type_profiles=state.type_profiles, rows=rows, config=list(self.config))
 
     def _checkpoint_due(self) -> bool:
         opts = self.a.options
@@ -359,11 +356,7 @@ class Trainer:
         prune(directory, self.a.options.keep_checkpoints)
         self.last_ckpt_time = time.monotonic()
         self.last_ckpt_step = state.step
-        if not send(self.conn, CHECKPOINT, {
-            "generation": self.a.generation, "rank": 0, "step": state.step, "meta_path": str(info.meta_path),
-            "final": final, "checksum": meta["checksum"], "progress": state.progress,
-        }):
-            self.parent_lost = True
+        self.send(CHECKPOINT, meta_path=str(info.meta_path), final=final, checksum=meta["checksum"])
         return info
 
     def save_after_fault(self) -> None:

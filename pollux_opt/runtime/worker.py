@@ -136,13 +136,9 @@ class _Launch:
         trainer = Trainer(torch, self.dist, self.conn, a, self.spec, parts, base_lrs, state, extra)
         if a.world > 1:
             collective(self.dist.barrier)
-        if not send(self.conn, RESUMED, {
-            "generation": a.generation, "rank": a.rank, "step": state.step, "progress": state.progress,
-            "samples": state.samples, "checksum": param_checksum(parts.model), "pid": os.getpid(),
-            "from_checkpoint": None if self.info is None else self.info.step, "train_size": parts.train_size,
-            "build_s": self.t_build, "group_s": self.t_group, "load_s": t_load, "received": self.received,
-        }):
-            trainer.parent_lost = True  # stops at the first step boundary
+        trainer.send(RESUMED, checksum=param_checksum(parts.model), pid=os.getpid(),
+                     from_checkpoint=None if self.info is None else self.info.step, train_size=parts.train_size,
+                     build_s=self.t_build, group_s=self.t_group, load_s=t_load, received=self.received)
         return trainer
 
     def train(self, cache: PartsCache, saving) -> tuple[int, Trainer]:
@@ -201,15 +197,12 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
         saving = lifeline.saving_state() if lifeline is not None and a.rank == 0 else contextlib.nullcontext()
         code, trainer = _Launch(conn, a, torch, dist, received).train(cache, saving)
         writer.release()  # before PAUSED: the controller may launch the next writer then
-        state = trainer.state
         checksum = param_checksum(trainer.parts.model)
         if a.world > 1:
             dist.destroy_process_group()
-        logger.info("paused at step %d (%s)", state.step, STOP_REASONS.get(code, code))
-        return send(conn, PAUSED, {
-            "generation": a.generation, "rank": a.rank, "step": state.step, "reason": STOP_REASONS.get(code, code),
-            "checksum": checksum, "progress": state.progress, "samples": state.samples, "metric": state.metric,
-        }) and code != STOP_PARENT and not trainer.parent_lost
+        logger.info("paused at step %d (%s)", trainer.state.step, STOP_REASONS.get(code, code))
+        trainer.send(PAUSED, reason=STOP_REASONS.get(code, code), checksum=checksum, metric=trainer.state.metric)
+        return code != STOP_PARENT and not trainer.parent_lost
     except BaseException:
         # Into this job's worker log, while its handler is attached (the
         # controller records the error and traceback in the job's events).
