@@ -70,48 +70,18 @@ class PartsCache:
         return parts, self.base_lrs
 
 
-def _assigned_checkpoint(a: Assignment):
-    """The checkpoint ``a`` resumes from (None: a fresh start)."""
-    if a.checkpoint_meta is None:
-        return None
-    wanted = Path(a.checkpoint_meta)
-    info = next((c for c in list_checkpoints(wanted.parent) if c.meta_path == wanted), None)
-    if info is None:
-        raise FileNotFoundError(f"checkpoint metadata {wanted} is missing")
-    return info
-
-
-def _load_state(a: Assignment, spec: JobSpec, parts: JobParts, info, torch, dist,
-                extra: dict | None = None) -> TrainingState:
-    """Load the checkpoint ``info`` into ``parts`` (and the ``extra`` objects, by
-    name) and return its training state; without one, a fresh state (every
-    rank starting from rank 0's parameters)."""
-    if info is None:
-        if a.world > 1:
-            with torch.no_grad():
-                for tensor in list(parts.model.parameters()) + list(parts.model.buffers()):
-                    collective(dist.broadcast, tensor, src=0)
-        return TrainingState(next_eval=spec.eval_every)
-    payload = load_payload(info)
-    parts.model.load_state_dict(payload["model"])
-    parts.optimizer.load_state_dict(payload["optimizer"])
-    if parts.scaler is not None and payload.get("scaler") is not None:
-        parts.scaler.load_state_dict(payload["scaler"])
-    saved = payload.get("extra") or {}
-    for name, obj in (extra or {}).items():
-        if name in saved:
-            obj.load_state_dict(saved[name])
-    restore_rng(torch, payload["rng"])
-    return TrainingState.from_dict(payload["runtime"])
-
-
 class _Launch:
     """One assignment being set up and trained: the timings its "resumed" report gives."""
 
     def __init__(self, conn, a: Assignment, torch, dist, received: float) -> None:
         self.conn, self.a, self.torch, self.dist, self.received = conn, a, torch, dist, received
         self.spec = JobSpec.from_json(a.spec_json)
-        self.info = _assigned_checkpoint(a)
+        self.info = None  # the checkpoint to resume from (None: a fresh start)
+        if a.checkpoint_meta is not None:
+            wanted = Path(a.checkpoint_meta)
+            self.info = next((c for c in list_checkpoints(wanted.parent) if c.meta_path == wanted), None)
+            if self.info is None:
+                raise FileNotFoundError(f"checkpoint metadata {wanted} is missing")
         self.t_build = self.t_group = 0.0
 
     def join_group(self) -> None:
@@ -126,10 +96,29 @@ class _Launch:
         self.t_group = time.perf_counter() - t
 
     def trainer(self, parts: JobParts, base_lrs, extra: dict | None = None) -> Trainer:
-        """Load the state into ``parts``, make the trainer, wait for every rank and report "resumed"."""
-        a, torch = self.a, self.torch
+        """Load the checkpoint into ``parts`` and the ``extra`` objects (by name;
+        a fresh start: every rank takes rank 0's parameters), make the trainer,
+        wait for every rank and report "resumed"."""
+        a, torch, info = self.a, self.torch, self.info
         t = time.perf_counter()
-        state = _load_state(a, self.spec, parts, self.info, torch, self.dist, extra)
+        if info is None:
+            if a.world > 1:
+                with torch.no_grad():
+                    for tensor in list(parts.model.parameters()) + list(parts.model.buffers()):
+                        collective(self.dist.broadcast, tensor, src=0)
+            state = TrainingState(next_eval=self.spec.eval_every)
+        else:
+            payload = load_payload(info)
+            parts.model.load_state_dict(payload["model"])
+            parts.optimizer.load_state_dict(payload["optimizer"])
+            if parts.scaler is not None and payload.get("scaler") is not None:
+                parts.scaler.load_state_dict(payload["scaler"])
+            saved = payload.get("extra") or {}
+            for name, obj in (extra or {}).items():
+                if name in saved:
+                    obj.load_state_dict(saved[name])
+            restore_rng(torch, payload["rng"])
+            state = TrainingState.from_dict(payload["runtime"])
         if a.params is not None:
             state.params = a.params
         t_load = time.perf_counter() - t
