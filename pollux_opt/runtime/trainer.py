@@ -102,9 +102,16 @@ class Trainer:
                                       "progress": state.progress, "samples": state.samples, **info}):
             self.parent_lost = True
 
-    def _decide(self) -> int:
-        """The step's stop code: rank 0 takes the supervisor's commands sent since
-        the last step, decides, and broadcasts it with the batch (see the protocol)."""
+    def begin_step(self) -> tuple[int, int]:
+        """Start a step at a step boundary: rank 0 takes the supervisor's commands
+        sent since the last step and broadcasts the step's stop code and batch;
+        returns the step's ``(local_bsz, accum_steps)``.
+
+        Raises:
+            StopTraining: the stop code says stop (nothing of a step was done).
+            CollectiveError: the broadcast failed.
+        """
+        self._t_start = time.perf_counter()
         if self.rank == 0:
             try:
                 while self.conn.poll():
@@ -130,29 +137,16 @@ class Trainer:
             self.ctrl[0], self.ctrl[1], self.ctrl[2] = code, self.pending_config[0], self.pending_config[1]
         if self.world > 1:
             collective(self.dist.broadcast, self.ctrl, src=0)
-        return int(self.ctrl[0])
-
-    def begin_step(self) -> tuple[int, int]:
-        """Start a step at a step boundary: the control broadcast; returns the
-        step's ``(local_bsz, accum_steps)``.
-
-        Raises:
-            StopTraining: the control code says stop (nothing of a step was done).
-            CollectiveError: the broadcast failed.
-        """
-        torch = self.torch
-        self._t_start = time.perf_counter()
-        code = self._decide()
         self._t_ctrl = time.perf_counter() - self._t_start
-        if code != CONTINUE:
-            raise StopTraining(code)
+        if int(self.ctrl[0]) != CONTINUE:
+            raise StopTraining(int(self.ctrl[0]))
         config = (int(self.ctrl[1]), int(self.ctrl[2]))
         if config != self.config:
             self.config = config
             self.since_change = 0
         # The CPU generator only: torch.manual_seed also seeds accelerator
         # generators, at about a millisecond per call.
-        torch.default_generator.manual_seed(step_seed(self.spec.seed, self.state.step, self.rank))
+        self.torch.default_generator.manual_seed(step_seed(self.spec.seed, self.state.step, self.rank))
         if self.buffers:
             self.buffers_before_step = [b.detach().clone() for b in self.buffers]
         self.vec.zero_()
@@ -359,22 +353,6 @@ class Trainer:
         self.send(CHECKPOINT, meta_path=str(info.meta_path), final=final, checksum=meta["checksum"])
         return info
 
-    def save_after_fault(self) -> None:
-        """Rank 0, after a failed collective: report and checkpoint the last
-        completed step (see the module docstring); never raises."""
-        try:
-            if self.buffers_before_step is not None:
-                with self.torch.no_grad():
-                    for buffer, saved in zip(self.buffers, self.buffers_before_step):
-                        buffer.copy_(saved)
-                self.buffers_before_step = None
-            self._report()
-            if self.state.step > 0 and self.last_ckpt_step != self.state.step:
-                self.save(final=self.state.target_reached)
-                logger.info("checkpointed step %d after a failed collective", self.state.step)
-        except Exception:  # noqa: BLE001 - the collective's failure is what gets reported
-            logger.exception("could not checkpoint after a failed collective")
-
     def finish(self, code: int) -> int:
         """Rank 0 on the way out after stop ``code``: report, and checkpoint
         (a final checkpoint when the target is reached).  Returns ``code``."""
@@ -387,12 +365,24 @@ class Trainer:
         return code
 
     def leave(self, exc: StopTraining | CollectiveError) -> int:
-        """Rank 0 checkpoints on the way out: after a stop (returns its code) or
-        a failed collective (re-raised)."""
+        """Rank 0 reports and checkpoints on the way out: after a stop (returns
+        its code), or after a failed collective (re-raised) the last completed
+        step (see the module docstring), never raising an error of its own."""
         if isinstance(exc, StopTraining):
             return self.finish(exc.code)
         if self.rank == 0:
-            self.save_after_fault()
+            try:
+                if self.buffers_before_step is not None:
+                    with self.torch.no_grad():
+                        for buffer, saved in zip(self.buffers, self.buffers_before_step):
+                            buffer.copy_(saved)
+                    self.buffers_before_step = None
+                self._report()
+                if self.state.step > 0 and self.last_ckpt_step != self.state.step:
+                    self.save(final=self.state.target_reached)
+                    logger.info("checkpointed step %d after a failed collective", self.state.step)
+            except Exception:  # noqa: BLE001 - the collective's failure is what gets reported
+                logger.exception("could not checkpoint after a failed collective")
         raise exc
 
     def run(self) -> int:

@@ -23,11 +23,12 @@ dataset (seeded by the job's seed and the epoch,
 epoch's short last step uses ``b = floor(left / n)``; when that is 0, the epoch
 ends.  The position is checkpointed, so a resumed job, on any number of
 replicas, continues with the next sample: none is seen twice, none skipped but
-those left at an epoch's end.  The index lists feed a ``DataLoader`` as its
-``batch_sampler`` (:class:`StepBatches`, replaced when a step brings another
-batch configuration), or, without worker processes or other options, are
-fetched in this thread as the ``DataLoader`` would, without its iterator's
-bookkeeping (about a tenth of a millisecond per batch).
+those left at an epoch's end.  The index lists (:class:`StepBatches`, replaced
+when a step brings another batch configuration) feed a ``DataLoader`` as its
+``batch_sampler``, or, without worker processes or other options, are fetched
+in this thread as the ``DataLoader`` would (``dataset.__getitems__(indices)``
+if the dataset has it, else one ``dataset[i]`` per index, then ``collate_fn``)
+without its iterator's bookkeeping (about a tenth of a millisecond per batch).
 """
 
 from __future__ import annotations
@@ -269,77 +270,46 @@ class StepBatches:
             pos += self.world * micro_n * b
 
 
-def _is_direct(loader_kwargs: Mapping[str, Any]) -> bool:
-    """True when the in-thread fetch serves these ``ElasticDataLoader`` options (see the module docstring)."""
-    return not loader_kwargs.get("num_workers") and set(k for k, v in loader_kwargs.items() if v) <= _DIRECT_OPTIONS
-
-
-def _loader(dataset, sampler: StepBatches, loader_kwargs: Mapping[str, Any]) -> Iterator:
-    import torch
-    from torch.utils.data import DataLoader
-
-    kwargs = {k: v for k, v in loader_kwargs.items() if k != "drop_last"}  # with a batch_sampler, the sampler's
-    # Its own generator: a DataLoader draws a seed when it starts, which must
-    # not shift the step's seeded stream (dropout) of the script.
-    return iter(DataLoader(dataset, batch_sampler=sampler, generator=torch.Generator(), **kwargs))
-
-
 def epoch_batches(user_loop: UserLoop, dataset, shuffle: bool, loader_kwargs: Mapping[str, Any]) -> Iterator:
     """The micro-batches of the rest of the current epoch on this rank (see the module docstring)."""
     import torch
+    from torch.utils.data import DataLoader, default_collate
 
-    trainer = user_loop.attached()
-    state, spec = trainer.state, user_loop.spec
+    state = user_loop.attached().state
     size = len(dataset)
-    order = EpochSampler(torch, size, spec.seed).permutation(state.epoch) if shuffle else torch.arange(size)
-    if _is_direct(loader_kwargs):
-        return _direct_batches(user_loop, dataset, order, loader_kwargs.get("collate_fn"))
-    return _loader_batches(user_loop, dataset, order, loader_kwargs)
+    order = EpochSampler(torch, size, user_loop.spec.seed).permutation(state.epoch) if shuffle else torch.arange(size)
+    collate = loader_kwargs.get("collate_fn") or default_collate
+    getitems = getattr(dataset, "__getitems__", None)
+    kwargs = {k: v for k, v in loader_kwargs.items() if k != "drop_last"}  # with a batch_sampler, the sampler's
+
+    def direct(batches: StepBatches) -> Iterator:
+        return (collate(getitems(idx) if getitems else [dataset[i] for i in idx]) for idx in batches)
+
+    def loader(batches: StepBatches) -> Iterator:
+        # Its own generator: a DataLoader draws a seed when it starts, which must
+        # not shift the step's seeded stream (dropout) of the script.
+        return iter(DataLoader(dataset, batch_sampler=batches, generator=torch.Generator(), **kwargs))
+
+    in_thread = not loader_kwargs.get("num_workers") and {k for k, v in loader_kwargs.items() if v} <= _DIRECT_OPTIONS
+    return _batches(user_loop, size, order, direct if in_thread else loader)
 
 
-def _steps(user_loop: UserLoop, size: int) -> Iterator[int]:
-    """Begin each step of the rest of the epoch and yield its micro-batch size;
-    end the epoch after its last step."""
+def _batches(user_loop: UserLoop, size: int, order, fetch: Callable[[StepBatches], Iterator]) -> Iterator:
+    """Begin each step of the rest of the epoch and yield its micro-batches from
+    ``fetch`` over :class:`StepBatches`, replaced when a step brings another
+    batch configuration; end the epoch after its last step."""
     state = user_loop.trainer.state
+    it, expected = None, None
     while True:
         b = user_loop.begin_step(size - state.epoch_pos)
         if b == 0:
             user_loop.end_epoch()
             return
-        yield b
-        if user_loop.plan is not None:
-            raise RuntimeError("call optimizer.step() once for every batch of an ElasticDataLoader")
-
-
-def _direct_batches(user_loop: UserLoop, dataset, order, collate_fn) -> Iterator:
-    """The micro-batches of :func:`epoch_batches` fetched in this thread, as a
-    ``DataLoader`` without worker processes would fetch the index lists of
-    :class:`StepBatches`, in one generator (each layer of generators would be
-    paid in every micro-batch)."""
-    if collate_fn is None:
-        from torch.utils.data import default_collate as collate_fn
-    getitems = getattr(dataset, "__getitems__", None)
-    state, rank = user_loop.trainer.state, user_loop.rank
-    order = order.numpy()  # its slices and lists cost a fraction of a tensor's
-    for b in _steps(user_loop, len(order)):
-        micro_n = user_loop.plan[1] + 1
-        first = state.epoch_pos + rank * micro_n * b  # the layout of StepBatches
-        for _ in range(micro_n):
-            idx = order[first : first + b].tolist()
-            yield collate_fn(getitems(idx) if getitems else [dataset[i] for i in idx])
-            first += b
-
-
-def _loader_batches(user_loop: UserLoop, dataset, order, loader_kwargs: Mapping[str, Any]) -> Iterator:
-    """The micro-batches of :func:`epoch_batches` from a ``DataLoader`` over
-    :class:`StepBatches`, replaced when a step brings another batch configuration."""
-    state = user_loop.trainer.state
-    it, expected = None, None
-    for b in _steps(user_loop, len(order)):
         m, s, _ = user_loop.plan
         if it is None or expected != (state.epoch_pos, m, s):
-            it = _loader(dataset, StepBatches(order, state.epoch_pos, user_loop.world, user_loop.rank, m, s),
-                         loader_kwargs)
+            it = fetch(StepBatches(order, state.epoch_pos, user_loop.world, user_loop.rank, m, s))
         expected = (state.epoch_pos + user_loop.world * (s + 1) * b, m, s)
         for _ in range(s + 1):
             yield next(it)
+        if user_loop.plan is not None:
+            raise RuntimeError("call optimizer.step() once for every batch of an ElasticDataLoader")
