@@ -37,18 +37,10 @@ class JobDiverged(RuntimeError):
 
 
 def check_divergence(state, losses: Iterable[float], factor: float | None, reports: int) -> None:
-    """Apply the rule to one report's per-step ``losses`` (NaN: not reported).
-
-    Args:
-        state: the :class:`~pollux_opt.runtime.state.TrainingState`; its
-            ``loss_ref`` and ``diverging_reports`` are updated.
-        losses: mean training loss of each step since the previous report.
-        factor: the multiple (None disables the rule).
-        reports: consecutive reports above the bound that fail the job.
-
-    Raises:
-        JobDiverged: the ``reports``-th consecutive report above the bound.
-    """
+    """Apply the rule to one report's per-step mean ``losses`` (NaN: not
+    reported), updating ``state.loss_ref`` and ``state.diverging_reports``;
+    ``factor``: the multiple (None disables the rule), ``reports``: the
+    consecutive reports above the bound that raise :class:`JobDiverged`."""
     finite = [x for x in losses if math.isfinite(x)]
     if factor is None or not finite:
         return

@@ -15,14 +15,12 @@ and a user's own loop (:mod:`~pollux_opt.runtime.user_loop`) both call:
   applies the divergence rule (:mod:`~pollux_opt.runtime.divergence`).
 
 **A lost peer loses no step.**  When a collective fails (a peer died, or the
-group broke), rank 0 still holds the state after its last completed step: the
-failed step changed no parameter, optimizer state or statistic yet (buffers a
-forward pass updates, such as batch-norm statistics, are put back from a copy
-taken before it).  It checkpoints that state before it leaves, and the job
-resumes from there.  Only when rank 0 itself dies does the job fall back to
-its previous checkpoint, repeating the steps since then: at most
-``RuntimeOptions.checkpoint_interval_s`` seconds of training (or
-``checkpoint_every_steps`` steps).
+group broke), the failed step changed no parameter, optimizer state or
+statistic yet (buffers a forward pass updates, such as batch-norm statistics,
+are put back from a copy taken before it), so rank 0 checkpoints its last
+completed step before it leaves.  Only when rank 0 itself dies does the job
+fall back to its previous checkpoint: at most ``checkpoint_interval_s``
+seconds of training (or ``checkpoint_every_steps`` steps) are repeated.
 """
 
 from __future__ import annotations
@@ -174,13 +172,10 @@ class Trainer:
         return self._micro
 
     def finish_step(self, micro_bsz: int | None = None) -> None:
-        """Reduce, update and account the step (see the module docstring).
-
-        Args:
-            micro_bsz: samples per micro-batch (default: the step's local
-                batch); a smaller one is the short last step of a user's epoch,
-                left out of the gradient statistics and the measurements.
-        """
+        """Reduce, update and account the step (see the module docstring);
+        ``micro_bsz``: samples per micro-batch (default: the step's local batch),
+        smaller in the short last step of a user's epoch, which is left out of
+        the gradient statistics and the measurements."""
         state, micro = self.state, self._micro
         t_compute = time.perf_counter() - self._t_micro
         m_cfg, s = self.config
@@ -354,8 +349,7 @@ class Trainer:
         return info
 
     def finish(self, code: int) -> int:
-        """Rank 0 on the way out after stop ``code``: report, and checkpoint
-        (a final checkpoint when the target is reached).  Returns ``code``."""
+        """Rank 0 after stop ``code``: report and checkpoint (final at the target); returns ``code``."""
         if self.rank == 0:
             self._report()
             if code == STOP_TARGET:

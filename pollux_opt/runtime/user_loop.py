@@ -33,7 +33,7 @@ without its iterator's bookkeeping (about a tenth of a millisecond per batch).
 
 from __future__ import annotations
 
-import threading
+from contextvars import ContextVar
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Mapping
 
@@ -47,12 +47,13 @@ __all__ = ["Preempted", "StepBatches", "UserLoop", "VerificationDone", "current_
 #: ``ElasticDataLoader`` options that the in-thread fetch serves (any other needs a ``DataLoader``).
 _DIRECT_OPTIONS = frozenset({"collate_fn", "num_workers", "drop_last"})
 
-_local = threading.local()
+#: The user loop of the entry running in this thread (None: a script run on its own).
+_CURRENT: ContextVar[UserLoop | None] = ContextVar("pollux_opt_user_loop", default=None)
 
 
-def current_loop() -> "UserLoop | None":
+def current_loop() -> UserLoop | None:
     """The user loop of the entry running in this thread (None: a script run on its own)."""
-    return getattr(_local, "user_loop", None)
+    return _CURRENT.get()
 
 
 class Preempted(BaseException):
@@ -98,13 +99,9 @@ def checkpointed(scheduler=None, extra: Mapping[str, Any] | None = None) -> dict
 
 
 class UserLoop:
-    """One assignment (or one verification) of a user's loop; see the module docstring.
-
-    Args:
-        spec: the job.
-        attach_fn: ``(user_loop, parts, extra) -> Trainer | None``, what the
-            worker (or the verification) does when the wrapper is created.
-    """
+    """One assignment (or one verification) of a user's loop; ``attach_fn``:
+    ``(user_loop, parts, extra) -> Trainer``, what the worker (or the
+    verification) does when the wrapper is created."""
 
     def __init__(self, spec: JobSpec, rank: int, world: int, attach_fn: Callable) -> None:
         self.spec, self.rank, self.world = spec, rank, world
@@ -224,7 +221,7 @@ def run_user_loop(user_loop: UserLoop, fn: Callable[[], Any]) -> int:
         CollectiveError: a collective failed (rank 0 checkpointed its last step).
         RuntimeError: ``fn`` returned without creating the wrapper, or before its criteria.
     """
-    _local.user_loop = user_loop
+    token = _CURRENT.set(user_loop)
     try:
         try:
             fn()
@@ -238,7 +235,7 @@ def run_user_loop(user_loop: UserLoop, fn: Callable[[], Any]) -> int:
             raise RuntimeError(f"entry {user_loop.spec.builder!r} returned without creating an ElasticDataParallel")
         return user_loop.complete()
     finally:
-        _local.user_loop = None
+        _CURRENT.reset(token)
 
 
 # ------------------------------------------------------------ sample order
