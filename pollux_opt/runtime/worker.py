@@ -182,7 +182,9 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
         except (AttributeError, OSError, ValueError):  # pragma: no cover - non-Linux or bad cpu id
             logger.warning("could not set CPU affinity to %s", a.cpu)
         if a.cgroup is not None:
-            join_cgroup(a.cgroup)
+            # Into its node's CPU quota (all threads); an OSError fails the
+            # assignment: a replica of a throttled node must not train unthrottled.
+            Path(a.cgroup, "cgroup.procs").write_text(str(os.getpid()))
         saving = lifeline.saving_state() if lifeline is not None and a.rank == 0 else contextlib.nullcontext()
         code, trainer = _Launch(conn, a, torch, dist, received).train(cache, saving)
         writer.release()  # before PAUSED: the controller may launch the next writer then
@@ -201,18 +203,6 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
         writer.release()
         root.removeHandler(handler)
         handler.close()
-
-
-def join_cgroup(directory: str) -> None:
-    """Move this process (all its threads) into the cgroup ``directory`` (its
-    node's CPU quota, or the root cgroup of an unthrottled node).
-
-    Raises:
-        OSError: the cgroup cannot be written (the assignment fails: a replica
-            of a throttled node must not train unthrottled).
-    """
-    with open(os.path.join(directory, "cgroup.procs"), "w") as fh:
-        fh.write(str(os.getpid()))
 
 
 def prepare_parts(cache: PartsCache, job_id: str, spec_json: str, workdir: str, torch) -> None:
