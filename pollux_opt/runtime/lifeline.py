@@ -1,34 +1,29 @@
 """Ending what a dead scheduler leaves behind: its pool's processes and temporary folders.
 
-The worker pool's processes (workers and verification checks) are forked by
-multiprocessing's fork server, not by the scheduler, so the kernel does not
-end them with it; and the fork server and multiprocessing's resource tracker
-live as long as any of them does (each of them holds the pipes those two
-watch).  A scheduler killed with SIGKILL would leave all of them running
-until each happened to notice.  This module closes that gap:
+The pool's processes (workers and verification checks) are forked by
+multiprocessing's fork server, not by the scheduler, so the kernel does not end
+them with it, and the fork server and the resource tracker live as long as any
+of them does.  A scheduler killed with SIGKILL would leave all of them running.
 
 * Every process the pool starts runs under a :class:`Lifeline`: it ignores
-  SIGINT (a Ctrl-C at the terminal reaches the whole process group; the
-  scheduler stops its jobs with a checkpoint and then ends the workers) and
-  a watchdog thread checks every :data:`WATCH_S` seconds whether the
-  scheduler process still exists (by pid and start time, so that a reused
-  pid does not count).  Once it is gone the process ends with ``os._exit``,
-  at once, or, while it holds state worth saving (:meth:`Lifeline.saving_state`:
-  rank 0 while it trains), after up to :data:`ORPHAN_GRACE_S` seconds in which
-  it may end by itself (rank 0 notices at its next step boundary and
-  checkpoints that step first).
-* The fork server preloads this module, which then (:func:`_boot_fork_server`)
-  arms ``PR_SET_PDEATHSIG`` (Linux, through ctypes) while it imports
-  :data:`FORK_SERVER_MODULES` (torch: seconds on a loaded 2-core machine), the
-  seconds in which it does not yet watch its pipe; afterwards the pipe's end of
-  file ends it (the signal is tied to the scheduler *thread* that started the
-  server, which may end long before the scheduler does, so it is disarmed).
-* multiprocessing's temporary folder (the fork server's socket) is one this
-  module names ``pollux-opt-mp-<pid>-*`` (:func:`own_temp_dir`), so that
-  :func:`sweep_temp_dirs` can remove the folders of processes that no longer
-  exist; each pool sweeps when it is created, and a fork server removes its
-  dead scheduler's folder when it ends.  Python's own ``pymp-*`` folders carry
-  no owner, so those of a killed process could never be told apart.
+  SIGINT (a Ctrl-C reaches the whole process group; the scheduler stops its
+  jobs with a checkpoint, then ends the workers) and a watchdog thread checks
+  every :data:`WATCH_S` seconds that the scheduler still exists (by pid and
+  start time: a reused pid does not count).  Once it is gone the process ends
+  with ``os._exit`` at once or, while it holds state worth saving
+  (:meth:`Lifeline.saving_state`: rank 0 while it trains), after up to
+  :data:`ORPHAN_GRACE_S` seconds in which it may end by itself (rank 0 notices
+  at its next step boundary and checkpoints that step first).
+* The fork server preloads this module, which arms ``PR_SET_PDEATHSIG`` while
+  it imports :data:`FORK_SERVER_MODULES` (torch: seconds on a loaded 2-core
+  machine) and does not yet watch its pipe from the scheduler, whose end of file
+  ends it afterwards (the signal follows the scheduler *thread* that started the
+  server, which may end long before the scheduler, so it is disarmed then).
+* multiprocessing's temporary folder (the fork server's socket) is named
+  ``pollux-opt-mp-<pid>-*`` (:func:`own_temp_dir`), so that
+  :func:`sweep_temp_dirs` can remove those of processes that no longer exist
+  (Python's own ``pymp-*`` folders carry no owner); each pool sweeps when it is
+  created, and a fork server removes its dead scheduler's folder when it ends.
 """
 
 from __future__ import annotations

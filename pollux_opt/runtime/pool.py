@@ -16,7 +16,8 @@ scaling up again reuses them without rebuilding.
 Every process a pool starts runs under a
 :class:`~pollux_opt.runtime.lifeline.Lifeline`: it ignores SIGINT (the
 scheduler stops it) and ends itself once the process that made the pool is
-gone; the fork server preloads :mod:`~pollux_opt.runtime.lifeline`.  A new pool removes the temporary folders ended pools left behind.
+gone; the fork server preloads :mod:`~pollux_opt.runtime.lifeline`.  A new
+pool removes the temporary folders ended pools left behind.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ class Trainer:
         self._sqr_sum = self._loss_sum = 0.0
 
     # ------------------------------------------------------------------- a step
-    def send(self, kind: str, **info) -> None:
+    def send_report(self, kind: str, **info) -> None:
         """Report ``kind`` with this rank's position and ``info``; a supervisor
         that is gone stops the training at the next step boundary."""
         state = self.state
@@ -306,9 +306,10 @@ class Trainer:
         self.last_report = time.monotonic()
         state, stats = self.state, self.state.ema.estimate()
         rows, self.rows = self.rows, []
-        self.send(METRICS, metric=state.metric, eval_history=state.eval_history[-5:],
-                  stats=None if stats is None else [stats[0], stats[1]], stats_steps=state.ema.count,
-                  profile=state.profile, type_profiles=state.type_profiles, rows=rows, config=list(self.config))
+        self.send_report(METRICS, metric=state.metric, eval_history=state.eval_history[-5:],
+                         stats=None if stats is None else [stats[0], stats[1]], stats_steps=state.ema.count,
+                         profile=state.profile, type_profiles=state.type_profiles, rows=rows,
+                         config=list(self.config))
 
     def _checkpoint_due(self) -> bool:
         opts = self.a.options
@@ -345,7 +346,7 @@ class Trainer:
         prune(directory, self.a.options.keep_checkpoints)
         self.last_ckpt_time = time.monotonic()
         self.last_ckpt_step = state.step
-        self.send(CHECKPOINT, meta_path=str(info.meta_path), final=final, checksum=meta["checksum"])
+        self.send_report(CHECKPOINT, meta_path=str(info.meta_path), final=final, checksum=meta["checksum"])
         return info
 
     def finish(self, code: int) -> int:

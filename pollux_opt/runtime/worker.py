@@ -125,9 +125,10 @@ class _Launch:
         trainer = Trainer(torch, self.dist, self.conn, a, self.spec, parts, base_lrs, state, extra)
         if a.world > 1:
             collective(self.dist.barrier)
-        trainer.send(RESUMED, checksum=param_checksum(parts.model), pid=os.getpid(),
-                     from_checkpoint=None if self.info is None else self.info.step, train_size=parts.train_size,
-                     build_s=self.t_build, group_s=self.t_group, load_s=t_load, received=self.received)
+        trainer.send_report(RESUMED, checksum=param_checksum(parts.model), pid=os.getpid(),
+                            from_checkpoint=None if self.info is None else self.info.step,
+                            train_size=parts.train_size, build_s=self.t_build, group_s=self.t_group, load_s=t_load,
+                            received=self.received)
         return trainer
 
     def train(self, cache: PartsCache, saving) -> tuple[int, Trainer]:
@@ -192,7 +193,8 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
         if a.world > 1:
             dist.destroy_process_group()
         logger.info("paused at step %d (%s)", trainer.state.step, STOP_REASONS.get(code, code))
-        trainer.send(PAUSED, reason=STOP_REASONS.get(code, code), checksum=checksum, metric=trainer.state.metric)
+        trainer.send_report(PAUSED, reason=STOP_REASONS.get(code, code), checksum=checksum,
+                            metric=trainer.state.metric)
         return code != STOP_PARENT and not trainer.parent_lost
     except BaseException:
         # Into this job's worker log, while its handler is attached (the
