@@ -138,8 +138,8 @@ class _Launch:
         its way out, also when orphaned)."""
         a, spec, torch = self.a, self.spec, self.torch
         fn = resolve_builder(spec.builder, spec.import_dir)
-        t0 = time.perf_counter()
         if entry_protocol(fn) != LOOP:
+            t0 = time.perf_counter()
             parts, base_lrs = cache.get((a.job_id, a.workdir, a.spec_json), spec, Path(a.workdir), torch,
                                         reuse=self.info is not None)
             self.t_build = time.perf_counter() - t0
