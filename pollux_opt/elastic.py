@@ -181,7 +181,7 @@ class ElasticDataLoader:
 
             return iter(DataLoader(self.dataset, batch_size=self.batch_size, shuffle=self.shuffle,
                                    **self.loader_kwargs))
-        from pollux_opt.runtime.elastic_data import epoch_batches
+        from pollux_opt.runtime.user_loop import epoch_batches
 
         return epoch_batches(user_loop, self.dataset, self.shuffle, self.loader_kwargs)
 

@@ -7,26 +7,26 @@ A checkpoint at optimizer step ``t`` is two files in ``<workdir>/checkpoints``:
 * ``ckpt-<t>.json``: metadata readable without torch (step, progress,
   measurements, fitted model, metric) including the SHA-256 of the ``.pt`` bytes.
 
-Each file is written atomically and durably (fsync'ed, as is its directory)
-by :func:`pollux_opt.records.files.atomic_write_bytes`; the ``.json`` is
-written after the ``.pt``, so a checkpoint exists only once both are complete.
-A reader takes the newest checkpoint whose metadata parses and whose ``.pt``
-hashes to the recorded digest; a corrupt one is renamed to ``*.corrupt`` (kept
-for inspection) and the previous one is used instead.
+Each file is written atomically and durably by
+:func:`pollux_opt.records.files.atomic_write_bytes`, the ``.json`` after the
+``.pt``, so a checkpoint exists only once both are complete.  A reader takes
+the newest checkpoint whose metadata parses and whose ``.pt`` hashes to the
+recorded digest; a corrupt one is renamed to ``*.corrupt`` (kept for
+inspection) and the previous one is used instead.
 
 **One writer.**  Rank 0 of a job's current generation, the only process that
 writes its checkpoints, holds an exclusive ``fcntl.flock`` on
 ``checkpoints/writer.lock`` while it trains (:class:`WriterLock`), and a
 controller about to choose the checkpoint to resume from waits until no one
-holds it (:func:`wait_for_writer`).  This matters after a scheduler was
-killed: its rank 0 may still be writing its last step (it checkpoints once it
-notices) when a new scheduler resumes the job.  The kernel drops the lock of
-a process that ends, however it ends.  Where ``fcntl`` is missing (Windows)
-there is no lock.
+holds it (:func:`wait_for_writer`): after a scheduler was killed, its rank 0
+may still be writing its last step when a new scheduler resumes the job.  The
+kernel drops the lock of a process that ends, however it ends.  Where
+``fcntl`` is missing (Windows) there is no lock.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -36,10 +36,9 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from pollux_opt.records.files import atomic_write_bytes
-from pollux_opt.records.files import atomic_write_json as _atomic_write_json
+from pollux_opt.records import files
 
 __all__ = [
     "CheckpointInfo",
@@ -66,10 +65,9 @@ def checkpoint_dir(workdir: Path) -> Path:
     return Path(workdir) / "checkpoints"
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` atomically as the runtime's JSON (sorted keys, nan allowed: job
-    state may hold nan before a first measurement); see :mod:`pollux_opt.records.files`."""
-    _atomic_write_json(path, obj, indent=1, sort_keys=True, allow_nan=True)
+#: ``atomic_write_json(path, obj)``: the runtime's JSON (sorted keys, nan allowed:
+#: job state may hold nan before a first measurement).
+atomic_write_json = functools.partial(files.atomic_write_json, indent=1, sort_keys=True, allow_nan=True)
 
 
 @dataclass(frozen=True)
@@ -122,15 +120,6 @@ def verify(info: CheckpointInfo) -> bool:
         return False
 
 
-def _quarantine(info: CheckpointInfo) -> None:
-    for path in (info.path, info.meta_path):
-        if path.exists():
-            try:
-                os.replace(path, path.with_name(path.name + ".corrupt"))
-            except OSError:  # pragma: no cover - best effort
-                logger.exception("could not quarantine %s", path)
-
-
 def latest_good(
     directory: Path, on_corrupt: Callable[[CheckpointInfo], None] | None = None
 ) -> CheckpointInfo | None:
@@ -146,7 +135,11 @@ def latest_good(
         logger.warning("checkpoint %s is corrupt (digest mismatch or missing); falling back", info.path)
         if on_corrupt is not None:
             on_corrupt(info)
-        _quarantine(info)
+        for path in filter(Path.exists, (info.path, info.meta_path)):
+            try:
+                path.replace(path.with_name(path.name + ".corrupt"))
+            except OSError:  # pragma: no cover - best effort
+                logger.exception("could not quarantine %s", path)
     return None
 
 
@@ -163,7 +156,7 @@ def save_checkpoint(directory: Path, step: int, payload: dict, meta: dict) -> Ch
     data = buffer.getvalue()
     path, meta_path = _paths(directory, step)
     meta = dict(meta, step=int(step), sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
-    atomic_write_bytes(path, data)
+    files.atomic_write_bytes(path, data)
     atomic_write_json(meta_path, meta)
     return CheckpointInfo(int(step), path, meta_path, meta)
 
@@ -207,12 +200,12 @@ class WriterLock:
         self._fd: int | None = None
 
     def acquire(self, timeout_s: float) -> bool:
-        """Take the lock, waiting up to ``timeout_s`` seconds; False if it stayed held
-        (or there is no ``fcntl``): the caller goes on without it."""
+        """Take the lock, waiting up to ``timeout_s`` seconds; False if it stayed
+        held (the caller goes on without it); True where there is no ``fcntl``."""
         try:
             import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            return False
+        except ImportError:  # pragma: no cover - Windows: no lock to hold
+            return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + timeout_s
@@ -237,10 +230,6 @@ def wait_for_writer(workdir: Path, timeout_s: float) -> bool:
     """Wait up to ``timeout_s`` seconds until no process writes ``workdir``'s
     checkpoints; True if none does (or there is no ``fcntl``), False if one still held the lock."""
     lock = WriterLock(workdir)
-    try:
-        import fcntl  # noqa: F401
-    except ImportError:  # pragma: no cover - Windows
-        return True
-    held = lock.acquire(timeout_s)
+    free = lock.acquire(timeout_s)
     lock.release()
-    return held
+    return free

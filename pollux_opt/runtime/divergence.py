@@ -1,24 +1,18 @@
 """The divergence rule: a job whose training loss blows up is failed, not trained on.
 
-Rank 0 applies it at each progress report (every ``report_interval_s``, see
-:class:`~pollux_opt.runtime.report.RuntimeOptions`) to the mean training loss
-of the steps since the previous report:
-
-* a non-finite loss (or gradient) fails the job at once (checked every step,
-  :meth:`~pollux_opt.runtime.trainer.Trainer.finish_step`);
-* a mean loss above ``divergence_factor`` times the *reference*, the mean of
-  the job's first report, for ``divergence_reports`` consecutive reports fails
-  it with :class:`JobDiverged`, whose message (in the job's error, its
-  ``failed`` event and ``logs/worker-rank0.log``) gives the loss, the bound and
-  the count.
-
-The reference and the count are part of the checkpointed
-:class:`~pollux_opt.runtime.state.TrainingState`, so a restart neither resets
-nor repeats them.  A reference that is not positive (a loss that can be zero
-or negative, such as a log-likelihood ratio) disables the multiple rule; a
-job that reports no loss (a user's loop calling ``loss.backward()`` rather
-than ``model.backward(loss)``, see :mod:`pollux_opt.elastic`) is covered by the
-non-finite gradient check only.
+A non-finite loss or gradient fails the job at once (checked every step,
+:meth:`~pollux_opt.runtime.trainer.Trainer.finish_step`).  At each progress
+report (every ``report_interval_s``) rank 0 takes the mean training loss of the
+steps since the previous report: above ``divergence_factor`` times the
+*reference*, the mean of the job's first report, for ``divergence_reports``
+consecutive reports, it fails the job with :class:`JobDiverged`, whose message
+(in the job's error, its ``failed`` event and ``logs/worker-rank0.log``) gives
+the loss, the bound and the count.  The reference and the count are
+checkpointed (:class:`~pollux_opt.runtime.state.TrainingState`), so a restart
+neither resets nor repeats them.  A reference that is not positive (a
+log-likelihood ratio) disables the rule; a user's loop that reports no loss
+(``loss.backward()`` rather than ``model.backward(loss)``) has the non-finite
+gradient check only.
 """
 
 from __future__ import annotations
@@ -43,19 +37,11 @@ class JobDiverged(RuntimeError):
 
 
 def check_divergence(state, losses: Iterable[float], factor: float | None, reports: int) -> None:
-    """Apply the rule to one report's per-step ``losses`` (NaN: not reported).
-
-    Args:
-        state: the :class:`~pollux_opt.runtime.state.TrainingState`; its
-            ``loss_ref`` and ``diverging_reports`` are updated.
-        losses: mean training loss of each step since the previous report.
-        factor: the multiple (None disables the rule).
-        reports: consecutive reports above the bound that fail the job.
-
-    Raises:
-        JobDiverged: the ``reports``-th consecutive report above the bound.
-    """
-    finite = [x for x in losses if x is not None and math.isfinite(x)]
+    """Apply the rule to one report's per-step mean ``losses`` (NaN: not
+    reported), updating ``state.loss_ref`` and ``state.diverging_reports``;
+    ``factor``: the multiple (None disables the rule), ``reports``: the
+    consecutive reports above the bound that raise :class:`JobDiverged`."""
+    finite = [x for x in losses if math.isfinite(x)]
     if factor is None or not finite:
         return
     mean = sum(finite) / len(finite)

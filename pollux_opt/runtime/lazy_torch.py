@@ -1,8 +1,6 @@
-"""Lazy access to PyTorch: the runtime is an optional extra (``pollux-opt[jobs]``).
-
-Nothing in ``pollux_opt`` imports torch at module import time; code that needs
-it calls :func:`require_torch` (or :func:`check_torch`) inside a function, so
-``import pollux_opt`` works on an install without the extra.
+"""Lazy access to PyTorch, an optional extra (``pollux-opt[jobs]``): nothing in
+``pollux_opt`` imports torch at module import time, so that ``import pollux_opt``
+works without it; code that needs it calls :func:`require_torch` inside a function.
 """
 
 from __future__ import annotations
@@ -22,11 +20,8 @@ TORCH_MISSING = (
 
 
 def check_torch() -> None:
-    """Raise ImportError with :data:`TORCH_MISSING` unless torch can be imported.
-
-    Cheap: looks the module up without importing it (so a controller process
-    that only starts workers never pays torch's import time).
-    """
+    """Raise :class:`~pollux_opt.extras.MissingExtra` unless torch can be imported;
+    looks it up without importing it (a controller never pays torch's import time)."""
     try:
         found = importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):  # a None entry in sys.modules blocks the import

@@ -1,39 +1,38 @@
 """Ending what a dead scheduler leaves behind: its pool's processes and temporary folders.
 
-The worker pool's processes (workers and verification checks) are forked by
-multiprocessing's fork server, not by the scheduler, so the kernel does not
-end them with it; and the fork server and multiprocessing's resource tracker
-live as long as any of them does (each of them holds the pipes those two
-watch).  A scheduler killed with SIGKILL would leave all of them running
-until each happened to notice.  This module closes that gap:
+The pool's processes (workers and verification checks) are forked by
+multiprocessing's fork server, not by the scheduler, so the kernel does not end
+them with it, and the fork server and the resource tracker live as long as any
+of them does.  A scheduler killed with SIGKILL would leave all of them running.
 
-* Every process the pool starts runs :func:`pool_process_main`: it ignores
-  SIGINT (a Ctrl-C at the terminal reaches the whole process group; the
-  scheduler stops its jobs with a checkpoint and then ends the workers) and
-  starts a watchdog thread that checks every :data:`WATCH_S` seconds whether
-  the scheduler process still exists (by pid and start time, so that a reused
-  pid does not count).  Once it is gone the process ends with ``os._exit``,
-  at once, or, while it holds state worth saving (:func:`saving_state`: rank 0
-  while it trains), after up to :data:`ORPHAN_GRACE_S` seconds in which it
-  may end by itself (rank 0 notices at its next step boundary and
-  checkpoints that step first).
-* The fork server arms ``PR_SET_PDEATHSIG`` (Linux, through ctypes) while it
-  imports torch (:mod:`pollux_opt.runtime.forkserver_boot`), the seconds in
-  which it does not yet watch its pipe; afterwards the pipe's end of file
-  ends it.
-* multiprocessing's temporary folder (the fork server's socket) is one this
-  module names ``pollux-opt-mp-<pid>-*`` (:func:`own_temp_dir`), so that
-  :func:`sweep_temp_dirs` can remove the folders of processes that no longer
-  exist; each pool sweeps when it is created, and a fork server removes its
-  dead scheduler's folder when it ends.  Python's own ``pymp-*`` folders carry
-  no owner, so those of a killed process could never be told apart.
+* Every process the pool starts runs under a :class:`Lifeline`: it ignores
+  SIGINT (a Ctrl-C reaches the whole process group; the scheduler stops its
+  jobs with a checkpoint, then ends the workers) and a watchdog thread checks
+  every :data:`WATCH_S` seconds that the scheduler still exists (by pid and
+  start time: a reused pid does not count).  Once it is gone the process ends
+  with ``os._exit`` at once or, while it holds state worth saving
+  (:meth:`Lifeline.saving_state`: rank 0 while it trains), after up to
+  :data:`ORPHAN_GRACE_S` seconds in which it may end by itself (rank 0 notices
+  at its next step boundary and checkpoints that step first).
+* The fork server preloads this module, which arms ``PR_SET_PDEATHSIG`` while
+  it imports :data:`FORK_SERVER_MODULES` (torch: seconds on a loaded 2-core
+  machine) and does not yet watch its pipe from the scheduler, whose end of file
+  ends it afterwards (the signal follows the scheduler *thread* that started the
+  server, which may end long before the scheduler, so it is disarmed then).
+* multiprocessing's temporary folder (the fork server's socket) is named
+  ``pollux-opt-mp-<pid>-*`` (:func:`own_temp_dir`), so that
+  :func:`sweep_temp_dirs` can remove those of processes that no longer exist
+  (Python's own ``pymp-*`` folders carry no owner); each pool sweeps when it is
+  created, and a fork server removes its dead scheduler's folder when it ends.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
+import importlib
 import logging
 import os
 import re
@@ -47,8 +46,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 __all__ = [
-    "ORPHAN_GRACE_S", "WATCH_S", "ProcessIdentity", "arm_parent_death_signal", "own_temp_dir",
-    "pool_process_main", "process_identity", "saving_state", "sweep_temp_dirs",
+    "FORK_SERVER_MODULES", "ORPHAN_GRACE_S", "WATCH_S", "Lifeline", "ProcessIdentity", "arm_parent_death_signal",
+    "own_temp_dir", "pool_process_main", "process_identity", "sweep_temp_dirs",
 ]
 
 logger = logging.getLogger("pollux_opt.runtime")
@@ -113,37 +112,44 @@ def process_exists(identity: ProcessIdentity) -> bool:
     return stat is not None and stat[0] not in ("Z", "X", "x") and stat[1] == start
 
 
-#: Set while this process holds state worth saving (see :func:`saving_state`).
-_SAVING = threading.Event()
+class Lifeline:
+    """The watchdog of one pool process: ends it once the scheduler ``scheduler``
+    is gone (see the module docstring)."""
 
+    def __init__(self, scheduler: ProcessIdentity) -> None:
+        self.scheduler = scheduler
+        self.saving = threading.Event()
 
-@contextlib.contextmanager
-def saving_state() -> Iterator[None]:
-    """Within the block, an orphaned process gets up to :data:`ORPHAN_GRACE_S`
-    seconds to end by itself before its watchdog ends it."""
-    _SAVING.set()
-    try:
-        yield
-    finally:
-        _SAVING.clear()
+    def start(self) -> "Lifeline":
+        """Ignore SIGINT and start the watchdog thread; returns ``self``."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        threading.Thread(target=self._watch, name="pollux-lifeline", daemon=True).start()
+        return self
 
+    @contextlib.contextmanager
+    def saving_state(self) -> Iterator[None]:
+        """Within the block, an orphaned process gets up to :data:`ORPHAN_GRACE_S`
+        seconds to end by itself before the watchdog ends it."""
+        self.saving.set()
+        try:
+            yield
+        finally:
+            self.saving.clear()
 
-def _watch(scheduler: ProcessIdentity) -> None:
-    while process_exists(scheduler):
-        time.sleep(WATCH_S)
-    deadline = time.monotonic() + ORPHAN_GRACE_S
-    while _SAVING.is_set() and time.monotonic() < deadline:
-        time.sleep(_SAVING_POLL_S)
-    logging.getLogger().warning("scheduler process %d is gone; ending orphaned pool process %d",
-                                scheduler[0], os.getpid())
-    os._exit(ORPHAN_EXIT_STATUS)
+    def _watch(self) -> None:
+        while process_exists(self.scheduler):
+            time.sleep(WATCH_S)
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while self.saving.is_set() and time.monotonic() < deadline:
+            time.sleep(_SAVING_POLL_S)
+        logging.getLogger().warning("scheduler process %d is gone; ending orphaned pool process %d",
+                                    self.scheduler[0], os.getpid())
+        os._exit(ORPHAN_EXIT_STATUS)
 
 
 def pool_process_main(scheduler: ProcessIdentity, target: Callable[..., Any], args: tuple) -> Any:
-    """Entry point of every process of a worker pool: ignore SIGINT, watch the
-    scheduler ``scheduler`` (see the module docstring), then run ``target(*args)``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch, args=(scheduler,), name="pollux-lifeline", daemon=True).start()
+    """Entry point of a pool process other than a worker: ``target(*args)`` under a :class:`Lifeline`."""
+    Lifeline(scheduler).start()
     return target(*args)
 
 
@@ -203,3 +209,35 @@ def sweep_temp_dirs(only_pid: int | None = None) -> list[Path]:
     if removed:
         logger.info("removed %d temporary folder(s) of ended processes: %s", len(removed), removed)
     return removed
+
+
+# --------------------------------------------------------------- fork server
+#: What the fork server imports before forking pool processes.
+FORK_SERVER_MODULES = ("torch", "torch.distributed", "pollux_opt.runtime.worker", "pollux_opt.runtime.verify")
+
+
+def _in_fork_server() -> bool:
+    """True in a multiprocessing fork server (its ``-c`` command runs ``forkserver.main``)."""
+    server = sys.modules.get("multiprocessing.forkserver")
+    main = getattr(sys.modules.get("__main__"), "main", None)
+    return server is not None and main is getattr(server, "main", object())
+
+
+def _boot_fork_server() -> None:
+    scheduler_pid = os.getppid()
+    armed = arm_parent_death_signal()
+    try:
+        for name in FORK_SERVER_MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass  # as the fork server treats its preload list: the worker reports it
+    finally:
+        if armed:
+            arm_parent_death_signal(0)
+    own_temp_dir()
+    atexit.register(sweep_temp_dirs, scheduler_pid)
+
+
+if _in_fork_server():
+    _boot_fork_server()

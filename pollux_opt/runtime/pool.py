@@ -10,8 +10,9 @@ Spawning a worker costs about two seconds of one core (interpreter start and
 ``import torch``), more than the whole rescale budget, so the pool keeps
 ``spares`` idle workers ready, and workers released by a job stay idle with
 that job's model and data still built, for the same job to reuse.  Every
-process a pool starts runs under :func:`~pollux_opt.runtime.lifeline.pool_process_main`
-(it ignores SIGINT and ends itself once the pool's owner is gone).
+process a pool starts runs under a :class:`~pollux_opt.runtime.lifeline.Lifeline`
+(it ignores SIGINT and ends itself once the pool's owner is gone); the fork
+server preloads :mod:`~pollux_opt.runtime.lifeline`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ logger = logging.getLogger("pollux_opt.runtime")
 
 #: The fork server's preload list: one module, which imports torch and the
 #: workers' code under a parent-death signal (see its docstring).
-FORKSERVER_PRELOAD = ("pollux_opt.runtime.forkserver_boot",)
+FORKSERVER_PRELOAD = ("pollux_opt.runtime.lifeline",)
 #: Idle workers a pool keeps (spares, and at most ``max_idle``).
 _IDLE_WORKERS = Integer(ge=0)
 #: Seconds a terminated worker gets to exit before it is killed.
@@ -140,7 +141,9 @@ class WorkerPool:
     # ------------------------------------------------------------------ spawning
     def _spawn(self) -> WorkerHandle:
         parent, child = self._ctx.Pipe(duplex=True)
-        process = self.start_process(worker_main, (child,), "pollux-worker")
+        process = self._ctx.Process(target=worker_main, args=(child, self.owner),
+                                    name="pollux-worker", daemon=True)
+        process.start()
         child.close()
         logger.debug("spawned worker pid %d", process.pid)
         return WorkerHandle(process, parent)

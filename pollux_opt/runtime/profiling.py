@@ -7,10 +7,12 @@ measured; its target is disabled so that it never completes mid-profile.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Sequence
 
 import numpy as np
@@ -44,7 +46,6 @@ def profile_throughput(
     workdir: str | Path | None = None,
     pool: WorkerPool | None = None,
     timeout_s: float = 120.0,
-    pin_cpus: bool = False,
 ) -> Measurements:
     """Run ``spec`` on each ``(num_replicas, local_bsz, accum_steps)`` in turn, one
     node, ``steps`` measured steps (after warm-up) per visit, for ``rounds``
@@ -64,13 +65,10 @@ def profile_throughput(
         workdir: where the profiling job lives (a temporary directory if None).
         pool: a shared :class:`WorkerPool`, or None for a private one.
         timeout_s: limit per configuration, seconds.
-        pin_cpus: pin replica i to the i-th CPU this process may use, as the
-            real executor pins workers (when there are enough CPUs).  Neither
-            is quieter everywhere on 2 cores: pinned, the two replicas of a
-            millisecond step never share a core (unpinned, their sync time
-            doubled at random); unpinned, a replica can leave the core the
-            measuring process is on (pinned, ratings-mf's held-out MAPE was
-            10.6-25.8 % in three runs, unpinned 4.4 % and 7.7 %).
+
+    The replicas are not pinned to CPUs: on 2 cores a pinned replica cannot
+    leave the core the measuring process is on (pinned, ratings-mf's held-out
+    MAPE was 10.6-25.8 % in three runs, unpinned 4.4 % and 7.7 %).
 
     Returns:
         The measurements of the requested configurations (one row each).
@@ -88,14 +86,9 @@ def profile_throughput(
                          options=options, pool=pool)
         try:
             visits = [(r, cfg) for r in range(1, rounds + 1) for cfg in configs]
-            affinity = sorted(os.sched_getaffinity(0))
             for i, (r, (k, m, s)) in enumerate(visits):
                 key = ConfigKey(1, k, m, s)
-                cpus = affinity[:k] if pin_cpus and k <= len(affinity) else None
-                if i == 0:
-                    job.start(k, local_bsz=m, accum_steps=s, cpus=cpus)
-                else:
-                    job.rescale(k, local_bsz=m, accum_steps=s, cpus=cpus)
+                (job.rescale if i else job.start)(k, local_bsz=m, accum_steps=s)
                 done = job.wait(
                     timeout=timeout_s,
                     until=lambda rep, key=key, n=r * steps: rep.measurements.count_of(key) >= n
@@ -141,7 +134,8 @@ def serve_in_process(spec: JobSpec, workdir: str | Path, *, local_bsz: int, accu
                      generation: int = 1) -> list[tuple[str, dict]]:
     """Run one assignment of ``spec`` on one replica in this process: the worker's
     own :func:`~pollux_opt.runtime.worker.serve_assignment`, without a worker
-    process, controller or pool (for tests and overhead measurements).
+    process, controller or pool (for tests and overhead measurements); no
+    command reaches it.
 
     Args:
         spec: the job (builder protocol or a user's loop).
@@ -159,9 +153,6 @@ def serve_in_process(spec: JobSpec, workdir: str | Path, *, local_bsz: int, accu
     Raises:
         whatever the job raises (the worker would report it as ``"error"``).
     """
-    import threading
-    from multiprocessing import Pipe
-
     from pollux_opt.runtime.lazy_torch import require_torch
     from pollux_opt.runtime.protocol import Assignment
     from pollux_opt.runtime.worker import PartsCache, serve_assignment
@@ -169,25 +160,12 @@ def serve_in_process(spec: JobSpec, workdir: str | Path, *, local_bsz: int, accu
     torch = require_torch()
     import torch.distributed as dist
 
-    parent, child = Pipe()
     messages: list[tuple[str, dict]] = []
-
-    def drain() -> None:
-        while True:
-            try:
-                messages.append(parent.recv())
-            except (EOFError, OSError):
-                return
-
-    reader = threading.Thread(target=drain, name="pollux-in-process", daemon=True)
-    reader.start()
+    # A copy of each message when it is sent, as a pipe delivers it.
+    conn = SimpleNamespace(send=lambda message: messages.append(copy.deepcopy(message)), poll=lambda: False)
     a = Assignment(job_id=Path(workdir).name, spec_json=spec.to_json(), workdir=str(Path(workdir).resolve()),
                    generation=generation, rank=0, world=1, num_nodes=1, store_path=None,
                    checkpoint_meta=checkpoint, local_bsz=local_bsz, accum_steps=accum_steps,
                    options=options or RuntimeOptions())
-    try:
-        serve_assignment(child, a, PartsCache(), torch, dist, os.sched_getaffinity(0))
-    finally:
-        child.close()
-        reader.join()
+    serve_assignment(conn, a, PartsCache(), torch, dist, os.sched_getaffinity(0))
     return messages

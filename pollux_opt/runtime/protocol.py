@@ -1,7 +1,4 @@
-"""The messages between a job's supervisor and its workers: the one module both
-sides import (the supervisor: :mod:`~pollux_opt.runtime.controller`,
-:mod:`~pollux_opt.runtime.generation`, the pools; a worker:
-:mod:`~pollux_opt.runtime.worker`, :mod:`~pollux_opt.runtime.trainer`).
+"""The messages between a job's supervisor and its workers: the one module both sides import.
 
 A message is a tuple whose first item is its kind.  Commands, supervisor -> worker:
 
@@ -38,9 +35,7 @@ __all__ = ["BATCH", "CHECKPOINT", "CONTINUE", "ERROR", "EXIT", "METRICS", "PAUSE
            "RESUMED", "RUN", "STOP", "STOP_LIMIT", "STOP_PARENT", "STOP_REASONS", "STOP_REQUEST", "STOP_TARGET",
            "TCP_STORE_PREFIX", "Assignment", "CollectiveError", "StopTraining", "collective", "send"]
 
-#: Commands.
 RUN, STOP, BATCH, PREPARE, EXIT = "run", "stop", "batch", "prepare", "exit"
-#: Reports.
 RESUMED, METRICS, CHECKPOINT, PAUSED, ERROR = "resumed", "metrics", "checkpoint", "paused", "error"
 #: Stop codes rank 0 broadcasts before each step.
 CONTINUE, STOP_REQUEST, STOP_TARGET, STOP_LIMIT, STOP_PARENT = 0, 1, 2, 3, 4
@@ -85,12 +80,9 @@ def send(conn, *message) -> bool:
 
 
 class CollectiveError(RuntimeError):
-    """A collective operation failed: a peer died or the group broke.
-
-    Reported to the controller as a symptom (``collective: True``), not as an
-    error of the job's code, so that a killed peer leads to a restart rather
-    than to failing the job.
-    """
+    """A collective operation failed: a peer died or the group broke.  Reported
+    as a symptom (``collective: True``), so that a killed peer leads to a
+    restart rather than to failing the job."""
 
 
 def collective(fn, *args, **kwargs):

@@ -1,31 +1,26 @@
 """The training loop of one assignment on one rank (:class:`Trainer`).
 
-A step has three parts, so that the builder protocol's loop (:meth:`Trainer.run`)
-and a user's own loop (:mod:`pollux_opt.elastic`, which calls the parts from its
-data loader and its optimizer's ``step``) run the same machinery:
+A step has three parts, which the builder protocol's loop (:meth:`Trainer.run`)
+and a user's own loop (:mod:`~pollux_opt.runtime.user_loop`) both call:
 
-* :meth:`Trainer.begin_step`: before each step rank 0 broadcasts a control
-  vector ``[stop_code, local_bsz, accum_steps]``, so that commands of the
-  controller take effect at a step boundary on every rank and no step is
-  half-done when a checkpoint is taken;
-* :meth:`Trainer.add_micro`, once per micro-batch (``accum_steps + 1`` per
-  replica, after its ``backward``): folds its gradient into the step's sum;
+* :meth:`Trainer.begin_step`: rank 0 broadcasts ``[stop_code, local_bsz,
+  accum_steps]``, so that commands take effect at the same step boundary on
+  every rank and no step is half-done when a checkpoint is taken;
+* :meth:`Trainer.add_micro`, after each micro-batch's ``backward``;
 * :meth:`Trainer.finish_step`: all-reduces the mean gradient, updates the
   gradient statistics and the AdaScale gain (:mod:`~pollux_opt.agent.stats`),
-  applies the learning rate rule and, past the warm-up steps, adds the step's
-  times to the measurement profile (:mod:`~pollux_opt.agent.measurements`);
-  then :meth:`Trainer.after_step` (rank 0) evaluates, checkpoints, reports and
+  applies the learning rate rule and, past the warm-up steps, records the
+  step's times (:mod:`~pollux_opt.agent.measurements`); then
+  :meth:`Trainer.after_step` (rank 0) evaluates, checkpoints, reports and
   applies the divergence rule (:mod:`~pollux_opt.runtime.divergence`).
 
 **A lost peer loses no step.**  When a collective fails (a peer died, or the
-group broke), rank 0 still holds the state after its last completed step: the
-failed step changed no parameter, optimizer state or statistic yet (buffers a
-forward pass updates, such as batch-norm statistics, are put back from a copy
-taken before it).  It checkpoints that state before it leaves, and the job
-resumes from there.  Only when rank 0 itself dies does the job fall back to
-its previous checkpoint, repeating the steps since then: at most
-``RuntimeOptions.checkpoint_interval_s`` seconds of training (or
-``checkpoint_every_steps`` steps).
+group broke), the failed step changed no parameter, optimizer state or
+statistic yet (buffers a forward pass updates, such as batch-norm statistics,
+are put back from a copy taken before it), so rank 0 checkpoints its last
+completed step before it leaves.  Only when rank 0 itself dies does the job
+fall back to its previous checkpoint: at most ``checkpoint_interval_s``
+seconds of training (or ``checkpoint_every_steps`` steps) are repeated.
 """
 
 from __future__ import annotations
@@ -97,25 +92,36 @@ class Trainer:
         self._sqr_sum = self._loss_sum = 0.0
 
     # ------------------------------------------------------------------- a step
-    def _read_commands(self) -> None:
-        """Rank 0: take the supervisor's commands (:data:`STOP`, :data:`BATCH`) sent since the last step."""
-        conn = self.conn
-        try:
-            while conn.poll():
-                msg = conn.recv()
-                if msg[0] == STOP:
-                    self.stop_requested = True
-                elif msg[0] == BATCH:
-                    self.pending_config = (int(msg[1]), int(msg[2]))
-                    if msg[3] is not None:
-                        self.state.params = msg[3]
-        except (EOFError, OSError):
+    def send_report(self, kind: str, **info) -> None:
+        """Report ``kind`` with this rank's position and ``info``; a supervisor
+        that is gone stops the training at the next step boundary."""
+        state = self.state
+        if not send(self.conn, kind, {"generation": self.a.generation, "rank": self.rank, "step": state.step,
+                                      "progress": state.progress, "samples": state.samples, **info}):
             self.parent_lost = True
 
-    def _decide(self) -> int:
-        """The step's stop code: rank 0 decides and broadcasts it with the batch (see the protocol)."""
+    def begin_step(self) -> tuple[int, int]:
+        """Start a step at a step boundary: rank 0 takes the supervisor's commands
+        sent since the last step and broadcasts the step's stop code and batch;
+        returns the step's ``(local_bsz, accum_steps)``.
+
+        Raises:
+            StopTraining: the stop code says stop (nothing of a step was done).
+            CollectiveError: the broadcast failed.
+        """
+        self._t_start = time.perf_counter()
         if self.rank == 0:
-            self._read_commands()
+            try:
+                while self.conn.poll():
+                    msg = self.conn.recv()
+                    if msg[0] == STOP:
+                        self.stop_requested = True
+                    elif msg[0] == BATCH:
+                        self.pending_config = (int(msg[1]), int(msg[2]))
+                        if msg[3] is not None:
+                            self.state.params = msg[3]
+            except (EOFError, OSError):
+                self.parent_lost = True
             if self.parent_lost:
                 code = STOP_PARENT
             elif self.state.target_reached:
@@ -129,29 +135,16 @@ class Trainer:
             self.ctrl[0], self.ctrl[1], self.ctrl[2] = code, self.pending_config[0], self.pending_config[1]
         if self.world > 1:
             collective(self.dist.broadcast, self.ctrl, src=0)
-        return int(self.ctrl[0])
-
-    def begin_step(self) -> tuple[int, int]:
-        """Start a step at a step boundary: the control broadcast; returns the
-        step's ``(local_bsz, accum_steps)``.
-
-        Raises:
-            StopTraining: the control code says stop (nothing of a step was done).
-            CollectiveError: the broadcast failed.
-        """
-        torch = self.torch
-        self._t_start = time.perf_counter()
-        code = self._decide()
         self._t_ctrl = time.perf_counter() - self._t_start
-        if code != CONTINUE:
-            raise StopTraining(code)
+        if int(self.ctrl[0]) != CONTINUE:
+            raise StopTraining(int(self.ctrl[0]))
         config = (int(self.ctrl[1]), int(self.ctrl[2]))
         if config != self.config:
             self.config = config
             self.since_change = 0
         # The CPU generator only: torch.manual_seed also seeds accelerator
         # generators, at about a millisecond per call.
-        torch.default_generator.manual_seed(step_seed(self.spec.seed, self.state.step, self.rank))
+        self.torch.default_generator.manual_seed(step_seed(self.spec.seed, self.state.step, self.rank))
         if self.buffers:
             self.buffers_before_step = [b.detach().clone() for b in self.buffers]
         self.vec.zero_()
@@ -160,9 +153,10 @@ class Trainer:
         self._t_micro = time.perf_counter()
         return self.config
 
-    def add_micro(self, loss=None) -> None:
+    def add_micro(self, loss=None) -> int:
         """Fold the gradient of one micro-batch (the parameters' ``grad``, from its
-        mean ``loss``'s backward) into the step's sum, and clear it."""
+        mean ``loss``'s backward) into the step's sum, and clear it; returns
+        the micro-batches folded in so far this step."""
         torch = self.torch
         acc = self.vec[: self.numel]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
@@ -175,15 +169,13 @@ class Trainer:
         for p in self.params:
             p.grad = None
         self._micro += 1
+        return self._micro
 
     def finish_step(self, micro_bsz: int | None = None) -> None:
-        """Reduce, update and account the step (see the module docstring).
-
-        Args:
-            micro_bsz: samples per micro-batch (default: the step's local
-                batch); a smaller one is the short last step of a user's epoch,
-                left out of the gradient statistics and the measurements.
-        """
+        """Reduce, update and account the step (see the module docstring);
+        ``micro_bsz``: samples per micro-batch (default: the step's local batch),
+        smaller in the short last step of a user's epoch, which is left out of
+        the gradient statistics and the measurements."""
         state, micro = self.state, self._micro
         t_compute = time.perf_counter() - self._t_micro
         m_cfg, s = self.config
@@ -271,18 +263,14 @@ class Trainer:
             p.grad = None
 
     # ------------------------------------------------------- between steps (rank 0)
-    def epochs_done(self) -> float:
-        """Epochs completed: a user's loop counts them; the builder protocol's stream in samples."""
-        if self.base_lrs is None:
-            return float(self.state.epoch)
-        return self.state.samples / self.parts.train_size
-
     def update_completion(self) -> None:
-        """Mark the target reached when every completion criterion of the spec holds."""
+        """Mark the target reached when every completion criterion of the spec holds
+        (epochs: a user's loop counts them, the builder protocol's stream in samples)."""
         spec, state = self.spec, self.state
         if spec.target is not None and not self.metric_ok:
             return
-        state.target_reached = spec.counts_reached(state.progress, self.epochs_done())
+        epochs = float(state.epoch) if self.base_lrs is None else state.samples / self.parts.train_size
+        state.target_reached = spec.counts_reached(state.progress, epochs)
 
     def _evaluate(self) -> None:
         state, spec, parts = self.state, self.spec, self.parts
@@ -312,25 +300,16 @@ class Trainer:
             opts = self.a.options
             check_divergence(self.state, [row[9] for row in self.rows], opts.divergence_factor,
                              opts.divergence_reports)
-            self._report(force=True)
+            self._report()
 
-    def _report(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last_report < self.a.options.report_interval_s:
-            return
-        self.last_report = now
-        stats = self.state.ema.estimate()
-        info = {
-            "generation": self.a.generation, "rank": 0, "step": self.state.step,
-            "progress": self.state.progress, "samples": self.state.samples,
-            "metric": self.state.metric, "eval_history": self.state.eval_history[-5:],
-            "stats": None if stats is None else [stats[0], stats[1]], "stats_steps": self.state.ema.count,
-            "profile": self.state.profile, "type_profiles": self.state.type_profiles, "rows": self.rows,
-            "config": list(self.config),
-        }
-        self.rows = []
-        if not send(self.conn, METRICS, info):
-            self.parent_lost = True
+    def _report(self) -> None:
+        self.last_report = time.monotonic()
+        state, stats = self.state, self.state.ema.estimate()
+        rows, self.rows = self.rows, []
+        self.send_report(METRICS, metric=state.metric, eval_history=state.eval_history[-5:],
+                         stats=None if stats is None else [stats[0], stats[1]], stats_steps=state.ema.count,
+                         profile=state.profile, type_profiles=state.type_profiles, rows=rows,
+                         config=list(self.config))
 
     def _checkpoint_due(self) -> bool:
         opts = self.a.options
@@ -367,50 +346,45 @@ class Trainer:
         prune(directory, self.a.options.keep_checkpoints)
         self.last_ckpt_time = time.monotonic()
         self.last_ckpt_step = state.step
-        if not send(self.conn, CHECKPOINT, {
-            "generation": self.a.generation, "rank": 0, "step": state.step, "meta_path": str(info.meta_path),
-            "final": final, "checksum": meta["checksum"], "progress": state.progress,
-        }):
-            self.parent_lost = True
+        self.send_report(CHECKPOINT, meta_path=str(info.meta_path), final=final, checksum=meta["checksum"])
         return info
 
-    def save_after_fault(self) -> None:
-        """Rank 0, after a failed collective: report and checkpoint the last
-        completed step (see the module docstring); never raises."""
-        try:
-            if self.buffers_before_step is not None:
-                with self.torch.no_grad():
-                    for buffer, saved in zip(self.buffers, self.buffers_before_step):
-                        buffer.copy_(saved)
-                self.buffers_before_step = None
-            self._report(force=True)
-            if self.state.step > 0 and self.last_ckpt_step != self.state.step:
-                self.save(final=self.state.target_reached)
-                logger.info("checkpointed step %d after a failed collective", self.state.step)
-        except Exception:  # noqa: BLE001 - the collective's failure is what gets reported
-            logger.exception("could not checkpoint after a failed collective")
-
     def finish(self, code: int) -> int:
-        """Rank 0 on the way out after stop ``code``: report, and checkpoint
-        (a final checkpoint when the target is reached).  Returns ``code``."""
+        """Rank 0 after stop ``code``: report and checkpoint (final at the target); returns ``code``."""
         if self.rank == 0:
-            self._report(force=True)
+            self._report()
             if code == STOP_TARGET:
                 self.save(final=True)
             elif self.last_ckpt_step != self.state.step:
                 self.save()
         return code
 
+    def leave(self, exc: StopTraining | CollectiveError) -> int:
+        """Rank 0 reports and checkpoints on the way out: after a stop (returns
+        its code), or after a failed collective (re-raised) the last completed
+        step (see the module docstring), never raising an error of its own."""
+        if isinstance(exc, StopTraining):
+            return self.finish(exc.code)
+        if self.rank == 0:
+            try:
+                if self.buffers_before_step is not None:
+                    with self.torch.no_grad():
+                        for buffer, saved in zip(self.buffers, self.buffers_before_step):
+                            buffer.copy_(saved)
+                    self.buffers_before_step = None
+                self._report()
+                if self.state.step > 0 and self.last_ckpt_step != self.state.step:
+                    self.save(final=self.state.target_reached)
+                    logger.info("checkpointed step %d after a failed collective", self.state.step)
+            except Exception:  # noqa: BLE001 - the collective's failure is what gets reported
+                logger.exception("could not checkpoint after a failed collective")
+        raise exc
+
     def run(self) -> int:
-        """Train until a stop code; returns it.  Rank 0 checkpoints on the way
-        out, also when a collective fails (then the CollectiveError propagates)."""
+        """The builder protocol: train until a stop code; returns it (see :meth:`leave`)."""
         while True:
             try:
                 self._step()
-            except StopTraining as stop:
-                return self.finish(stop.code)
-            except CollectiveError:
-                if self.rank == 0:
-                    self.save_after_fault()
-                raise
-            self.after_step()
+                self.after_step()
+            except (StopTraining, CollectiveError) as exc:
+                return self.leave(exc)

@@ -1,12 +1,11 @@
 """Worker processes: one per replica, one CPU thread each, kept warm between assignments.
 
-A worker is a spawned process (:func:`worker_main`) that imports torch once and
-then serves *assignments* from its controller over a pipe (the messages of
-:mod:`~pollux_opt.runtime.protocol`): build (or reuse) the job's parts, join a
-gloo process group of ``world`` workers, load the checkpoint, train until told
-to stop (or until the target or step limit is reached), checkpoint, leave the
-group and wait for the next assignment.  All ranks stop at the same step (see
-:mod:`~pollux_opt.runtime.trainer`, the training loop of an assignment).
+A worker (:func:`worker_main`) imports torch once, then serves *assignments*
+from its controller (the messages of :mod:`~pollux_opt.runtime.protocol`):
+build (or reuse) the job's parts, join a gloo group of ``world`` workers, load
+the checkpoint, train (:mod:`~pollux_opt.runtime.trainer`) until told to stop
+or until the target or step limit, checkpoint, leave the group and wait for the
+next assignment.
 """
 
 from __future__ import annotations
@@ -18,13 +17,12 @@ import os
 import random
 import time
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from pollux_opt.runtime.checkpoint import WriterLock, load_payload
+from pollux_opt.runtime.checkpoint import WriterLock, list_checkpoints, load_payload
 from pollux_opt.runtime.entry import LOOP, entry_protocol
-from pollux_opt.runtime.lifeline import ORPHAN_GRACE_S, saving_state
+from pollux_opt.runtime.lifeline import ORPHAN_GRACE_S, Lifeline, ProcessIdentity
 from pollux_opt.runtime.lazy_torch import require_torch
 from pollux_opt.runtime.protocol import (
     ERROR, EXIT, PAUSED, PREPARE, RESUMED, RUN, STOP_PARENT, STOP_REASONS, TCP_STORE_PREFIX, Assignment,
@@ -33,6 +31,7 @@ from pollux_opt.runtime.protocol import (
 from pollux_opt.runtime.spec import BuildContext, JobParts, JobSpec, resolve_builder
 from pollux_opt.runtime.state import TrainingState, param_checksum, restore_rng
 from pollux_opt.runtime.trainer import Trainer
+from pollux_opt.runtime.user_loop import UserLoop, run_user_loop
 
 __all__ = ["WRITER_WAIT_S", "PartsCache", "error_report", "prepare_parts", "serve_assignment", "worker_main",
            "worker_setup"]
@@ -71,52 +70,19 @@ class PartsCache:
         return parts, self.base_lrs
 
 
-def _assigned_checkpoint(a: Assignment):
-    """The checkpoint ``a`` resumes from (None: a fresh start)."""
-    if a.checkpoint_meta is None:
-        return None
-    from pollux_opt.runtime.checkpoint import list_checkpoints
-
-    wanted = Path(a.checkpoint_meta)
-    info = next((c for c in list_checkpoints(wanted.parent) if c.meta_path == wanted), None)
-    if info is None:
-        raise FileNotFoundError(f"checkpoint metadata {wanted} is missing")
-    return info
-
-
-def _load_state(a: Assignment, spec: JobSpec, parts: JobParts, info, torch, dist,
-                extra: dict | None = None) -> TrainingState:
-    """Load the checkpoint ``info`` into ``parts`` (and the ``extra`` objects, by
-    name) and return its training state; without one, a fresh state (every
-    rank starting from rank 0's parameters)."""
-    if info is None:
-        if a.world > 1:
-            with torch.no_grad():
-                for tensor in list(parts.model.parameters()) + list(parts.model.buffers()):
-                    collective(dist.broadcast, tensor, src=0)
-        return TrainingState(next_eval=spec.eval_every)
-    payload = load_payload(info)
-    parts.model.load_state_dict(payload["model"])
-    parts.optimizer.load_state_dict(payload["optimizer"])
-    if parts.scaler is not None and payload.get("scaler") is not None:
-        parts.scaler.load_state_dict(payload["scaler"])
-    saved = payload.get("extra") or {}
-    for name, obj in (extra or {}).items():
-        if name in saved:
-            obj.load_state_dict(saved[name])
-    restore_rng(torch, payload["rng"])
-    return TrainingState.from_dict(payload["runtime"])
-
-
 class _Launch:
-    """One assignment being set up: its timings and what the "resumed" report says."""
+    """One assignment being set up and trained: the timings its "resumed" report gives."""
 
-    def __init__(self, conn, a: Assignment, spec: JobSpec, info, torch, dist, received: float) -> None:
-        self.conn, self.a, self.spec, self.info, self.torch, self.dist = conn, a, spec, info, torch, dist
-        self.received = received
-        self.t0 = time.perf_counter()
+    def __init__(self, conn, a: Assignment, torch, dist, received: float) -> None:
+        self.conn, self.a, self.torch, self.dist, self.received = conn, a, torch, dist, received
+        self.spec = JobSpec.from_json(a.spec_json)
+        self.info = None  # the checkpoint to resume from (None: a fresh start)
+        if a.checkpoint_meta is not None:
+            wanted = Path(a.checkpoint_meta)
+            self.info = next((c for c in list_checkpoints(wanted.parent) if c.meta_path == wanted), None)
+            if self.info is None:
+                raise FileNotFoundError(f"checkpoint metadata {wanted} is missing")
         self.t_build = self.t_group = 0.0
-        self.pg = False
 
     def join_group(self) -> None:
         a, dist = self.a, self.dist
@@ -127,79 +93,88 @@ class _Launch:
                 dist.init_process_group, "gloo", store=store, rank=a.rank, world_size=a.world,
                 timeout=timedelta(seconds=a.options.collective_timeout_s),
             )
-            self.pg = True
         self.t_group = time.perf_counter() - t
 
     def trainer(self, parts: JobParts, base_lrs, extra: dict | None = None) -> Trainer:
-        """Load the state into ``parts``, make the trainer, wait for every rank and report "resumed"."""
-        a, torch = self.a, self.torch
+        """Load the checkpoint into ``parts`` and the ``extra`` objects (by name;
+        a fresh start: every rank takes rank 0's parameters), make the trainer,
+        wait for every rank and report "resumed"."""
+        a, torch, info = self.a, self.torch, self.info
         t = time.perf_counter()
-        state = _load_state(a, self.spec, parts, self.info, torch, self.dist, extra)
+        if info is None:
+            if a.world > 1:
+                with torch.no_grad():
+                    for tensor in list(parts.model.parameters()) + list(parts.model.buffers()):
+                        collective(self.dist.broadcast, tensor, src=0)
+            state = TrainingState(next_eval=self.spec.eval_every)
+        else:
+            payload = load_payload(info)
+            parts.model.load_state_dict(payload["model"])
+            parts.optimizer.load_state_dict(payload["optimizer"])
+            if parts.scaler is not None and payload.get("scaler") is not None:
+                parts.scaler.load_state_dict(payload["scaler"])
+            saved = payload.get("extra") or {}
+            for name, obj in (extra or {}).items():
+                if name in saved:
+                    obj.load_state_dict(saved[name])
+            restore_rng(torch, payload["rng"])
+            state = TrainingState.from_dict(payload["runtime"])
         if a.params is not None:
             state.params = a.params
         t_load = time.perf_counter() - t
         trainer = Trainer(torch, self.dist, self.conn, a, self.spec, parts, base_lrs, state, extra)
         if a.world > 1:
             collective(self.dist.barrier)
-        if not send(self.conn, RESUMED, {
-            "generation": a.generation, "rank": a.rank, "step": state.step, "progress": state.progress,
-            "samples": state.samples, "checksum": param_checksum(parts.model), "pid": os.getpid(),
-            "from_checkpoint": None if self.info is None else self.info.step, "train_size": parts.train_size,
-            "build_s": self.t_build, "group_s": self.t_group, "load_s": t_load, "received": self.received,
-        }):
-            trainer.parent_lost = True  # stops at the first step boundary
+        trainer.send_report(RESUMED, checksum=param_checksum(parts.model), pid=os.getpid(),
+                            from_checkpoint=None if self.info is None else self.info.step,
+                            train_size=parts.train_size, build_s=self.t_build, group_s=self.t_group, load_s=t_load,
+                            received=self.received)
         return trainer
 
+    def train(self, cache: PartsCache, saving) -> tuple[int, Trainer]:
+        """Build (or reuse) the parts and train them, or run a user's own loop
+        (:mod:`~pollux_opt.runtime.user_loop`); returns ``(stop code, trainer)``.
+        ``saving``: the context of the training itself (rank 0 checkpoints on
+        its way out, also when orphaned)."""
+        a, spec, torch = self.a, self.spec, self.torch
+        fn = resolve_builder(spec.builder, spec.import_dir)
+        if entry_protocol(fn) != LOOP:
+            t0 = time.perf_counter()
+            parts, base_lrs = cache.get((a.job_id, a.workdir, a.spec_json), spec, Path(a.workdir), torch,
+                                        reuse=self.info is not None)
+            self.t_build = time.perf_counter() - t0
+            self.join_group()
+            trainer = self.trainer(parts, base_lrs)
+            with saving:
+                return trainer.run(), trainer
+        self.join_group()
+        t0 = time.perf_counter()
 
-def _run_builder(launch: _Launch, cache: PartsCache, workdir: Path):
-    """The builder protocol: build (or reuse) the parts, train; returns ``(code, trainer)``."""
-    a, spec, torch = launch.a, launch.spec, launch.torch
-    key = (a.job_id, a.workdir, a.spec_json)
-    t0 = time.perf_counter()
-    parts, base_lrs = cache.get(key, spec, workdir, torch, reuse=launch.info is not None)
-    launch.t_build = time.perf_counter() - t0
-    launch.join_group()
-    trainer = launch.trainer(parts, base_lrs)
-    with saving_state() if a.rank == 0 else contextlib.nullcontext():
-        return trainer.run(), trainer  # rank 0 checkpoints on its way out, also when orphaned
+        def attach(user_loop, parts, extra):
+            self.t_build = time.perf_counter() - t0  # the user's setup until the wrapper
+            return self.trainer(parts, None, extra)
 
-
-def _run_loop(launch: _Launch, fn) -> tuple[int, Trainer]:
-    """A user's own loop (:mod:`~pollux_opt.runtime.user_loop`); returns ``(code, trainer)``."""
-    from pollux_opt.runtime.user_loop import UserLoop, run_user_loop
-
-    a = launch.a
-    launch.join_group()
-    t0 = time.perf_counter()
-
-    def attach(user_loop, parts, extra):
-        launch.t_build = time.perf_counter() - t0  # the user's setup until the wrapper
-        parts.train_size = user_loop.train_size or parts.train_size
-        return launch.trainer(parts, None, extra)
-
-    user_loop = UserLoop(launch.spec, a.rank, a.world, attach)
-    torch = launch.torch
-    torch.manual_seed(launch.spec.seed)
-    random.seed(launch.spec.seed)
-    with saving_state() if a.rank == 0 else contextlib.nullcontext():
-        code = run_user_loop(user_loop, fn)
-    return code, user_loop.trainer
+        user_loop = UserLoop(spec, a.rank, a.world, attach)
+        torch.manual_seed(spec.seed)
+        random.seed(spec.seed)
+        with saving:
+            return run_user_loop(user_loop, fn), user_loop.trainer
 
 
-def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cpus) -> bool:
-    """Run one assignment; returns False if the controller is gone."""
+def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cpus,
+                     lifeline: Lifeline | None = None) -> bool:
+    """Run one assignment; returns False if the controller is gone.  ``lifeline``:
+    the pool process's, which gives an orphaned rank 0 its grace to checkpoint."""
     received = time.time()
     workdir = Path(a.workdir)
     log_dir = workdir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(log_dir / f"worker-rank{a.rank}.log")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d gen%(generation)s %(levelname)s %(message)s"))
-    handler.addFilter(_GenerationFilter(a.generation))
+    handler.setFormatter(logging.Formatter(f"%(asctime)s %(process)d gen{a.generation} %(levelname)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     writer = WriterLock(workdir)
-    launch = None
     try:
         if a.rank == 0 and not writer.acquire(WRITER_WAIT_S):
             logger.warning("another process still holds %s; writing checkpoints without it", writer.path)
@@ -208,25 +183,19 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
         except (AttributeError, OSError, ValueError):  # pragma: no cover - non-Linux or bad cpu id
             logger.warning("could not set CPU affinity to %s", a.cpu)
         if a.cgroup is not None:
-            join_cgroup(a.cgroup)
-        spec = JobSpec.from_json(a.spec_json)
-        launch = _Launch(conn, a, spec, _assigned_checkpoint(a), torch, dist, received)
-        fn = resolve_builder(spec.builder, spec.import_dir)
-        if entry_protocol(fn) == LOOP:
-            code, trainer = _run_loop(launch, fn)
-        else:
-            code, trainer = _run_builder(launch, cache, workdir)
+            # Into its node's CPU quota (all threads); an OSError fails the
+            # assignment: a replica of a throttled node must not train unthrottled.
+            Path(a.cgroup, "cgroup.procs").write_text(str(os.getpid()))
+        saving = lifeline.saving_state() if lifeline is not None and a.rank == 0 else contextlib.nullcontext()
+        code, trainer = _Launch(conn, a, torch, dist, received).train(cache, saving)
         writer.release()  # before PAUSED: the controller may launch the next writer then
-        state = trainer.state
         checksum = param_checksum(trainer.parts.model)
-        if launch.pg:
+        if a.world > 1:
             dist.destroy_process_group()
-            launch.pg = False
-        logger.info("paused at step %d (%s)", state.step, STOP_REASONS.get(code, code))
-        return send(conn, PAUSED, {
-            "generation": a.generation, "rank": a.rank, "step": state.step, "reason": STOP_REASONS.get(code, code),
-            "checksum": checksum, "progress": state.progress, "samples": state.samples, "metric": state.metric,
-        }) and code != STOP_PARENT and not trainer.parent_lost
+        logger.info("paused at step %d (%s)", trainer.state.step, STOP_REASONS.get(code, code))
+        trainer.send_report(PAUSED, reason=STOP_REASONS.get(code, code), checksum=checksum,
+                            metric=trainer.state.metric)
+        return code != STOP_PARENT and not trainer.parent_lost
     except BaseException:
         # Into this job's worker log, while its handler is attached (the
         # controller records the error and traceback in the job's events).
@@ -236,28 +205,6 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
         writer.release()
         root.removeHandler(handler)
         handler.close()
-
-
-def join_cgroup(directory: str) -> None:
-    """Move this process (all its threads) into the cgroup ``directory`` (its
-    node's CPU quota, or the root cgroup of an unthrottled node).
-
-    Raises:
-        OSError: the cgroup cannot be written (the assignment fails: a replica
-            of a throttled node must not train unthrottled).
-    """
-    with open(os.path.join(directory, "cgroup.procs"), "w") as fh:
-        fh.write(str(os.getpid()))
-
-
-class _GenerationFilter(logging.Filter):
-    def __init__(self, generation: int) -> None:
-        super().__init__()
-        self.generation = generation
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.generation = self.generation
-        return True
 
 
 def prepare_parts(cache: PartsCache, job_id: str, spec_json: str, workdir: str, torch) -> None:
@@ -311,14 +258,15 @@ def error_report(a: Assignment, exc: BaseException) -> dict:
             "traceback": traceback.format_exc(), "collective": isinstance(exc, CollectiveError)}
 
 
-def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
-    """Entry point of a spawned worker process (see the module docstring);
-    ``gloo_interface`` is the network interface its collectives bind to."""
-    # A pool worker is a daemon (it ends with its scheduler, see lifeline); a
-    # user's DataLoader with num_workers > 0 starts children, which
-    # multiprocessing refuses in a daemon.  They end with this process.
+def worker_main(conn, scheduler: ProcessIdentity) -> None:
+    """Entry point of a pool's worker process (see the module docstring), which
+    ends itself once its scheduler ``scheduler`` is gone (its :class:`Lifeline`)."""
+    lifeline = Lifeline(scheduler).start()
+    # A pool worker is a daemon (it ends with its scheduler); a user's
+    # DataLoader with num_workers > 0 starts children, which multiprocessing
+    # refuses in a daemon.  They end with this process.
     multiprocessing.current_process()._config["daemon"] = False
-    torch, dist, all_cpus = worker_setup(gloo_interface)
+    torch, dist, all_cpus = worker_setup()
     cache = PartsCache()
     while True:
         try:
@@ -334,7 +282,7 @@ def worker_main(conn, gloo_interface: str = GLOO_INTERFACE) -> None:
             continue  # a late command for a finished assignment
         a: Assignment = msg[1]
         try:
-            alive = serve_assignment(conn, a, cache, torch, dist, all_cpus)
+            alive = serve_assignment(conn, a, cache, torch, dist, all_cpus, lifeline)
         except BaseException as exc:  # noqa: BLE001 - reported to the controller, then exit
             send(conn, ERROR, error_report(a, exc))
             # The process group may be half-formed and peers blocked in it: do

@@ -13,7 +13,7 @@ import pytest
 from pollux_opt.runtime import lifeline
 from pollux_opt.runtime.checkpoint import WriterLock, wait_for_writer
 from pollux_opt.runtime.lifeline import (
-    ORPHAN_EXIT_STATUS, TEMP_PREFIX, WATCH_S, process_exists, process_identity, sweep_temp_dirs,
+    ORPHAN_EXIT_STATUS, ORPHAN_GRACE_S, TEMP_PREFIX, WATCH_S, process_exists, process_identity, sweep_temp_dirs,
 )
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -53,6 +53,27 @@ def test_an_orphaned_pool_process_ends_soon_after_its_scheduler():
         t0 = time.monotonic()
         assert orphan.wait(timeout=30) == ORPHAN_EXIT_STATUS
         assert time.monotonic() - t0 < 10 * WATCH_S  # nothing to save: no grace
+    finally:
+        for p in (scheduler, orphan):
+            p.kill()
+            p.wait()
+
+
+@linux_only
+def test_an_orphan_saving_its_state_gets_the_grace_before_its_lifeline_ends_it():
+    scheduler = _sleeper()
+    code = ("import time; from pollux_opt.runtime.lifeline import Lifeline; "
+            f"lifeline = Lifeline(({scheduler.pid}, {process_identity(scheduler.pid)[1]})).start()\n"
+            "with lifeline.saving_state(): time.sleep(60)")
+    orphan = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(3 * WATCH_S)
+        scheduler.kill()
+        t0 = time.monotonic()
+        time.sleep(ORPHAN_GRACE_S / 2)
+        assert orphan.poll() is None  # still saving, within its grace
+        assert orphan.wait(timeout=30) == ORPHAN_EXIT_STATUS
+        assert time.monotonic() - t0 >= ORPHAN_GRACE_S
     finally:
         for p in (scheduler, orphan):
             p.kill()
