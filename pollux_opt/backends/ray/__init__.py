@@ -8,7 +8,6 @@ and :mod:`~pollux_opt.backends.ray.run` (:func:`run_ray_workload`).  Ray is the
 ``ray`` extra, imported when a run starts (see docs/ray.md).
 """
 
-from pollux_opt.backends.ray._ray import RAY_MISSING
-from pollux_opt.backends.ray.run import RAY_CONFIG_FILE, connect, run_ray_workload
+from pollux_opt.backends.ray.run import run_ray_workload
 
-__all__ = ["RAY_CONFIG_FILE", "RAY_MISSING", "connect", "run_ray_workload"]
+__all__ = ["run_ray_workload"]

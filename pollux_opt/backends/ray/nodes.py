@@ -26,11 +26,10 @@ _SIOCGIFADDR = 0x8915
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """One alive Ray node with CPUs: scheduler id, Ray's node id (hex), IP, CPUs."""
+    """One alive Ray node with CPUs: scheduler id, Ray's node id (hex), CPUs."""
 
     id: str
     ray_id: str
-    ip: str
     cpus: int
 
 
@@ -39,7 +38,7 @@ def _node_infos(ray) -> list[NodeInfo]:
     for n in ray.nodes():
         cpus = int(n.get("Resources", {}).get("CPU", 0))
         if n.get("Alive") and cpus > 0:
-            out.append(NodeInfo(f"ray-{n['NodeID'][:NODE_ID_CHARS]}", n["NodeID"], n["NodeManagerAddress"], cpus))
+            out.append(NodeInfo(f"ray-{n['NodeID'][:NODE_ID_CHARS]}", n["NodeID"], cpus))
     return sorted(out, key=lambda i: i.id)
 
 
@@ -51,13 +50,13 @@ class RayNodes:
     """
 
     def __init__(self, ray) -> None:
-        self._ray = ray
+        self.ray = ray
         self._nodes: dict[str, NodeInfo] = {}
         self.refresh()
 
     def refresh(self) -> Cluster | None:
         """Re-read Ray's nodes; the new cluster (None where there is no node with CPUs)."""
-        self._nodes = {i.id: i for i in _node_infos(self._ray)}
+        self._nodes = {i.id: i for i in _node_infos(self.ray)}
         return self.cluster()
 
     def cluster(self) -> Cluster | None:
@@ -73,7 +72,7 @@ class RayNodes:
         info = self._nodes.get(node_id)
         if info is None:
             return False
-        return any(n["NodeID"] == info.ray_id and n.get("Alive") for n in self._ray.nodes())
+        return any(n["NodeID"] == info.ray_id and n.get("Alive") for n in self.ray.nodes())
 
 
 def interface_of(ip: str) -> str:

@@ -32,11 +32,10 @@ import logging
 import threading
 import time
 
-from pollux_opt.backends.ray._ray import require_ray
 from pollux_opt.backends.ray.actors import ACTOR_SLOTS, ERROR_EXIT_CODE, ReplicaActor
 from pollux_opt.backends.ray.nodes import RayNodes
 from pollux_opt.runtime.pool import WorkerPool
-from pollux_opt.runtime.protocol import ERROR, EXIT, PREPARE, RUN, TCP_STORE_PREFIX
+from pollux_opt.runtime.protocol import ERROR, RUN, TCP_STORE_PREFIX
 
 __all__ = ["CONNECT_TIMEOUT_S", "ActorCall", "RayWorker", "RayWorkerPool"]
 
@@ -105,14 +104,9 @@ class RayWorker:
     def send(self, *message) -> bool:
         if not self.alive():
             return False
-        kind = message[0]
-        if kind == RUN:
+        if message[0] == RUN:
             self._generation = message[1].generation
             self.stream = self.actor.serve.options(num_returns="streaming").remote(message[1])
-        elif kind == PREPARE:
-            self.actor.prepare.remote(*message[1:])
-        elif kind == EXIT:
-            self.end(0)
         else:
             self.actor.command.remote(self._generation, message)
         return True
@@ -198,17 +192,15 @@ class RayWorkerPool(WorkerPool):
     """
 
     def __init__(self, nodes: RayNodes, *, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-        self._ray = ray = require_ray()
+        self._ray = nodes.ray
         self._nodes = nodes
         self._timeout = float(connect_timeout_s)
-        self._actor_class = ray.remote(ReplicaActor)
+        self._actor_class = self._ray.remote(ReplicaActor)
         self._cond = threading.Condition()
         self._idle: dict[str, list[RayWorker]] = {}  # node -> idle slots (started or starting)
         self._slots: list[RayWorker] = []  # every slot not yet ended
         self._cancelled: set[str] = set()
         self._closed = False
-        self._spawned = 0
-        self.spares = self.max_idle = 0
         self._fresh = self._fresh_actor()
 
     # ------------------------------------------------------------ the slots
@@ -218,21 +210,25 @@ class RayWorkerPool(WorkerPool):
             self._start_slot(node)
 
     def _start_slot(self, node: str) -> None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         info = self._nodes.get(node)
         if info is None or self._closed:
             return
-        actor = self._actor_class.options(
-            num_cpus=1, max_concurrency=ACTOR_SLOTS,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(info.ray_id, soft=False),
-        ).remote()
+        actor = self._new_actor(1, info.ray_id, soft=False)
         with self._cond:
             slot = RayWorker(self._ray, actor, node, self._timeout)
             self._idle.setdefault(node, []).append(slot)
             self._slots = [s for s in self._slots if s.exitcode is None] + [slot]
-            self._spawned += 1
             self._cond.notify_all()
+
+    def _new_actor(self, cpus: int, ray_node: str, soft: bool):
+        """A new replica actor holding ``cpus`` Ray CPUs on the Ray node ``ray_node``
+        (``soft``: elsewhere where that node cannot take it)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return self._actor_class.options(
+            num_cpus=cpus, max_concurrency=ACTOR_SLOTS,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=soft),
+        ).remote()
 
     def _take(self, node: str, job_key: str | None) -> RayWorker:
         """An idle slot of ``node`` that is up (one warm for ``job_key`` first),
@@ -350,9 +346,6 @@ class RayWorkerPool(WorkerPool):
         return next((s.ray_node for s in slots if s.ray_node is not None and s.exitcode is None and s.pid == pid),
                     None)
 
-    def warm(self, count: int | None = None) -> None:
-        """Slots are started per node (:meth:`add_node`)."""
-
     def prepare(self, job_key: str, spec_json: str, workdir: str, count: int = 1) -> int:
         """Every slot keeps the parts of the job it last served; none is asked to build ahead."""
         return 0
@@ -370,13 +363,8 @@ class RayWorkerPool(WorkerPool):
 
     def _fresh_actor(self) -> RayWorker:
         """A new zero-CPU actor on the scheduler's node, where it can (for :meth:`start_process`)."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         here = self._ray.get_runtime_context().get_node_id()
-        self._spawned += 1
-        return RayWorker(self._ray, self._actor_class.options(
-            num_cpus=0, max_concurrency=ACTOR_SLOTS,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote(), "", self._timeout)
+        return RayWorker(self._ray, self._new_actor(0, here, soft=True), "", self._timeout)
 
     @property
     def idle_count(self) -> int:

@@ -19,18 +19,20 @@ from typing import Any, Mapping
 from solvers import InvalidProblem
 
 from pollux_opt.backends.local.run import DEFAULT_INTERVAL_S, run_workload
-from pollux_opt.backends.ray._ray import require_ray
 from pollux_opt.backends.ray.backend import RayBackend
 from pollux_opt.backends.ray.nodes import RayNodes
+from pollux_opt.extras import require
 from pollux_opt.records.files import atomic_write_json
 from pollux_opt.workloads.job import Workload
 
-__all__ = ["RAY_CONFIG_FILE", "connect", "run_ray_workload"]
+__all__ = ["RAY_CONFIG_FILE", "RAY_MISSING", "connect", "run_ray_workload"]
 
 log = logging.getLogger(__name__)
 
 #: The Ray run's own settings in its run directory.
 RAY_CONFIG_FILE = "ray.json"
+#: What to do where Ray is not installed.
+RAY_MISSING = "the Ray backend needs Ray: pip install 'pollux-opt[ray]'"
 
 
 def connect(address: str | None):
@@ -43,7 +45,7 @@ def connect(address: str | None):
         InvalidProblem: no cluster could be joined at ``address``, with the likely
             cause: its token authentication refused this machine, or no head answered.
     """
-    ray = require_ray()
+    ray = require("ray", RAY_MISSING)
     if ray.is_initialized():
         return ray, False
     try:
