@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from solvers import InvalidProblem
 
 from pollux_opt.runtime.spec import JobSpec
-from pollux_opt.runtime.trust import declare_builder_modules, import_from, stdlib_refusal
+from pollux_opt.runtime.trust import declare_builder_modules, import_from, refuse_stdlib
 
 __all__ = ["ENTRY_REQUIRED_FIELDS", "LOOP", "BUILDER", "entry_protocol", "entry_spec", "parse_entry"]
 
@@ -55,9 +55,7 @@ def parse_entry(entry: Any, import_dir: str | Path, *, where: str = "entry") -> 
     parts = module.split(".")
     if not all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
         raise InvalidProblem(f"{where}: entry {entry!r}: {module!r} is not an importable module name")
-    refusal = stdlib_refusal(f"entry {entry!r}", module)
-    if refusal is not None:
-        raise InvalidProblem(f"{where}: {refusal}")
+    refuse_stdlib(f"entry {entry!r}", module, where)
     return module, func, directory
 
 

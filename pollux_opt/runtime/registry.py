@@ -1,9 +1,7 @@
-"""The registry of job kinds: the built-ins plus any a user registers.
-
-Worker processes never consult the registry: a :class:`JobSpec` carries its
-builder's import path and travels whole.  The registry only maps names to
-specs for convenience (``ElasticJob("digits-cnn", workdir)``).  Registering a
-job declares its builder's module (the trust model of :mod:`pollux_opt.runtime.spec`).
+"""The registry of job kinds: the built-ins plus any a user registers, by name
+(``ElasticJob("digits-cnn", workdir)``).  Workers never consult it: a
+:class:`JobSpec` names its builder and travels whole.  Registering a job
+declares its builder's module (:mod:`pollux_opt.runtime.trust`).
 """
 
 from __future__ import annotations
@@ -27,8 +25,8 @@ _JOBS: dict[str, JobSpec] = {spec.name: spec for spec in BUILTIN_JOBS}
 def register_job(spec: JobSpec, *, replace: bool = False) -> JobSpec:
     """Register ``spec`` under ``spec.name``; returns it.
 
-    Raises InvalidProblem if the name is taken (unless ``replace``) or the
-    builder cannot be imported.
+    Raises:
+        InvalidProblem: the name is taken (unless ``replace``), or the builder cannot be imported.
     """
     if not isinstance(spec, JobSpec):
         raise InvalidProblem(f"spec must be a JobSpec, got {spec!r}")
@@ -61,8 +59,7 @@ def training_job(**fields) -> Callable:
     """
 
     def decorate(fn: Callable) -> Callable:
-        # The decorated module is still being imported, so its import path
-        # cannot be resolved yet; JobSpec checks that ``fn`` is top-level.
+        # Not resolved (its module is still being imported); JobSpec checks that ``fn`` is top-level.
         _store(JobSpec(builder=fn, **fields), replace=True)
         return fn
 

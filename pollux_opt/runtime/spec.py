@@ -39,7 +39,7 @@ from pollux_opt.model.domains import (
     check_fields,
     domain_field,
 )
-from pollux_opt.runtime.trust import declare_builder_modules, import_from, refuse_stdlib
+from pollux_opt.runtime.trust import builder_module, declare_builder_modules, import_from, refuse_stdlib
 
 __all__ = ["LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "resolve_builder"]
 
@@ -60,7 +60,8 @@ def _builder_path(builder: str | Callable[..., Any]) -> str:
             raise InvalidProblem(
                 f"builder must be an import path 'package.module:function', got {builder!r}"
             )
-        return refuse_stdlib(builder)
+        refuse_stdlib(f"builder {builder!r}", builder_module(builder))
+        return builder
     if not callable(builder):
         raise InvalidProblem(f"builder must be a callable or an import path, got {builder!r}")
     module = getattr(builder, "__module__", None)
@@ -70,7 +71,8 @@ def _builder_path(builder: str | Callable[..., Any]) -> str:
             "builder must be a top-level function that worker processes can import by name, "
             f"got {builder!r} (qualname {qualname!r})"
         )
-    path = refuse_stdlib(f"{module}:{qualname}")
+    path = f"{module}:{qualname}"
+    refuse_stdlib(f"builder {path!r}", module)
     declare_builder_modules([module])  # a function object this process's code passes is its own code
     return path
 
@@ -82,7 +84,8 @@ def resolve_builder(path: str, import_dir: str | None = None) -> Callable[["Buil
     Raises:
         InvalidProblem: a standard-library module (:mod:`pollux_opt.runtime.trust`), or not a callable.
     """
-    module_name, _, attr = refuse_stdlib(path).partition(":")
+    module_name, _, attr = path.partition(":")
+    refuse_stdlib(f"builder {path!r}", module_name)
     if import_dir is not None:
         obj: Any = import_from(module_name, import_dir)
     else:

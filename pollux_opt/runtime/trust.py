@@ -1,33 +1,27 @@
 """Which code a file may make the runtime import and call: the trust rules of builders and entries.
 
-A builder (:mod:`pollux_opt.runtime.spec`) is code that the runtime imports
-and calls, and so everything that names one is code too: a workload file (a
-job's ``spec`` may set ``builder``, and its ``imports`` are imported when it
-is read), a run directory's ``config.json`` (which holds the workload) and a
-job's ``job.json`` (a resumed job runs the builder it names).  Run only workloads,
+A builder (:mod:`pollux_opt.runtime.spec`) or an entry
+(:mod:`pollux_opt.runtime.entry`) is code that the runtime imports and calls,
+so every file that names one is code too: a workload file (a job's ``spec``
+``builder``, its ``entry``, its ``imports``, imported when it is read), a run
+directory's ``config.json`` (which holds the workload) and a job's
+``job.json`` (a resumed job runs the builder it names).  Run only workloads,
 and resume only run and work directories, that you would run as a Python
 script.  Within that, two rules keep a file from calling an arbitrary function:
 
-* A builder in Python's standard library (a module whose top-level package is
-  in ``sys.stdlib_module_names``: ``builtins``, ``os``, ``subprocess``, ...)
-  is refused everywhere, in every process (:class:`~pollux_opt.runtime.spec.JobSpec`
-  and :func:`~pollux_opt.runtime.spec.resolve_builder`), with
-  :func:`stdlib_refusal`'s message.
-* A builder named by a file (a workload job's ``spec``, a ``job.json``
-  resumed with :meth:`ElasticJob.from_workdir
-  <pollux_opt.runtime.job.ElasticJob.from_workdir>`) must be a function of
-  the built-in jobs (:data:`BUILTIN_JOBS_MODULE`) or of a module this
-  process's code declared: one that registered a job
-  (:func:`~pollux_opt.runtime.registry.register_job`, ``@training_job``) or
-  passed a builder function object to :class:`~pollux_opt.runtime.spec.JobSpec`, one a workload lists
-  in ``imports``, or one passed to :func:`declare_builder_modules`
-  (:func:`check_declared_builder`).
+* A module of Python's standard library (its top-level package is in
+  ``sys.stdlib_module_names``: ``builtins``, ``os``, ``subprocess``, ...) is
+  refused everywhere, in every process, with :func:`refuse_stdlib`'s message.
+* A builder named by a file (a workload job's ``spec``, a resumed
+  ``job.json``) must be a function of the built-in jobs
+  (:data:`BUILTIN_JOBS_MODULE`) or of a module this process's code declared
+  (:func:`check_declared_builder`): one that registered a job
+  (:func:`~pollux_opt.runtime.registry.register_job`, ``@training_job``),
+  passed a builder function object to :class:`~pollux_opt.runtime.spec.JobSpec`,
+  a workload lists in ``imports``, a workload's entry names, or one passed to
+  :func:`declare_builder_modules`.
 
-An entry (:mod:`pollux_opt.runtime.entry`) is held to the same rules: a
-workload file that names one is code (the entry's module is imported when the
-workload is read, and it is declared, so a resumed ``job.json`` may name it);
-a module of Python's standard library is refused.  A user's module is
-imported from the directory the user points to (:func:`import_from`).
+A user's module is imported from the directory the user points to (:func:`import_from`).
 """
 
 from __future__ import annotations
@@ -43,7 +37,7 @@ from solvers import InvalidProblem
 
 __all__ = [
     "BUILTIN_JOBS_MODULE", "builder_module", "check_declared_builder", "declare_builder_modules",
-    "declared_builder_modules", "import_from", "refuse_stdlib", "stdlib_refusal",
+    "declared_builder_modules", "import_from", "refuse_stdlib",
 ]
 
 #: The module of the project's built-in jobs, whose builders any workload may name.
@@ -57,29 +51,20 @@ def builder_module(path: str) -> str:
     return path.partition(":")[0]
 
 
-def stdlib_refusal(what: str, module: str) -> str | None:
-    """The message refusing ``what`` (``"builder 'os:system'"``) if ``module`` is in
-    Python's standard library (its top-level package is in ``sys.stdlib_module_names``),
-    else None."""
-    top = module.split(".")[0]
-    if top not in sys.stdlib_module_names:
-        return None
-    return (
-        f"{what} is refused: module {top!r} is part of Python's standard library; a builder "
-        "must be a function of the built-in jobs or of a module your code or workload declares"
-    )
-
-
-def refuse_stdlib(path: str) -> str:
-    """``path`` (a builder path) unless its module is in the standard library (:func:`stdlib_refusal`).
+def refuse_stdlib(what: str, module: str, where: str | None = None) -> None:
+    """Refuse ``what`` (``"builder 'os:system'"``), named by ``where`` (for the
+    message), if ``module`` is in Python's standard library.
 
     Raises:
-        InvalidProblem: with :func:`stdlib_refusal`'s message.
+        InvalidProblem: ``module``'s top-level package is in ``sys.stdlib_module_names``.
     """
-    message = stdlib_refusal(f"builder {path!r}", builder_module(path))
-    if message is not None:
-        raise InvalidProblem(message)
-    return path
+    top = module.split(".")[0]
+    if top in sys.stdlib_module_names:
+        raise InvalidProblem(
+            ("" if where is None else f"{where}: ") + f"{what} is refused: module {top!r} is part of Python's "
+            "standard library; a builder must be a function of the built-in jobs or of a module your code or "
+            "workload declares"
+        )
 
 
 #: Modules whose builders a file may name (see the module docstring); guarded by ``_lock``.
@@ -101,9 +86,7 @@ def declare_builder_modules(modules: Iterable[str], *, import_them: bool = False
     for name in modules:
         if not isinstance(name, str) or not _MODULE_RE.fullmatch(name):
             raise InvalidProblem(f"imports entry must be a dotted module name, got {name!r}")
-        message = stdlib_refusal(f"imports entry {name!r}", name)
-        if message is not None:
-            raise InvalidProblem(message)
+        refuse_stdlib(f"imports entry {name!r}", name)
         if import_them:
             try:
                 importlib.import_module(name)
@@ -130,9 +113,8 @@ def check_declared_builder(path: Any, *, where: str) -> str:
         InvalidProblem: a standard-library module, or one not declared.
     """
     module = builder_module(path) if isinstance(path, str) else None
-    message = stdlib_refusal(f"builder {path!r}", module) if module is not None else None
-    if message is not None:
-        raise InvalidProblem(f"{where}: {message}")
+    if module is not None:
+        refuse_stdlib(f"builder {path!r}", module, where)
     declared = declared_builder_modules()
     if module not in declared:
         raise InvalidProblem(
@@ -140,11 +122,6 @@ def check_declared_builder(path: Any, *, where: str) -> str:
             f"'imports', or register the job from Python (declared: {sorted(declared)})"
         )
     return path
-
-
-def _from_dir(module, directory: str) -> bool:
-    origin = getattr(module, "__file__", None)
-    return origin is not None and Path(origin).resolve().is_relative_to(directory)
 
 
 def import_from(module: str, directory: str) -> Any:
@@ -156,7 +133,8 @@ def import_from(module: str, directory: str) -> Any:
             sys.path.insert(0, directory)
         top = module.split(".")[0]
         loaded = sys.modules.get(top)
-        if loaded is not None and not _from_dir(loaded, directory):
+        origin = getattr(loaded, "__file__", None)
+        if loaded is not None and (origin is None or not Path(origin).resolve().is_relative_to(directory)):
             for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
                 del sys.modules[name]
         return importlib.import_module(module)
