@@ -1,37 +1,35 @@
-"""The Ray actor a replica runs in (:class:`ReplicaActor`), called by method.
+"""The Ray actor a replica runs in (:class:`ReplicaActor`): a runtime worker
+(the same :func:`~pollux_opt.runtime.worker.serve_assignment` and messages)
+whose supervisor calls its methods instead of writing to a pipe.
 
-A replica actor is a runtime worker hosted by Ray (the same assignment code,
-:func:`~pollux_opt.runtime.worker.serve_assignment`, and messages,
-:mod:`~pollux_opt.runtime.protocol`), whose supervisor calls its methods
-instead of writing to a pipe:
-
-* :meth:`~ReplicaActor.serve` runs one assignment and streams its reports
-  (a Ray streaming generator: the supervisor ``ray.wait``\\ s on it);
-* :meth:`~ReplicaActor.command` hands a ``STOP`` or ``BATCH`` to the
-  assignment of its generation (Ray may run a threaded actor's calls out of
-  order: a command carries its generation, so that one for an earlier
-  generation is dropped and one that overtakes its ``serve`` waits for it);
-* :meth:`~ReplicaActor.host_store` (its job's
-  TCP rendezvous), :meth:`~ReplicaActor.identity`,
-  :meth:`~ReplicaActor.lifetime` (returns only when the actor dies: how an
-  idle actor's death is seen) and :meth:`~ReplicaActor.run_target` (a fresh
-  actor's completion check).
+:meth:`~ReplicaActor.serve` runs one assignment and streams its reports (a Ray
+streaming generator, which the supervisor ``ray.wait``\ s on);
+:meth:`~ReplicaActor.command` hands a ``STOP`` or ``BATCH`` to the assignment
+of its generation (Ray may run a threaded actor's calls out of order: a
+command for an earlier generation is dropped, one that overtakes its ``serve``
+waits for it); :meth:`~ReplicaActor.lifetime` returns only when the actor
+dies, which is how an idle actor's death is seen.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
 import queue
+import socket
+import struct
 import threading
 
-__all__ = ["ACTOR_SLOTS", "ERROR_EXIT_CODE", "Link", "ReplicaActor"]
+__all__ = ["ACTOR_SLOTS", "ERROR_EXIT_CODE", "Link", "ReplicaActor", "interface_of"]
 
 #: ``exitcode`` of an actor call that raised.
 ERROR_EXIT_CODE = 1
 #: Methods a replica actor runs at a time (``max_concurrency``): ``lifetime``,
 #: ``serve``, a command, hosting a rendezvous store, and ``identity`` or ``run_target``.
 ACTOR_SLOTS = 5
+#: Linux ioctl that reads an interface's IPv4 address (``<linux/sockios.h>``).
+_SIOCGIFADDR = 0x8915
 
 
 class Link:
@@ -63,7 +61,6 @@ class ReplicaActor:
     def __init__(self) -> None:
         import ray
 
-        from pollux_opt.backends.ray.nodes import interface_of
         from pollux_opt.runtime.worker import PartsCache, worker_setup
 
         # torch imported here, once: two methods importing it at the same time abort the process.
@@ -130,3 +127,17 @@ class ReplicaActor:
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else ERROR_EXIT_CODE
         return 0
+
+
+def interface_of(ip: str) -> str:
+    """The name of this machine's network interface with IPv4 address ``ip``
+    (what gloo binds to: ``GLOO_SOCKET_IFNAME``); ValueError naming ``ip`` if none has it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address on this interface
+            if socket.inet_ntoa(packed[20:24]) == ip:
+                return name
+    raise ValueError(f"no network interface of this machine has the address ip={ip!r}")

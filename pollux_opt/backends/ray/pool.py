@@ -2,28 +2,16 @@
 each a :class:`~pollux_opt.runtime.pool.Worker` of its job's supervisor (:class:`RayWorker`).
 
 The pool has the local pool's interface, so that a Ray job is the runtime's own
-:class:`~pollux_opt.runtime.job.ElasticJob` (supervision, checkpoints,
-measurements, faults, fresh-process verification) with Ray doing placement,
-process start, messages and failure detection.
-
-**Slots.**  Each CPU of each node the run uses is one long-lived
-:class:`~pollux_opt.backends.ray.actors.ReplicaActor` holding one Ray CPU,
-pinned to its node (hard ``NodeAffinitySchedulingStrategy``), started as the
-node is seen (:meth:`RayWorkerPool.add_node`) and kept warm (process, torch,
-the parts of the job it last served) for the whole run.  A job's next
-generation keeps its live replicas on the nodes its placement still uses, then
-takes idle slots there (warm for the job first), waiting for one to be
-released; a discarded (faulty) replica is ended and its slot started anew.
-
-**Messages** are method calls: a ``RUN`` calls ``serve``, whose streamed
-reports the supervisor waits for with ``ray.wait`` (:meth:`RayWorkerPool.receive`);
-other commands call ``command`` or ``prepare``.  A replica whose actor died
-(killed, its node gone) is a lost worker; one that reported an error is
-ended, as a local worker exits after its error report.  Rank 0's actor hosts
-its generation's TCPStore; gloo binds to the interface of the node's IP.  The
-completion check runs in a fresh zero-CPU actor on the scheduler's node,
-started ahead (:meth:`RayWorkerPool.start_process`).  Actors are owned by the
-scheduler (the Ray driver): they end with it.
+:class:`~pollux_opt.runtime.job.ElasticJob` with Ray doing placement, process
+start, messages and failure detection (docs/ray.md, "How jobs run on Ray").
+Each CPU of each node is one slot: a long-lived
+:class:`~pollux_opt.backends.ray.actors.ReplicaActor` pinned to its node,
+started as the node is seen (:meth:`RayWorkerPool.add_node`) and kept warm.  A
+job's next generation keeps its live replicas on the nodes its placement still
+uses, then takes idle slots there (warm for the job first), waiting for one to
+be released; a discarded replica is ended and its slot started anew.  A
+replica whose actor died is a lost worker; one that reported an error is
+ended, as a local worker exits after its error report.
 """
 
 from __future__ import annotations
@@ -33,7 +21,6 @@ import threading
 import time
 
 from pollux_opt.backends.ray.actors import ACTOR_SLOTS, ERROR_EXIT_CODE, ReplicaActor
-from pollux_opt.backends.ray.nodes import RayNodes
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.protocol import ERROR, RUN, TCP_STORE_PREFIX
 
@@ -187,11 +174,11 @@ class RayWorkerPool(WorkerPool):
     pool's process machinery (start method, fork server, spares) does not apply.
 
     Args:
-        nodes: the run's view of the Ray cluster (scheduler node id -> Ray node).
+        nodes: the run's :class:`~pollux_opt.backends.ray.backend.RayNodes` (scheduler node id -> Ray node).
         connect_timeout_s: see :data:`CONNECT_TIMEOUT_S`.
     """
 
-    def __init__(self, nodes: RayNodes, *, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(self, nodes, *, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         self._ray = nodes.ray
         self._nodes = nodes
         self._timeout = float(connect_timeout_s)

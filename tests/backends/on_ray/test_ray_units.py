@@ -10,8 +10,9 @@ import pytest
 
 from pollux_opt import InvalidProblem
 from pollux_opt.backends.ray.backend import RayBackend, shared_workdir_root
-from pollux_opt.backends.ray.nodes import RayNodes, interface_of
-from pollux_opt.backends.ray.run import _checkpoint_dir
+from pollux_opt.backends.ray.actors import interface_of
+from pollux_opt.backends.ray.backend import RayNodes
+from pollux_opt.backends.ray.backend import _checkpoint_dir
 from pollux_opt.records.events import EventLog, read_events
 from pollux_opt.scheduling.loop import Decision, DecisionStatus
 from pollux_opt.workloads import Workload, WorkloadJob
@@ -147,8 +148,7 @@ def test_a_replicas_commands_reach_the_assignment_of_their_generation_only(monke
     pytest.importorskip("ray", reason="the replica actor reads its node's address with Ray")
     from types import SimpleNamespace
 
-    from pollux_opt.backends.ray import nodes
-    from pollux_opt.backends.ray.actors import ReplicaActor
+    from pollux_opt.backends.ray import actors
     from pollux_opt.runtime import worker
 
     def echo_commands(link, *args) -> None:  # an assignment reporting the commands it reads
@@ -156,9 +156,9 @@ def test_a_replicas_commands_reach_the_assignment_of_their_generation_only(monke
             link.send(link.recv())
 
     monkeypatch.setattr(worker, "worker_setup", lambda interface: (None, None, None))
-    monkeypatch.setattr(nodes, "interface_of", lambda ip: "lo")
+    monkeypatch.setattr(actors, "interface_of", lambda ip: "lo")
     monkeypatch.setattr(worker, "serve_assignment", echo_commands)
-    actor = ReplicaActor()
+    actor = actors.ReplicaActor()
     actor.command(1, ("stop",))  # late: for the generation before
     actor.command(3, ("batch", 8, 0, None))  # early: overtook the serve call of its generation
     actor.command(2, ("stop",))
