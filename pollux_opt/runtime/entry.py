@@ -10,7 +10,7 @@ JobParts`` (one required parameter), or a user's own training loop,
 (:func:`entry_protocol`).  Relative script paths are relative to the import
 directory: a workload file's own directory, or ``--import DIR``.
 
-Trust model: the one of :mod:`pollux_opt.runtime.trust`.
+Trust model: the one of :mod:`pollux_opt.runtime.spec`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from typing import Any, Callable, Mapping
 
 from solvers import InvalidProblem
 
-from pollux_opt.runtime.spec import JobSpec
-from pollux_opt.runtime.trust import declare_builder_modules, import_from, refuse_stdlib
+from pollux_opt.runtime.spec import JobSpec, declare_builder_modules, import_from, refuse_stdlib
 
 __all__ = ["ENTRY_REQUIRED_FIELDS", "LOOP", "BUILDER", "entry_protocol", "entry_spec", "parse_entry"]
 

@@ -22,7 +22,7 @@ from pollux_opt.runtime.lazy_torch import check_torch
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.report import JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec, workdir_path
-from pollux_opt.runtime.trust import check_declared_builder
+from pollux_opt.runtime.spec import check_declared_builder
 
 __all__ = ["STEP_COLUMNS", "WAIT_POLL_S", "ElasticJob"]
 

@@ -1,7 +1,7 @@
 """The registry of job kinds: the built-ins plus any a user registers, by name
 (``ElasticJob("digits-cnn", workdir)``).  Workers never consult it: a
 :class:`JobSpec` names its builder and travels whole.  Registering a job
-declares its builder's module (:mod:`pollux_opt.runtime.trust`).
+declares its builder's module (the trust model of :mod:`pollux_opt.runtime.spec`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from typing import Callable
 
 from solvers import InvalidProblem
 
-from pollux_opt.runtime.spec import JobSpec, resolve_builder
-from pollux_opt.runtime.trust import builder_module, declare_builder_modules
+from pollux_opt.runtime.spec import JobSpec, declare_builder_modules, resolve_builder
 from pollux_opt.runtime.builtin_jobs import BUILTIN_JOBS
 
 __all__ = ["get_job", "job_names", "register_job", "training_job"]
@@ -42,7 +41,7 @@ def _store(spec: JobSpec, replace: bool) -> JobSpec:
         if spec.name in _JOBS and not replace and _JOBS[spec.name] != spec:
             raise InvalidProblem(f"a job named {spec.name!r} is already registered; pass replace=True to replace it")
         _JOBS[spec.name] = spec
-    declare_builder_modules([builder_module(spec.builder)])  # the code that registered it declares its module
+    declare_builder_modules([spec.builder.partition(":")[0]])  # the code that registered it declares its module
     return spec
 
 
