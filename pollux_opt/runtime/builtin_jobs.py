@@ -273,8 +273,6 @@ def build_ratings_mf(ctx: BuildContext) -> JobParts:
                   lambda m: float(torch.sqrt(torch.nn.functional.mse_loss(m(u_va, i_va), r_va))))
 
 
-_MOD = __name__
-
 #: The built-in jobs (registered by ``pollux_opt.runtime.registry``).  Targets
 #: were tuned so that each reaches its target in 20-120 s on one core with the
 #: runtime's co-adaptation (see ``experiments/runtime_measurements.py``);
@@ -282,27 +280,27 @@ _MOD = __name__
 #: keeps validation below about a tenth of the training time.
 BUILTIN_JOBS: tuple[JobSpec, ...] = (
     JobSpec(
-        name="digits-cnn", builder=f"{_MOD}:build_digits_cnn", init_batch_size=32, max_batch_size=512,
+        name="digits-cnn", builder=build_digits_cnn, init_batch_size=32, max_batch_size=512,
         max_local_bsz=256, target=0.98, metric="accuracy", lr_scaling="adascale", eval_every=100,
         description="small CNN on scikit-learn's 8x8 digits; SGD with momentum",
     ),
     JobSpec(
-        name="synth-classify", builder=f"{_MOD}:build_synth_classify", init_batch_size=64, max_batch_size=8192,
+        name="synth-classify", builder=build_synth_classify, init_batch_size=64, max_batch_size=8192,
         max_local_bsz=2048, target=0.745, metric="accuracy", lr_scaling="adascale", eval_every=500,
         description="MLP student of a random teacher with sampled labels; SGD with momentum",
     ),
     JobSpec(
-        name="stdlib-charlm", builder=f"{_MOD}:build_stdlib_charlm", init_batch_size=64, max_batch_size=4096,
+        name="stdlib-charlm", builder=build_stdlib_charlm, init_batch_size=64, max_batch_size=4096,
         max_local_bsz=1024, target=1.60, metric="val_loss_nats", higher_is_better=False, lr_scaling="sqrt",
         eval_every=500, description="MLP next-character model on Python standard-library source; Adam",
     ),
     JobSpec(
-        name="ratings-mf", builder=f"{_MOD}:build_ratings_mf", init_batch_size=256, max_batch_size=4096,
+        name="ratings-mf", builder=build_ratings_mf, init_batch_size=256, max_batch_size=4096,
         max_local_bsz=4096, target=0.535, metric="rmse", higher_is_better=False, lr_scaling="sqrt",
         eval_every=1000, description="biased matrix factorisation on synthetic ratings; Adam",
     ),
     JobSpec(
-        name="synth-regress", builder=f"{_MOD}:build_synth_regress", init_batch_size=32, max_batch_size=2048,
+        name="synth-regress", builder=build_synth_regress, init_batch_size=32, max_batch_size=2048,
         max_local_bsz=1024, target=0.11, metric="mse", higher_is_better=False, lr_scaling="sqrt",
         eval_every=50, description="MLP on noisy nonlinear regression; Adam",
     ),

@@ -57,7 +57,6 @@ class RayWorker:
         self._ray, self.actor, self.node, self._timeout = ray, actor, node, timeout
         self.job_key: str | None = None
         self.exitcode: int | None = None if actor is not None else DEAD_EXIT_CODE
-        self.ray_node: str | None = None
         self._pid: int | None = None if actor is not None else _NO_PID
         self._identity = actor.identity.remote() if actor is not None else None
         self._lifetime = actor.lifetime.remote() if actor is not None else None
@@ -70,7 +69,7 @@ class RayWorker:
         """The actor's process id (waits for the actor to start; -1 where it never did)."""
         if self._pid is None:
             try:
-                self._pid, self.ray_node = self._ray.get(self._identity, timeout=self._timeout)
+                self._pid = self._ray.get(self._identity, timeout=self._timeout)[0]
             except Exception as exc:  # noqa: BLE001 - died starting, or too slow: a lost worker
                 log.warning("a slot actor of node %s did not start: %s", self.node, type(exc).__name__)
                 self._pid = _NO_PID
@@ -185,7 +184,6 @@ class RayWorkerPool(WorkerPool):
         self._actor_class = self._ray.remote(ReplicaActor)
         self._cond = threading.Condition()
         self._idle: dict[str, list[RayWorker]] = {}  # node -> idle slots (started or starting)
-        self._slots: list[RayWorker] = []  # every slot not yet ended
         self._cancelled: set[str] = set()
         self._closed = False
         self._fresh = self._fresh_actor()
@@ -204,7 +202,6 @@ class RayWorkerPool(WorkerPool):
         with self._cond:
             slot = RayWorker(self._ray, actor, node, self._timeout)
             self._idle.setdefault(node, []).append(slot)
-            self._slots = [s for s in self._slots if s.exitcode is None] + [slot]
             self._cond.notify_all()
 
     def _new_actor(self, cpus: int, ray_node: str, soft: bool):
@@ -324,14 +321,6 @@ class RayWorkerPool(WorkerPool):
             w.end()
             if w.actor is not None and self._nodes.alive(w.node):
                 self._start_slot(w.node)
-
-    def ray_node_of(self, pid: int) -> str | None:
-        """The Ray node id the live slot with process id ``pid`` runs on (None: none)."""
-        with self._cond:
-            slots = list(self._slots)
-        # ray_node is known once a slot's pid is (never waits for a starting slot).
-        return next((s.ray_node for s in slots if s.ray_node is not None and s.exitcode is None and s.pid == pid),
-                    None)
 
     def prepare(self, job_key: str, spec_json: str, workdir: str, count: int = 1) -> int:
         """Every slot keeps the parts of the job it last served; none is asked to build ahead."""
