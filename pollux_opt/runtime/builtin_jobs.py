@@ -273,7 +273,7 @@ def build_ratings_mf(ctx: BuildContext) -> JobParts:
                   lambda m: float(torch.sqrt(torch.nn.functional.mse_loss(m(u_va, i_va), r_va))))
 
 
-#: The built-in jobs (registered by ``pollux_opt.runtime.registry``).  Targets
+#: The built-in jobs (registered by ``pollux_opt.runtime.entry``).  Targets
 #: were tuned so that each reaches its target in 20-120 s on one core with the
 #: runtime's co-adaptation (see ``experiments/runtime_measurements.py``);
 #: tests shrink them through ``config`` and easier targets.  ``eval_every``

@@ -64,7 +64,7 @@ class ElasticJob:
         pool: WorkerPool | None = None,
     ) -> None:
         if isinstance(spec, str):
-            from pollux_opt.runtime.registry import get_job
+            from pollux_opt.runtime.entry import get_job
 
             spec = get_job(spec)
         if not isinstance(spec, JobSpec):

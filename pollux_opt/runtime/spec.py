@@ -24,7 +24,7 @@ Python script.  Within that, two rules keep a file from calling an arbitrary fun
 * A builder named by a file (a workload job's ``spec``, a resumed
   ``job.json``) must be of the built-in jobs (:data:`BUILTIN_JOBS_MODULE`) or
   of a module this process's code declared (:func:`check_declared_builder`):
-  one that registered a job (:func:`~pollux_opt.runtime.registry.register_job`,
+  one that registered a job (:func:`~pollux_opt.runtime.entry.register_job`,
   ``@training_job``), passed a builder function object to :class:`JobSpec`, a
   workload lists in ``imports``, a workload's entry names, or one passed to
   :func:`declare_builder_modules`.

@@ -55,7 +55,7 @@ _REQUIRED = _FIELDS[:5]
 
 def builtin_spec(kind: str):
     """The registered :class:`~pollux_opt.runtime.spec.JobSpec` named ``kind``."""
-    from pollux_opt.runtime.registry import get_job
+    from pollux_opt.runtime.entry import get_job
 
     return get_job(kind)
 
