@@ -42,7 +42,6 @@ from solvers import InvalidProblem
 from pollux_opt.backends.local.backend import JOBS_DIR, RealBackend
 from pollux_opt.backends.local.bookkeeping import JobBookkeeping
 from pollux_opt.backends.local.cpus import CpuPinning
-from pollux_opt.backends.local.handle import elastic_factory, elastic_opener
 from pollux_opt.backends.local.rundir import cluster_to_json
 from pollux_opt.backends.local.run import DEFAULT_INTERVAL_S, run_workload
 from pollux_opt.backends.ray.pool import RayWorkerPool
@@ -145,8 +144,6 @@ class RayBackend(RealBackend):
         self._nodes = nodes
         self._workdirs = shared_workdir_root(run_dir, checkpoint_dir)
         kwargs["pin_cpus"] = False
-        kwargs.setdefault("job_factory", elastic_factory)
-        kwargs.setdefault("job_opener", elastic_opener)
         if kwargs.get("pool") is None:
             kwargs["pool"] = RayWorkerPool(nodes)
         super().__init__(run_dir, workload, cluster, events, **kwargs)
