@@ -96,7 +96,7 @@ def loop_main() -> None:
 
 
 def _endless(module: str):
-    from pollux_opt.runtime.trust import import_from
+    from pollux_opt.runtime.spec import import_from
 
     mod = import_from(module, str(EXAMPLES))
     mod.EPOCHS = ENDLESS_EPOCHS

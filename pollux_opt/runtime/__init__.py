@@ -16,10 +16,10 @@ from pollux_opt.lifecycle import JobState
 from pollux_opt.runtime.job import ElasticJob
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.profiling import heldout_error, profile_throughput
-from pollux_opt.runtime.registry import get_job, job_names, register_job, training_job
+from pollux_opt.runtime.entry import get_job, job_names, register_job, training_job
 from pollux_opt.runtime.report import Event, JobReport, Measurements, RuntimeOptions
 from pollux_opt.runtime.spec import LR_SCALING_RULES, BuildContext, JobParts, JobSpec
-from pollux_opt.runtime.trust import declare_builder_modules
+from pollux_opt.runtime.spec import declare_builder_modules
 from pollux_opt.runtime.lazy_torch import TORCH_MISSING
 
 __all__ = [

@@ -41,11 +41,20 @@ STDLIB_TEXT_FILES = (
 )
 
 
-def _split(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Deterministic (train, validation) index arrays."""
-    perm = np.random.default_rng(seed).permutation(n)
-    n_val = int(round(n * val_fraction))
-    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+def _split(cfg, val_fraction: float, seed: int, *data) -> tuple[tuple, tuple]:
+    """``(train, validation)`` rows of each array of ``data``: a deterministic split by
+    ``cfg``'s ``val_fraction`` and ``data_seed`` (defaults ``val_fraction``, ``seed``)."""
+    n = len(data[0])
+    perm = np.random.default_rng(cfg.get("data_seed", seed)).permutation(n)
+    n_val = int(round(n * cfg.get("val_fraction", val_fraction)))
+    train, val = np.sort(perm[n_val:]), np.sort(perm[:n_val])
+    return tuple(d[train] for d in data), tuple(d[val] for d in data)
+
+
+def _parts(model, optimizer, train: tuple, loss, evaluate) -> JobParts:
+    """JobParts whose batch at indices ``idx`` is those rows of each array of ``train``."""
+    return JobParts(model=model, optimizer=optimizer, train_size=len(train[0]),
+                    get_batch=lambda idx: tuple(t[idx] for t in train), loss=loss, evaluate=evaluate)
 
 
 def _accuracy(model, x, y, chunk: int = 4096) -> float:
@@ -55,19 +64,13 @@ def _accuracy(model, x, y, chunk: int = 4096) -> float:
     return correct / x.shape[0]
 
 
-def _sgd_classifier(torch, model, cfg, momentum: float, x_tr, y_tr, x_va, y_va) -> JobParts:
-    """JobParts of a classifier trained by SGD on cross-entropy, scored by accuracy.
-
-    ``momentum`` is the builder's default (``cfg["momentum"]`` overrides it).
-    """
+def _sgd_classifier(torch, model, cfg, momentum: float, train: tuple, val: tuple) -> JobParts:
+    """JobParts of a classifier trained by SGD on cross-entropy, scored by accuracy
+    (``train``, ``val``: features and labels).  ``momentum`` is the builder's
+    default (``cfg["momentum"]`` overrides it)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.get("lr", 0.01), momentum=cfg.get("momentum", momentum))
     loss_fn = torch.nn.CrossEntropyLoss()
-    return JobParts(
-        model=model, optimizer=optimizer, train_size=int(x_tr.shape[0]),
-        get_batch=lambda idx: (x_tr[idx], y_tr[idx]),
-        loss=lambda m, b: loss_fn(m(b[0]), b[1]),
-        evaluate=lambda m: _accuracy(m, x_va, y_va),
-    )
+    return _parts(model, optimizer, train, lambda m, b: loss_fn(m(b[0]), b[1]), lambda m: _accuracy(m, *val))
 
 
 # ----------------------------------------------------------------------- digits
@@ -78,10 +81,8 @@ def build_digits_cnn(ctx: BuildContext) -> JobParts:
 
     cfg = ctx.config
     x_all, y_all = load_digits(return_X_y=True)
-    train, val = _split(len(y_all), cfg.get("val_fraction", 0.2), cfg.get("data_seed", 0))
     x = torch.tensor(x_all / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8)
-    y = torch.tensor(y_all, dtype=torch.int64)
-    x_tr, y_tr, x_va, y_va = x[train], y[train], x[val], y[val]
+    train, val = _split(cfg, 0.2, 0, x, torch.tensor(y_all, dtype=torch.int64))
     c = cfg.get("channels", 32)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(1, c, 3, padding=1), torch.nn.ReLU(),
@@ -89,7 +90,7 @@ def build_digits_cnn(ctx: BuildContext) -> JobParts:
         torch.nn.Flatten(), torch.nn.Linear(2 * c * 16, cfg.get("hidden", 128)), torch.nn.ReLU(),
         torch.nn.Linear(cfg.get("hidden", 128), 10),
     )
-    return _sgd_classifier(torch, model, cfg, 0.5, x_tr, y_tr, x_va, y_va)
+    return _sgd_classifier(torch, model, cfg, 0.5, train, val)
 
 
 # --------------------------------------------------------- synthetic classification
@@ -116,19 +117,17 @@ def build_synth_classify(ctx: BuildContext) -> JobParts:
     torch = require_torch()
     cfg = ctx.config
     x_np, y_np = _teacher_classification(cfg)
-    train, val = _split(len(y_np), cfg.get("val_fraction", 0.05), cfg.get("data_seed", 1))
-    x, y = torch.from_numpy(x_np), torch.from_numpy(y_np.astype(np.int64))
-    x_tr, y_tr, x_va, y_va = x[train], y[train], x[val], y[val]
+    train, val = _split(cfg, 0.05, 1, torch.from_numpy(x_np), torch.from_numpy(y_np.astype(np.int64)))
     # 768 wide: steps of about 5-10 ms, long enough that timing jitter does not
     # swamp the throughput model's fit (at 256 wide, 1-3 ms steps gave held-out
     # errors of 7-20 %), and about a minute to the target on one core.
     width = cfg.get("width", SYNTH_CLASSIFY_WIDTH)
     model = torch.nn.Sequential(
-        torch.nn.Linear(x.shape[1], width), torch.nn.ReLU(),
+        torch.nn.Linear(x_np.shape[1], width), torch.nn.ReLU(),
         torch.nn.Linear(width, width), torch.nn.ReLU(),
         torch.nn.Linear(width, int(y_np.max()) + 1),
     )
-    return _sgd_classifier(torch, model, cfg, 0.9, x_tr, y_tr, x_va, y_va)
+    return _sgd_classifier(torch, model, cfg, 0.9, train, val)
 
 
 # ------------------------------------------------------------ synthetic regression
@@ -148,21 +147,15 @@ def build_synth_regress(ctx: BuildContext) -> JobParts:
     w2 = rng.standard_normal(8)
     noise = cfg.get("noise", 0.3)
     y = (np.sin(cfg.get("frequency", 1.0) * x @ w1) @ w2 + noise * rng.standard_normal(n)).astype(np.float32)
-    train, val = _split(n, cfg.get("val_fraction", 0.2), cfg.get("data_seed", 2))
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    x_tr, y_tr, x_va, y_va = xt[train], yt[train], xt[val], yt[val]
+    train, (x_va, y_va) = _split(cfg, 0.2, 2, torch.from_numpy(x), torch.from_numpy(y))
     width = cfg.get("width", 256)
     model = torch.nn.Sequential(
         torch.nn.Linear(d, width), torch.nn.Tanh(), torch.nn.Linear(width, width), torch.nn.Tanh(),
         torch.nn.Linear(width, 1),
     )
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.get("lr", 2e-3))
-    return JobParts(
-        model=model, optimizer=optimizer, train_size=len(train),
-        get_batch=lambda idx: (x_tr[idx], y_tr[idx]),
-        loss=lambda m, b: torch.nn.functional.mse_loss(m(b[0]).squeeze(1), b[1]),
-        evaluate=lambda m: float(torch.nn.functional.mse_loss(m(x_va).squeeze(1), y_va)),
-    )
+    mse = torch.nn.functional.mse_loss
+    return _parts(model, torch.optim.Adam(model.parameters(), lr=cfg.get("lr", 2e-3)), train,
+                  lambda m, b: mse(m(b[0]).squeeze(1), b[1]), lambda m: float(mse(m(x_va).squeeze(1), y_va)))
 
 
 # -------------------------------------------------------------- character LM
@@ -242,11 +235,10 @@ def build_ratings_mf(ctx: BuildContext) -> JobParts:
     u = rng.integers(0, users, n)
     i = rng.integers(0, items, n)
     r = 3.5 + bu[u] + bi[i] + (pu[u] * qi[i]).sum(1) + cfg.get("noise", 0.5) * rng.standard_normal(n)
-    train, val = _split(n, cfg.get("val_fraction", 0.1), cfg.get("data_seed", 3))
-    ut, it, rt = (torch.from_numpy(a) for a in (u.astype(np.int64), i.astype(np.int64), r.astype(np.float32)))
-    u_tr, i_tr, r_tr, u_va, i_va, r_va = ut[train], it[train], rt[train], ut[val], it[val], rt[val]
+    tensors = (torch.from_numpy(a) for a in (u.astype(np.int64), i.astype(np.int64), r.astype(np.float32)))
+    train, (u_va, i_va, r_va) = _split(cfg, 0.1, 3, *tensors)
     dim = cfg.get("dim", 16)
-    mean = float(r_tr.mean())
+    mean = float(train[2].mean())
 
     class MF(torch.nn.Module):
         def __init__(self) -> None:
@@ -277,43 +269,38 @@ def build_ratings_mf(ctx: BuildContext) -> JobParts:
         reg = (m.user(uu).pow(2).sum(1) + m.item(ii).pow(2).sum(1)).mean()
         return torch.nn.functional.mse_loss(pred, rr) + weight_decay * reg
 
-    return JobParts(
-        model=model, optimizer=optimizer, train_size=len(train),
-        get_batch=lambda idx: (u_tr[idx], i_tr[idx], r_tr[idx]), loss=loss,
-        evaluate=lambda m: float(torch.sqrt(torch.nn.functional.mse_loss(m(u_va, i_va), r_va))),
-    )
+    return _parts(model, optimizer, train, loss,
+                  lambda m: float(torch.sqrt(torch.nn.functional.mse_loss(m(u_va, i_va), r_va))))
 
 
-_MOD = __name__
-
-#: The built-in jobs (registered by ``pollux_opt.runtime.registry``).  Targets
+#: The built-in jobs (registered by ``pollux_opt.runtime.entry``).  Targets
 #: were tuned so that each reaches its target in 20-120 s on one core with the
 #: runtime's co-adaptation (see ``experiments/runtime_measurements.py``);
 #: tests shrink them through ``config`` and easier targets.  ``eval_every``
 #: keeps validation below about a tenth of the training time.
 BUILTIN_JOBS: tuple[JobSpec, ...] = (
     JobSpec(
-        name="digits-cnn", builder=f"{_MOD}:build_digits_cnn", init_batch_size=32, max_batch_size=512,
+        name="digits-cnn", builder=build_digits_cnn, init_batch_size=32, max_batch_size=512,
         max_local_bsz=256, target=0.98, metric="accuracy", lr_scaling="adascale", eval_every=100,
         description="small CNN on scikit-learn's 8x8 digits; SGD with momentum",
     ),
     JobSpec(
-        name="synth-classify", builder=f"{_MOD}:build_synth_classify", init_batch_size=64, max_batch_size=8192,
+        name="synth-classify", builder=build_synth_classify, init_batch_size=64, max_batch_size=8192,
         max_local_bsz=2048, target=0.745, metric="accuracy", lr_scaling="adascale", eval_every=500,
         description="MLP student of a random teacher with sampled labels; SGD with momentum",
     ),
     JobSpec(
-        name="stdlib-charlm", builder=f"{_MOD}:build_stdlib_charlm", init_batch_size=64, max_batch_size=4096,
+        name="stdlib-charlm", builder=build_stdlib_charlm, init_batch_size=64, max_batch_size=4096,
         max_local_bsz=1024, target=1.60, metric="val_loss_nats", higher_is_better=False, lr_scaling="sqrt",
         eval_every=500, description="MLP next-character model on Python standard-library source; Adam",
     ),
     JobSpec(
-        name="ratings-mf", builder=f"{_MOD}:build_ratings_mf", init_batch_size=256, max_batch_size=4096,
+        name="ratings-mf", builder=build_ratings_mf, init_batch_size=256, max_batch_size=4096,
         max_local_bsz=4096, target=0.535, metric="rmse", higher_is_better=False, lr_scaling="sqrt",
         eval_every=1000, description="biased matrix factorisation on synthetic ratings; Adam",
     ),
     JobSpec(
-        name="synth-regress", builder=f"{_MOD}:build_synth_regress", init_batch_size=32, max_batch_size=2048,
+        name="synth-regress", builder=build_synth_regress, init_batch_size=32, max_batch_size=2048,
         max_local_bsz=1024, target=0.11, metric="mse", higher_is_better=False, lr_scaling="sqrt",
         eval_every=50, description="MLP on noisy nonlinear regression; Adam",
     ),

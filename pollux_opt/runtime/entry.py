@@ -1,8 +1,13 @@
-"""User jobs named by an *entry*: a function in a user's script or module,
-imported from a directory the user points to.
+"""Where a job's spec comes from: a job kind registered by name, or a user's entry.
 
-An entry is ``"path/to/script.py:function"`` (the script's directory goes
-first on ``sys.path``, its module is the file's stem) or
+The registry holds the built-in jobs and any a user registers (:func:`register_job`,
+``@training_job``, which declare the builder's module), e.g. for
+``ElasticJob("digits-cnn", workdir)``; workers never consult it (a
+:class:`JobSpec` names its builder and travels whole).
+
+An *entry* is a function in a user's script or module, imported from a
+directory the user points to: ``"path/to/script.py:function"`` (the script's
+directory goes first on ``sys.path``, its module is the file's stem) or
 ``"package.module:function"`` (imported from the import directory).  The
 function is either a builder of the builder protocol, ``build(ctx) ->
 JobParts`` (one required parameter), or a user's own training loop,
@@ -10,22 +15,26 @@ JobParts`` (one required parameter), or a user's own training loop,
 (:func:`entry_protocol`).  Relative script paths are relative to the import
 directory: a workload file's own directory, or ``--import DIR``.
 
-Trust model: the one of :mod:`pollux_opt.runtime.trust`.
+Trust model: the one of :mod:`pollux_opt.runtime.spec`.
 """
 
 from __future__ import annotations
 
 import inspect
 import keyword
+import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from solvers import InvalidProblem
 
-from pollux_opt.runtime.spec import JobSpec
-from pollux_opt.runtime.trust import declare_builder_modules, import_from, stdlib_refusal
+from pollux_opt.runtime.builtin_jobs import BUILTIN_JOBS
+from pollux_opt.runtime.spec import JobSpec, declare_builder_modules, import_from, refuse_stdlib, resolve_builder
 
-__all__ = ["ENTRY_REQUIRED_FIELDS", "LOOP", "BUILDER", "entry_protocol", "entry_spec", "parse_entry"]
+__all__ = [
+    "BUILDER", "ENTRY_REQUIRED_FIELDS", "LOOP", "entry_protocol", "entry_spec", "get_job", "job_names",
+    "parse_entry", "register_job", "training_job",
+]
 
 #: The two protocols of an entry function.
 BUILDER, LOOP = "builder", "loop"
@@ -55,9 +64,7 @@ def parse_entry(entry: Any, import_dir: str | Path, *, where: str = "entry") -> 
     parts = module.split(".")
     if not all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
         raise InvalidProblem(f"{where}: entry {entry!r}: {module!r} is not an importable module name")
-    refusal = stdlib_refusal(f"entry {entry!r}", module)
-    if refusal is not None:
-        raise InvalidProblem(f"{where}: {refusal}")
+    refuse_stdlib(f"entry {entry!r}", module, where)
     return module, func, directory
 
 
@@ -104,3 +111,67 @@ def entry_spec(entry: str, import_dir: str | Path, *, name: str, fields: Mapping
         raise InvalidProblem(f"{where}: a job with an entry needs one of the spec fields {list(_COMPLETION_FIELDS)}")
     declare_builder_modules([module])
     return JobSpec(name=name, builder=f"{module}:{func}", import_dir=directory, **fields)
+
+
+_lock = threading.Lock()
+#: Name -> spec.  A registry (like solvers.SOLVERS), not configuration; guarded by ``_lock``.
+_JOBS: dict[str, JobSpec] = {spec.name: spec for spec in BUILTIN_JOBS}
+
+
+def register_job(spec: JobSpec, *, replace: bool = False) -> JobSpec:
+    """Register ``spec`` under ``spec.name``; returns it.
+
+    Raises:
+        InvalidProblem: the name is taken (unless ``replace``), or the builder cannot be imported.
+    """
+    if not isinstance(spec, JobSpec):
+        raise InvalidProblem(f"spec must be a JobSpec, got {spec!r}")
+    try:
+        resolve_builder(spec.builder)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidProblem(f"builder {spec.builder!r} of job {spec.name!r} cannot be imported: {exc}") from None
+    return _store(spec, replace)
+
+
+def _store(spec: JobSpec, replace: bool) -> JobSpec:
+    with _lock:
+        if spec.name in _JOBS and not replace and _JOBS[spec.name] != spec:
+            raise InvalidProblem(f"a job named {spec.name!r} is already registered; pass replace=True to replace it")
+        _JOBS[spec.name] = spec
+    declare_builder_modules([spec.builder.partition(":")[0]])  # the code that registered it declares its module
+    return spec
+
+
+def training_job(**fields) -> Callable:
+    """Decorator registering a builder function as a job kind.
+
+    Example::
+
+        @training_job(name="my-mlp", init_batch_size=32, max_batch_size=1024, target=0.9)
+        def build(ctx: BuildContext) -> JobParts:
+            ...
+
+    The function must be defined at module top level (workers import it by name).
+    """
+
+    def decorate(fn: Callable) -> Callable:
+        # Not resolved (its module is still being imported); JobSpec checks that ``fn`` is top-level.
+        _store(JobSpec(builder=fn, **fields), replace=True)
+        return fn
+
+    return decorate
+
+
+def get_job(name: str) -> JobSpec:
+    """The registered spec called ``name``; InvalidProblem listing the known names otherwise."""
+    with _lock:
+        try:
+            return _JOBS[name]
+        except KeyError:
+            raise InvalidProblem(f"unknown job {name!r}; registered jobs: {sorted(_JOBS)}") from None
+
+
+def job_names() -> tuple[str, ...]:
+    """Names of all registered jobs, sorted."""
+    with _lock:
+        return tuple(sorted(_JOBS))

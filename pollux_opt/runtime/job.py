@@ -24,9 +24,8 @@ from pollux_opt.runtime.controller import JobController
 from pollux_opt.runtime.lazy_torch import check_torch
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.report import JobReport, RuntimeOptions
-from pollux_opt.runtime.spec import JobSpec, workdir_path
+from pollux_opt.runtime.spec import JobSpec, check_declared_builder, workdir_path
 from pollux_opt.runtime.status import JOB_FILE, read_job, step_log, write_job
-from pollux_opt.runtime.trust import check_declared_builder
 
 __all__ = ["WAIT_POLL_S", "ElasticJob"]
 
@@ -69,7 +68,7 @@ class ElasticJob:
         pool: WorkerPool | None = None,
     ) -> None:
         if isinstance(spec, str):
-            from pollux_opt.runtime.registry import get_job
+            from pollux_opt.runtime.entry import get_job
 
             spec = get_job(spec)
         if not isinstance(spec, JobSpec):

@@ -104,7 +104,7 @@ class WorkerPool:
         max_idle: most idle workers kept; more are shut down on release.
         start_method: multiprocessing start method.  The default,
             "forkserver" where available, forks workers from a server process
-            that has imported torch once (:mod:`~pollux_opt.runtime.forkserver_boot`),
+            that has imported torch once (:mod:`~pollux_opt.runtime.lifeline`),
             so a cold worker costs tens of milliseconds instead of seconds;
             "spawn" starts each interpreter afresh (portable, slower).
 

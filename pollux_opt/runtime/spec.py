@@ -1,17 +1,33 @@
-"""Job specifications: what a training job is, and the protocol to define one.
+"""Job specifications: what a training job is, the protocol to define one, and
+which code a file may make the runtime import and call.
 
 A job is described by a frozen, JSON-serialisable :class:`JobSpec` (batch
 limits, learning-rate rule, validation target) that names a *builder*: an
 importable top-level function ``build(ctx: BuildContext) -> JobParts`` that
 constructs the model, optimizer, data access, loss and validation metric inside
 a worker process.  The runtime owns everything else: sampling, data-parallel
-synchronisation, gradient statistics, learning-rate scaling, checkpoints.
+synchronisation, gradient statistics, learning-rate scaling, checkpoints.  The
+builder is referenced by its import path (``"package.module:function"``)
+because it runs in other processes (the workers, the fresh verification
+process), and because a job must be resumable from its work directory alone.
 
-The builder is referenced by its import path (``"package.module:function"``)
-because it runs in other processes (the spawned workers and the fresh
-verification process), and because a job must be resumable from its work
-directory alone.  Which builders a file may name is the trust model of
-:mod:`pollux_opt.runtime.trust`.
+Trust model.  A builder, or an entry (:mod:`pollux_opt.runtime.entry`), is
+code, so every file that names one is code too: a workload file (a job's
+``spec`` ``builder``, its ``entry``, its ``imports``, imported when it is
+read), a run directory's ``config.json`` and a job's ``job.json``.  Run only
+workloads, and resume only run and work directories, that you would run as a
+Python script.  Within that, two rules keep a file from calling an arbitrary function:
+
+* A module of Python's standard library (its top-level package is in
+  ``sys.stdlib_module_names``: ``builtins``, ``os``, ``subprocess``, ...) is
+  refused everywhere, in every process (:func:`refuse_stdlib`).
+* A builder named by a file (a workload job's ``spec``, a resumed
+  ``job.json``) must be of the built-in jobs (:data:`BUILTIN_JOBS_MODULE`) or
+  of a module this process's code declared (:func:`check_declared_builder`):
+  one that registered a job (:func:`~pollux_opt.runtime.entry.register_job`,
+  ``@training_job``), passed a builder function object to :class:`JobSpec`, a
+  workload lists in ``imports``, a workload's entry names, or one passed to
+  :func:`declare_builder_modules`.
 """
 
 from __future__ import annotations
@@ -21,9 +37,11 @@ import importlib
 import json
 import math
 import re
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from solvers import InvalidProblem
 
@@ -39,9 +57,11 @@ from pollux_opt.model.domains import (
     check_fields,
     domain_field,
 )
-from pollux_opt.runtime.trust import declare_builder_modules, import_from, refuse_stdlib
 
-__all__ = ["LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "resolve_builder"]
+__all__ = [
+    "BUILTIN_JOBS_MODULE", "LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "check_declared_builder",
+    "declare_builder_modules", "import_from", "refuse_stdlib", "resolve_builder",
+]
 
 #: Learning-rate scaling rules a job may declare, as functions of the batch
 #: scale S = M / M0 and the AdaScale gain r (Johnson et al., "AdaScale SGD",
@@ -50,6 +70,89 @@ __all__ = ["LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "resolve_b
 #: optimizers, Krizhevsky 2014 / Hoffer et al. 2017); ``linear``: lr * S
 #: (Goyal et al. 2017); ``none``: lr unchanged.
 LR_SCALING_RULES = ("adascale", "sqrt", "linear", "none")
+
+#: The module of the project's built-in jobs, whose builders any workload may name.
+BUILTIN_JOBS_MODULE = "pollux_opt.runtime.builtin_jobs"
+#: Modules whose builders a file may name (see the module docstring); guarded by ``_lock``.
+_MODULES: set[str] = {BUILTIN_JOBS_MODULE}
+_lock = threading.Lock()
+#: Serialises changes to ``sys.path`` and ``sys.modules`` by :func:`import_from`.
+_import_lock = threading.Lock()
+#: A dotted module name, as a workload's ``imports`` lists them.
+_MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def refuse_stdlib(what: str, module: str, where: str | None = None) -> None:
+    """Raise InvalidProblem refusing ``what`` (``"builder 'os:system'"``, named by
+    ``where``) if ``module``'s top-level package is in ``sys.stdlib_module_names``."""
+    top = module.split(".")[0]
+    if top in sys.stdlib_module_names:
+        raise InvalidProblem(
+            ("" if where is None else f"{where}: ") + f"{what} is refused: module {top!r} is part of Python's "
+            "standard library; a builder must be a function of the built-in jobs or of a module your code or "
+            "workload declares"
+        )
+
+
+def declare_builder_modules(modules: Iterable[str], *, import_them: bool = False) -> None:
+    """Let files name builders of ``modules`` (importing each first if ``import_them``).
+
+    Raises:
+        InvalidProblem: not a module name, a standard-library module, or (with
+            ``import_them``) one that cannot be imported.
+    """
+    if isinstance(modules, str):
+        raise InvalidProblem(f"imports must be a list of module names, got {modules!r}")
+    for name in modules:
+        if not isinstance(name, str) or not _MODULE_RE.fullmatch(name):
+            raise InvalidProblem(f"imports entry must be a dotted module name, got {name!r}")
+        refuse_stdlib(f"imports entry {name!r}", name)
+        if import_them:
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                raise InvalidProblem(f"imports entry {name!r} cannot be imported: {exc}") from None
+        with _lock:
+            _MODULES.add(name)
+
+
+def check_declared_builder(path: Any, *, where: str) -> None:
+    """Refuse ``path`` unless it is a builder of a declared module (see the module docstring).
+
+    Args:
+        path: the builder's import path ``"package.module:function"``.
+        where: what named it, for the message (``"workload job 'a'"``, ``"job.json in '...'"``).
+
+    Raises:
+        InvalidProblem: a standard-library module, or one not declared.
+    """
+    module = path.partition(":")[0] if isinstance(path, str) else None
+    if module is not None:
+        refuse_stdlib(f"builder {path!r}", module, where)
+    with _lock:
+        declared = frozenset(_MODULES)
+    if module not in declared:
+        raise InvalidProblem(
+            f"{where}: builder {path!r} is not from a declared module; list its module in the workload's "
+            f"'imports', or register the job from Python (declared: {sorted(declared)})"
+        )
+
+
+def import_from(module: str, directory: str) -> Any:
+    """Import ``module`` with ``directory`` first on ``sys.path``; a module of that
+    name imported from elsewhere before (another job's ``train.py`` in a warm
+    worker) is imported afresh."""
+    with _import_lock:
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        top = module.split(".")[0]
+        loaded = sys.modules.get(top)
+        origin = getattr(loaded, "__file__", None)
+        if loaded is not None and (origin is None or not Path(origin).resolve().is_relative_to(directory)):
+            for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+                del sys.modules[name]
+        return importlib.import_module(module)
+
 
 _BUILDER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -60,7 +163,8 @@ def _builder_path(builder: str | Callable[..., Any]) -> str:
             raise InvalidProblem(
                 f"builder must be an import path 'package.module:function', got {builder!r}"
             )
-        return refuse_stdlib(builder)
+        refuse_stdlib(f"builder {builder!r}", builder.partition(":")[0])
+        return builder
     if not callable(builder):
         raise InvalidProblem(f"builder must be a callable or an import path, got {builder!r}")
     module = getattr(builder, "__module__", None)
@@ -70,19 +174,21 @@ def _builder_path(builder: str | Callable[..., Any]) -> str:
             "builder must be a top-level function that worker processes can import by name, "
             f"got {builder!r} (qualname {qualname!r})"
         )
-    path = refuse_stdlib(f"{module}:{qualname}")
+    path = f"{module}:{qualname}"
+    refuse_stdlib(f"builder {path!r}", module)
     declare_builder_modules([module])  # a function object this process's code passes is its own code
     return path
 
 
 def resolve_builder(path: str, import_dir: str | None = None) -> Callable[["BuildContext"], "JobParts"]:
     """Import the builder function named by ``"package.module:function"``
-    (from ``import_dir`` first, if given: :func:`~pollux_opt.runtime.trust.import_from`).
+    (from ``import_dir`` first, if given: :func:`import_from`).
 
     Raises:
-        InvalidProblem: a standard-library module (:mod:`pollux_opt.runtime.trust`), or not a callable.
+        InvalidProblem: a standard-library module (see the module docstring), or not a callable.
     """
-    module_name, _, attr = refuse_stdlib(path).partition(":")
+    module_name, _, attr = path.partition(":")
+    refuse_stdlib(f"builder {path!r}", module_name)
     if import_dir is not None:
         obj: Any = import_from(module_name, import_dir)
     else:
@@ -218,8 +324,7 @@ class JobSpec:
     def from_json(cls, text: str) -> "JobSpec":
         """Rebuild a spec from :meth:`to_json` output."""
         data = json.loads(text)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise InvalidProblem(f"unknown JobSpec fields {unknown} in JSON")
         return cls(**data)

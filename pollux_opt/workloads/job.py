@@ -55,7 +55,7 @@ _REQUIRED = _FIELDS[:5]
 
 def builtin_spec(kind: str):
     """The registered :class:`~pollux_opt.runtime.spec.JobSpec` named ``kind``."""
-    from pollux_opt.runtime.registry import get_job
+    from pollux_opt.runtime.entry import get_job
 
     return get_job(kind)
 
@@ -128,7 +128,7 @@ class WorkloadJob:
                 not from a declared module (the trust model of
                 :mod:`pollux_opt.runtime.spec`: the workload's ``imports``).
         """
-        from pollux_opt.runtime.trust import check_declared_builder
+        from pollux_opt.runtime.spec import check_declared_builder
 
         if self.entry is not None:
             from pollux_opt.runtime.entry import entry_spec
@@ -200,7 +200,7 @@ class Workload:
                 raise InvalidProblem(f"workload {self.name!r}: duplicate job id {job.id!r}")
             seen.add(job.id)
         if self.imports:  # last: nothing is imported for a workload refused above
-            from pollux_opt.runtime.trust import declare_builder_modules
+            from pollux_opt.runtime.spec import declare_builder_modules
 
             declare_builder_modules(self.imports, import_them=True)
 

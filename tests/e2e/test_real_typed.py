@@ -52,7 +52,7 @@ def test_half_quota_roughly_doubles_a_real_replicas_measured_step(tmp_path):
 
     from pollux_opt.runtime.job import ElasticJob
     from pollux_opt.runtime.pool import WorkerPool
-    from pollux_opt.runtime.registry import get_job
+    from pollux_opt.runtime.entry import get_job
     from pollux_opt.runtime.report import RuntimeOptions
 
     cluster, quotas = typed_cluster(PRESETS["local-hetero"])

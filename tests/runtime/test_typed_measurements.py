@@ -14,7 +14,7 @@ from pollux_opt.model import BatchLimits, ThroughputParams, step_time, sync_time
 from pollux_opt.model.projection import projection_plan
 from pollux_opt.runtime.allocation import parse_allocation
 from pollux_opt.agent.measurements import ConfigKey, profile_to_json, record_step
-from pollux_opt.runtime.registry import get_job
+from pollux_opt.runtime.entry import get_job
 from pollux_opt.runtime.report import RuntimeOptions
 from pollux_opt.runtime.state import TrainingState
 from pollux_opt.runtime.status import JobStatus

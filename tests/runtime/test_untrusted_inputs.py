@@ -15,8 +15,7 @@ from pollux_opt import InvalidProblem
 from pollux_opt.records.files import safe_name
 from pollux_opt.runtime import ElasticJob, JobSpec, get_job
 from pollux_opt.runtime.checkpoint import load_payload, save_checkpoint
-from pollux_opt.runtime.spec import resolve_builder
-from pollux_opt.runtime.trust import BUILTIN_JOBS_MODULE, declared_builder_modules
+from pollux_opt.runtime.spec import BUILTIN_JOBS_MODULE, check_declared_builder, resolve_builder
 from pollux_opt.workloads import Workload
 from pollux_opt.workloads.load import load_workload
 
@@ -95,7 +94,8 @@ def test_a_workload_may_name_builtin_and_declared_builders_only(tmp_path, monkey
         Workload.from_json(_workload(f"{module}:build")).check()
     try:
         workload = Workload.from_json(_workload(f"{module}:build", imports=[module]))
-        assert module in sys.modules and module in declared_builder_modules()
+        assert module in sys.modules
+        check_declared_builder(f"{module}:build", where="test")  # declared: not refused
         assert workload.jobs[0].job_spec().builder == f"{module}:build"
         assert Workload.from_json(workload.to_json()) == workload  # imports round-trip (a run's config.json)
     finally:
@@ -143,8 +143,10 @@ def test_registering_a_job_declares_its_module(tmp_path, monkeypatch):
     module = _user_module(tmp_path, monkeypatch, "untrusted_inputs_registered_jobs")
     try:
         build = importlib.import_module(module).build
+        with pytest.raises(InvalidProblem, match="is not from a declared module"):
+            check_declared_builder(f"{module}:build", where="test")
         JobSpec(name="registered-x", builder=build, init_batch_size=1, max_batch_size=2, target=1.0)
-        assert module in declared_builder_modules()  # a function object passed by code is code
+        check_declared_builder(f"{module}:build", where="test")  # a function object passed by code is code
     finally:
         sys.modules.pop(module, None)
 

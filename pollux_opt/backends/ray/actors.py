@@ -1,94 +1,58 @@
-"""The Ray actor a replica runs in (:class:`ReplicaActor`), called by method.
+"""The Ray actor a replica runs in (:class:`ReplicaActor`): a runtime worker
+(the same :func:`~pollux_opt.runtime.worker.serve_assignment` and messages)
+whose supervisor calls its methods instead of writing to a pipe.
 
-A replica actor is a runtime worker hosted by Ray (the same assignment code,
-:func:`~pollux_opt.runtime.worker.serve_assignment`, and messages,
-:mod:`~pollux_opt.runtime.protocol`), whose supervisor calls its methods
-instead of writing to a pipe:
-
-* :meth:`~ReplicaActor.serve` runs one assignment and streams its reports
-  (a Ray streaming generator: the supervisor ``ray.wait``\\ s on it);
-* :meth:`~ReplicaActor.command` hands a ``STOP`` or ``BATCH`` to the
-  assignment of its generation (Ray may run a threaded actor's calls out of
-  order: a command carries its generation, so that one for an earlier
-  generation is dropped and one that overtakes its ``serve`` waits for it);
-* :meth:`~ReplicaActor.prepare`, :meth:`~ReplicaActor.host_store` (its job's
-  TCP rendezvous), :meth:`~ReplicaActor.identity`,
-  :meth:`~ReplicaActor.lifetime` (returns only when the actor dies: how an
-  idle actor's death is seen) and :meth:`~ReplicaActor.run_target` (a fresh
-  actor's completion check).
+:meth:`~ReplicaActor.serve` runs one assignment and streams its reports (a Ray
+streaming generator, which the supervisor ``ray.wait``\ s on);
+:meth:`~ReplicaActor.command` hands a ``STOP`` or ``BATCH`` to the assignment
+of its generation (Ray may run a threaded actor's calls out of order: a
+command for an earlier generation is dropped, one that overtakes its ``serve``
+waits for it); :meth:`~ReplicaActor.lifetime` returns only when the actor
+dies, which is how an idle actor's death is seen.
 """
 
 from __future__ import annotations
 
-import logging
+import fcntl
 import os
 import pickle
 import queue
+import socket
+import struct
 import threading
 
-__all__ = ["ACTOR_SLOTS", "ERROR_EXIT_CODE", "Inbox", "ReplicaActor"]
-
-log = logging.getLogger(__name__)
+__all__ = ["ACTOR_SLOTS", "ERROR_EXIT_CODE", "Link", "ReplicaActor", "interface_of"]
 
 #: ``exitcode`` of an actor call that raised.
 ERROR_EXIT_CODE = 1
 #: Methods a replica actor runs at a time (``max_concurrency``): ``lifetime``,
-#: ``serve``, a command, hosting a rendezvous store, and ``identity`` or ``prepare``.
+#: ``serve``, a command, hosting a rendezvous store, and ``identity`` or ``run_target``.
 ACTOR_SLOTS = 5
+#: Linux ioctl that reads an interface's IPv4 address (``<linux/sockios.h>``).
+_SIOCGIFADDR = 0x8915
 
 
-class Inbox:
-    """The commands for an actor's assignments, by generation (thread-safe)."""
+class Link:
+    """An assignment's end inside the actor, as :func:`~pollux_opt.runtime.worker.serve_assignment`
+    needs one: the worker side reads commands with ``poll``/``recv`` and reports with
+    ``send``, as over a pipe, so Ray's method calls are bridged by two queues here."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._items: list[tuple[int, tuple]] = []
-
-    def put(self, generation: int, message: tuple) -> None:
-        with self._lock:
-            self._items.append((generation, message))
-
-    def take(self, generation: int) -> tuple | None:
-        """The next command of ``generation`` (those of earlier ones are dropped), or None."""
-        with self._lock:
-            self._items = [(g, m) for g, m in self._items if g >= generation]
-            for i, (g, m) in enumerate(self._items):
-                if g == generation:
-                    del self._items[i]
-                    return m
-        return None
-
-
-class _Link:
-    """An assignment's connection inside the actor: the worker side's
-    ``send``, ``poll`` and ``recv``; its reports come out of :meth:`reports`."""
-
-    def __init__(self, inbox: Inbox, generation: int) -> None:
-        self._inbox, self._generation = inbox, generation
-        self._reports: queue.SimpleQueue = queue.SimpleQueue()
-        self._next: tuple | None = None
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.reports: queue.SimpleQueue = queue.SimpleQueue()
 
     def send(self, message: tuple) -> None:
         # Pickled now: a report is a copy taken when it is sent, as through a pipe.
-        self._reports.put(pickle.dumps(message))
+        self.reports.put(pickle.dumps(message))
 
     def poll(self) -> bool:
-        if self._next is None:
-            self._next = self._inbox.take(self._generation)
-        return self._next is not None
+        return not self.commands.empty()
 
     def recv(self) -> tuple:
-        if not self.poll():
-            raise EOFError("no command")
-        message, self._next = self._next, None
-        return message
-
-    def close(self) -> None:
-        self._reports.put(None)
-
-    def reports(self):
-        while (raw := self._reports.get()) is not None:
-            yield pickle.loads(raw)
+        try:
+            return self.commands.get_nowait()
+        except queue.Empty:
+            raise EOFError("no command") from None
 
 
 class ReplicaActor:
@@ -97,14 +61,15 @@ class ReplicaActor:
     def __init__(self) -> None:
         import ray
 
-        from pollux_opt.backends.ray.nodes import interface_of
         from pollux_opt.runtime.worker import PartsCache, worker_setup
 
         # torch imported here, once: two methods importing it at the same time abort the process.
         self._torch, self._dist, self._all_cpus = worker_setup(interface_of(ray.util.get_node_ip_address()))
         self._cache = PartsCache()
-        self._busy = threading.Lock()  # one assignment or preparation at a time (they share the cache)
-        self._inbox = Inbox()
+        self._busy = threading.Lock()  # one assignment at a time (they share the cache)
+        self._lock = threading.Lock()  # guards the links and the newest generation served
+        self._links: dict[int, Link] = {}
+        self._served = -1
         self._stores: dict = {}
 
     def identity(self) -> tuple[int, str]:
@@ -119,11 +84,15 @@ class ReplicaActor:
 
     def serve(self, a):
         """Run the assignment ``a``, yielding its reports; the last is ``PAUSED`` or ``ERROR``."""
-        link = _Link(self._inbox, a.generation)
+        with self._lock:
+            self._served = a.generation
+            self._links = {g: link for g, link in self._links.items() if g >= a.generation}
+            link = self._links.setdefault(a.generation, Link())
         threading.Thread(target=self._serve, args=(link, a), name=f"pollux-gen-{a.generation}", daemon=True).start()
-        yield from link.reports()
+        while (raw := link.reports.get()) is not None:
+            yield pickle.loads(raw)
 
-    def _serve(self, link: _Link, a) -> None:
+    def _serve(self, link: Link, a) -> None:
         from pollux_opt.runtime.protocol import ERROR, send
         from pollux_opt.runtime.worker import error_report, serve_assignment
 
@@ -133,18 +102,13 @@ class ReplicaActor:
         except BaseException as exc:  # noqa: BLE001 - reported; the supervisor then ends this actor
             send(link, ERROR, error_report(a, exc))
         finally:
-            link.close()
+            link.reports.put(None)
 
     def command(self, generation: int, message: tuple) -> None:
         """A command for the assignment of ``generation`` (see the module docstring)."""
-        self._inbox.put(generation, message)
-
-    def prepare(self, job_id: str, spec_json: str, workdir: str) -> None:
-        """Build a job's parts ahead of an assignment."""
-        from pollux_opt.runtime.worker import prepare_parts
-
-        with self._busy:
-            prepare_parts(self._cache, job_id, spec_json, workdir, self._torch)
+        with self._lock:
+            if generation >= self._served:
+                self._links.setdefault(generation, Link()).commands.put(message)
 
     def host_store(self, generation: int) -> tuple[str, int]:
         """Host a new TCPStore (the rendezvous of ``generation``) on this node's IP;
@@ -163,3 +127,17 @@ class ReplicaActor:
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else ERROR_EXIT_CODE
         return 0
+
+
+def interface_of(ip: str) -> str:
+    """The name of this machine's network interface with IPv4 address ``ip``
+    (what gloo binds to: ``GLOO_SOCKET_IFNAME``); ValueError naming ``ip`` if none has it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address on this interface
+            if socket.inet_ntoa(packed[20:24]) == ip:
+                return name
+    raise ValueError(f"no network interface of this machine has the address ip={ip!r}")

@@ -1,55 +1,118 @@
-"""The Ray backend: a workload's real jobs on the nodes of a Ray cluster (:class:`RayBackend`).
+"""The Ray backend: a workload's real jobs on the nodes of a Ray cluster
+(:func:`run_ray_workload`, :class:`RayBackend`; the guarantees are in docs/ray.md).
 
-It is the real backend (:class:`~pollux_opt.backends.local.backend.RealBackend`:
-the same polling, bookkeeping, event log, batch handling and resume) over the
+A run is the local backend's :func:`~pollux_opt.backends.local.run.run_workload`
+(run directory, lock, stop signals, resume, summary) with :class:`RayBackend`,
+the real backend (:class:`~pollux_opt.backends.local.backend.RealBackend`: the
+same polling, bookkeeping, event log, batch handling and resume) over the
 runtime's own elastic jobs, whose workers are Ray actors
 (:class:`~pollux_opt.backends.ray.pool.RayWorkerPool`).  What differs:
 
 **The cluster is Ray's.**  Every poll re-reads Ray's alive nodes with CPUs
-(:class:`~pollux_opt.backends.ray.nodes.RayNodes`); the scheduler loop asks
-:meth:`RayBackend.current_cluster` each round, so a node that joins is used from
-the next round.  A change is logged as a ``nodes`` event.  A job holding
-replicas on a node that left is restarted elsewhere: its supervisor (which has
-by then seen its workers there die, and had the survivors checkpoint) is
-ended, the job is re-opened from its work directory as after a scheduler
-restart, a ``restart_after_fault`` event with an empty placement is logged, and
-the next round places it on the remaining capacity, from its newest good
-checkpoint.
+(:class:`RayNodes`; a scheduler node id is ``ray-`` and the first
+:data:`NODE_ID_CHARS` hex digits of the Ray node id, a node that rejoins is a
+new node; nodes without CPUs are left out), so a node that joins is used from
+the next round (a ``nodes`` event).  A job holding replicas on a
+node that left is re-opened from its work directory, holding nothing (a
+``restart_after_fault`` event), and the next round places it elsewhere.
 
-**Work directories** (checkpoints, logs, the job's journal) are written by
-the actors and read by the scheduler, so they must be one directory every
-node sees at the same path: ``checkpoint_dir`` (a shared file system; default
-the run directory, right where every node runs on this machine, as in a local
-Ray instance).  Checkpoints are files, not Ray objects: the runtime's atomic
-writes, SHA-256 checks and fallback to the previous good checkpoint apply
-unchanged, and they survive the scheduler and the Ray cluster.
+**Work directories** are written by the actors and read by the scheduler: one
+directory every node sees at the same path, ``checkpoint_dir`` (default the
+run directory), recorded in ``run_dir/ray.json`` so that a resumed run finds
+them.  Checkpoints are files, not Ray objects, so the runtime's atomic writes
+and checks apply unchanged.
 
-**No CPU pinning**: Ray accounts one CPU per replica actor; each runs one thread.
+**The scheduler is the Ray driver**: its replica actors end with it.  No CPU
+pinning: Ray accounts one CPU per replica actor, each running one thread.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
+
+from solvers import InvalidProblem
 
 from pollux_opt.backends.local.backend import JOBS_DIR, RealBackend
-from pollux_opt.backends.local.handle import JobBookkeeping, elastic_factory, elastic_opener
+from pollux_opt.backends.local.handle import JobBookkeeping
 from pollux_opt.backends.local.nodes import CpuPinning
-from pollux_opt.backends.ray.nodes import RayNodes
-from pollux_opt.backends.ray.pool import RayWorkerPool
 from pollux_opt.backends.local.rundir import cluster_to_json
-from pollux_opt.model import Cluster
-from pollux_opt.records.files import safe_name
+from pollux_opt.backends.local.run import DEFAULT_INTERVAL_S, run_workload
+from pollux_opt.backends.ray.pool import RayWorkerPool
+from pollux_opt.extras import require
+from pollux_opt.model import Cluster, Node
+from pollux_opt.records.files import atomic_write_json, safe_name
+from pollux_opt.workloads.job import Workload
 
-__all__ = ["RayBackend", "shared_workdir_root"]
+__all__ = [
+    "NODE_ID_CHARS", "RAY_CONFIG_FILE", "RAY_MISSING", "NodeInfo", "RayBackend", "RayNodes", "connect",
+    "run_ray_workload", "shared_workdir_root",
+]
 
 log = logging.getLogger(__name__)
 
+#: The Ray run's own settings in its run directory.
+RAY_CONFIG_FILE = "ray.json"
+#: What to do where Ray is not installed.
+RAY_MISSING = "the Ray backend needs Ray: pip install 'pollux-opt[ray]'"
 #: Hex digits of the run directory's hash that name its folder under a shared checkpoint directory.
 _RUN_KEY_CHARS = 16
+#: Hex digits of a Ray node id kept in the scheduler's node id (48 bits: no
+#: collision in any realistic cluster, and short in the event log).
+NODE_ID_CHARS = 12
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One alive Ray node with CPUs: scheduler id, Ray's node id (hex), CPUs."""
+
+    id: str
+    ray_id: str
+    cpus: int
+
+
+class RayNodes:
+    """The scheduler's view of the Ray cluster (refreshed by :meth:`refresh`; thread-safe reads).
+
+    Args:
+        ray: the ``ray`` module, connected (``ray.init`` done).
+    """
+
+    def __init__(self, ray) -> None:
+        self.ray = ray
+        self._nodes: dict[str, NodeInfo] = {}
+        self.refresh()
+
+    def refresh(self) -> Cluster | None:
+        """Re-read Ray's nodes; the new cluster (None where there is no node with CPUs)."""
+        infos = []
+        for n in self.ray.nodes():
+            cpus = int(n.get("Resources", {}).get("CPU", 0))
+            if n.get("Alive") and cpus > 0:
+                infos.append(NodeInfo(f"ray-{n['NodeID'][:NODE_ID_CHARS]}", n["NodeID"], cpus))
+        self._nodes = {i.id: i for i in sorted(infos, key=lambda i: i.id)}
+        return self.cluster()
+
+    def cluster(self) -> Cluster | None:
+        nodes = list(self._nodes.values())
+        return Cluster(tuple(Node(i.id, i.cpus) for i in nodes)) if nodes else None
+
+    def get(self, node_id: str) -> NodeInfo | None:
+        """The alive node ``node_id`` as last read (None: unknown or gone)."""
+        return self._nodes.get(node_id)
+
+    def alive(self, node_id: str) -> bool:
+        """Whether ``node_id`` is alive now (asks Ray: a node that left since the last refresh is not)."""
+        info = self._nodes.get(node_id)
+        if info is None:
+            return False
+        return any(n["NodeID"] == info.ray_id and n.get("Alive") for n in self.ray.nodes())
 
 
 def shared_workdir_root(run_dir: str | os.PathLike, checkpoint_dir: str | os.PathLike | None) -> Path:
@@ -81,8 +144,6 @@ class RayBackend(RealBackend):
         self._nodes = nodes
         self._workdirs = shared_workdir_root(run_dir, checkpoint_dir)
         kwargs["pin_cpus"] = False
-        kwargs.setdefault("job_factory", elastic_factory)
-        kwargs.setdefault("job_opener", elastic_opener)
         if kwargs.get("pool") is None:
             kwargs["pool"] = RayWorkerPool(nodes)
         super().__init__(run_dir, workload, cluster, events, **kwargs)
@@ -141,3 +202,103 @@ class RayBackend(RealBackend):
         job.change_t, job.report_t = now, math.nan
         self._emit("restart_after_fault", now, job.id, placement={},
                    reason=f"node(s) {', '.join(lost)} left the Ray cluster")
+
+
+def connect(address: str | None):
+    """The ``ray`` module, connected to ``address`` (a running cluster, e.g.
+    ``HOST:6379`` or ``auto``), or to a new local Ray instance if None; returns
+    ``(ray, started)``, ``started`` true where this call connected (its caller
+    disconnects).  Already connected: that connection is used.
+
+    Raises:
+        InvalidProblem: no cluster could be joined at ``address``, with the likely
+            cause: its token authentication refused this machine, or no head answered.
+    """
+    ray = require("ray", RAY_MISSING)
+    if ray.is_initialized():
+        return ray, False
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    except ConnectionError as exc:
+        # Ray raises a traceback whose cause, where there is one, says why; a user
+        # needs one line naming the address and what to set (see docs/ray.md).
+        if _refused_token(exc, ray.exceptions.AuthenticationError):
+            why = ("its token authentication refused this machine: set RAY_AUTH_MODE=token here as on "
+                   "its nodes, with the cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN)")
+        else:
+            why = ("no Ray head answered: is it started (ray start --head) and reachable from here? "
+                   "A cluster with token authentication also needs RAY_AUTH_MODE=token here")
+        raise InvalidProblem(f"could not connect to the Ray cluster at address={address!r}: {why}") from None
+    return ray, True
+
+
+def _refused_token(exc: BaseException, auth_error: type) -> bool:
+    """Whether ``exc`` was raised from Ray's ``auth_error`` (an exception of that
+    type, or one carrying its traceback as text, as Ray's GCS client does)."""
+    while exc is not None:
+        if isinstance(exc, auth_error) or auth_error.__name__ in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _checkpoint_dir(run_dir: Path, checkpoint_dir: str | os.PathLike | None) -> str | None:
+    """The run's checkpoint directory: the one recorded in ``ray.json`` (which a
+    different ``checkpoint_dir`` may not contradict), else ``checkpoint_dir`` (recorded)."""
+    path = run_dir / RAY_CONFIG_FILE
+    given = None if checkpoint_dir is None else str(Path(checkpoint_dir).resolve())
+    if path.exists():
+        stored = json.loads(path.read_text()).get("checkpoint_dir")
+        if given is not None and given != stored:
+            raise InvalidProblem(f"run directory {str(run_dir)!r} keeps its checkpoints in {stored!r}, "
+                                 f"not checkpoint_dir={given!r}")
+        return stored
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"checkpoint_dir": given})
+    return given
+
+
+def run_ray_workload(
+    run_dir: str | os.PathLike,
+    workload: Workload | None = None,
+    policy: str | None = None,
+    *,
+    address: str | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    interval: float = DEFAULT_INTERVAL_S,
+    runtime_options: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    backend_kwargs: Mapping[str, Any] | None = None,
+    repair: bool = False,
+) -> dict:
+    """Run (or resume) one policy on one workload on a Ray cluster; return the summary.
+
+    Args:
+        run_dir, workload, policy, interval, runtime_options, progress, repair:
+            as for :func:`~pollux_opt.backends.local.run.run_workload`.
+        address: the Ray cluster (None: start a local Ray instance for the run).
+        checkpoint_dir: a directory every Ray node sees at the same path (a
+            shared file system), for the jobs' work directories; None: the run
+            directory (enough where every node runs on this machine).
+        backend_kwargs: extra keyword arguments of :class:`RayBackend` (tests).
+
+    Raises:
+        InvalidProblem: as :func:`run_workload`; also a Ray cluster without CPUs,
+            or a ``checkpoint_dir`` other than the resumed run's.
+        ImportError: Ray is not installed.
+    """
+    run_dir = Path(run_dir)
+    ckpt = _checkpoint_dir(run_dir, checkpoint_dir)
+    ray, started = connect(address)
+    try:
+        nodes = RayNodes(ray)
+        cluster = nodes.cluster()
+        if cluster is None:
+            raise InvalidProblem(f"the Ray cluster at address={address!r} has no node with CPUs")
+        kwargs = {"nodes": nodes, "checkpoint_dir": ckpt, **dict(backend_kwargs or {})}
+        return run_workload(run_dir, workload, policy, cluster=cluster, interval=interval, pin_cpus=False,
+                            runtime_options=runtime_options, progress=progress, backend_kwargs=kwargs,
+                            repair=repair, backend_class=RayBackend)
+    finally:
+        if started:
+            ray.shutdown()

@@ -2,28 +2,16 @@
 each a :class:`~pollux_opt.runtime.pool.Worker` of its job's supervisor (:class:`RayWorker`).
 
 The pool has the local pool's interface, so that a Ray job is the runtime's own
-:class:`~pollux_opt.runtime.job.ElasticJob` (supervision, checkpoints,
-measurements, faults, fresh-process verification) with Ray doing placement,
-process start, messages and failure detection.
-
-**Slots.**  Each CPU of each node the run uses is one long-lived
-:class:`~pollux_opt.backends.ray.actors.ReplicaActor` holding one Ray CPU,
-pinned to its node (hard ``NodeAffinitySchedulingStrategy``), started as the
-node is seen (:meth:`RayWorkerPool.add_node`) and kept warm (process, torch,
-the parts of the job it last served) for the whole run.  A job's next
-generation keeps its live replicas on the nodes its placement still uses, then
-takes idle slots there (warm for the job first), waiting for one to be
-released; a discarded (faulty) replica is ended and its slot started anew.
-
-**Messages** are method calls: a ``RUN`` calls ``serve``, whose streamed
-reports the supervisor waits for with ``ray.wait`` (:meth:`RayWorkerPool.receive`);
-other commands call ``command`` or ``prepare``.  A replica whose actor died
-(killed, its node gone) is a lost worker; one that reported an error is
-ended, as a local worker exits after its error report.  Rank 0's actor hosts
-its generation's TCPStore; gloo binds to the interface of the node's IP.  The
-completion check runs in a fresh zero-CPU actor on the scheduler's node,
-started ahead (:meth:`RayWorkerPool.start_process`).  Actors are owned by the
-scheduler (the Ray driver): they end with it.
+:class:`~pollux_opt.runtime.job.ElasticJob` with Ray doing placement, process
+start, messages and failure detection (docs/ray.md, "How jobs run on Ray").
+Each CPU of each node is one slot: a long-lived
+:class:`~pollux_opt.backends.ray.actors.ReplicaActor` pinned to its node,
+started as the node is seen (:meth:`RayWorkerPool.add_node`) and kept warm.  A
+job's next generation keeps its live replicas on the nodes its placement still
+uses, then takes idle slots there (warm for the job first), waiting for one to
+be released; a discarded replica is ended and its slot started anew.  A
+replica whose actor died is a lost worker; one that reported an error is
+ended, as a local worker exits after its error report.
 """
 
 from __future__ import annotations
@@ -32,11 +20,9 @@ import logging
 import threading
 import time
 
-from pollux_opt.backends.ray._ray import require_ray
 from pollux_opt.backends.ray.actors import ACTOR_SLOTS, ERROR_EXIT_CODE, ReplicaActor
-from pollux_opt.backends.ray.nodes import RayNodes
 from pollux_opt.runtime.pool import WorkerPool
-from pollux_opt.runtime.protocol import ERROR, EXIT, PREPARE, RUN, TCP_STORE_PREFIX
+from pollux_opt.runtime.protocol import ERROR, RUN, TCP_STORE_PREFIX
 
 __all__ = ["CONNECT_TIMEOUT_S", "ActorCall", "RayWorker", "RayWorkerPool"]
 
@@ -71,7 +57,6 @@ class RayWorker:
         self._ray, self.actor, self.node, self._timeout = ray, actor, node, timeout
         self.job_key: str | None = None
         self.exitcode: int | None = None if actor is not None else DEAD_EXIT_CODE
-        self.ray_node: str | None = None
         self._pid: int | None = None if actor is not None else _NO_PID
         self._identity = actor.identity.remote() if actor is not None else None
         self._lifetime = actor.lifetime.remote() if actor is not None else None
@@ -84,7 +69,7 @@ class RayWorker:
         """The actor's process id (waits for the actor to start; -1 where it never did)."""
         if self._pid is None:
             try:
-                self._pid, self.ray_node = self._ray.get(self._identity, timeout=self._timeout)
+                self._pid = self._ray.get(self._identity, timeout=self._timeout)[0]
             except Exception as exc:  # noqa: BLE001 - died starting, or too slow: a lost worker
                 log.warning("a slot actor of node %s did not start: %s", self.node, type(exc).__name__)
                 self._pid = _NO_PID
@@ -105,14 +90,9 @@ class RayWorker:
     def send(self, *message) -> bool:
         if not self.alive():
             return False
-        kind = message[0]
-        if kind == RUN:
+        if message[0] == RUN:
             self._generation = message[1].generation
             self.stream = self.actor.serve.options(num_returns="streaming").remote(message[1])
-        elif kind == PREPARE:
-            self.actor.prepare.remote(*message[1:])
-        elif kind == EXIT:
-            self.end(0)
         else:
             self.actor.command.remote(self._generation, message)
         return True
@@ -193,22 +173,19 @@ class RayWorkerPool(WorkerPool):
     pool's process machinery (start method, fork server, spares) does not apply.
 
     Args:
-        nodes: the run's view of the Ray cluster (scheduler node id -> Ray node).
+        nodes: the run's :class:`~pollux_opt.backends.ray.backend.RayNodes` (scheduler node id -> Ray node).
         connect_timeout_s: see :data:`CONNECT_TIMEOUT_S`.
     """
 
-    def __init__(self, nodes: RayNodes, *, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-        self._ray = ray = require_ray()
+    def __init__(self, nodes, *, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        self._ray = nodes.ray
         self._nodes = nodes
         self._timeout = float(connect_timeout_s)
-        self._actor_class = ray.remote(ReplicaActor)
+        self._actor_class = self._ray.remote(ReplicaActor)
         self._cond = threading.Condition()
         self._idle: dict[str, list[RayWorker]] = {}  # node -> idle slots (started or starting)
-        self._slots: list[RayWorker] = []  # every slot not yet ended
         self._cancelled: set[str] = set()
         self._closed = False
-        self._spawned = 0
-        self.spares = self.max_idle = 0
         self._fresh = self._fresh_actor()
 
     # ------------------------------------------------------------ the slots
@@ -218,21 +195,24 @@ class RayWorkerPool(WorkerPool):
             self._start_slot(node)
 
     def _start_slot(self, node: str) -> None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         info = self._nodes.get(node)
         if info is None or self._closed:
             return
-        actor = self._actor_class.options(
-            num_cpus=1, max_concurrency=ACTOR_SLOTS,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(info.ray_id, soft=False),
-        ).remote()
+        actor = self._new_actor(1, info.ray_id, soft=False)
         with self._cond:
             slot = RayWorker(self._ray, actor, node, self._timeout)
             self._idle.setdefault(node, []).append(slot)
-            self._slots = [s for s in self._slots if s.exitcode is None] + [slot]
-            self._spawned += 1
             self._cond.notify_all()
+
+    def _new_actor(self, cpus: int, ray_node: str, soft: bool):
+        """A new replica actor holding ``cpus`` Ray CPUs on the Ray node ``ray_node``
+        (``soft``: elsewhere where that node cannot take it)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return self._actor_class.options(
+            num_cpus=cpus, max_concurrency=ACTOR_SLOTS,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=soft),
+        ).remote()
 
     def _take(self, node: str, job_key: str | None) -> RayWorker:
         """An idle slot of ``node`` that is up (one warm for ``job_key`` first),
@@ -342,17 +322,6 @@ class RayWorkerPool(WorkerPool):
             if w.actor is not None and self._nodes.alive(w.node):
                 self._start_slot(w.node)
 
-    def ray_node_of(self, pid: int) -> str | None:
-        """The Ray node id the live slot with process id ``pid`` runs on (None: none)."""
-        with self._cond:
-            slots = list(self._slots)
-        # ray_node is known once a slot's pid is (never waits for a starting slot).
-        return next((s.ray_node for s in slots if s.ray_node is not None and s.exitcode is None and s.pid == pid),
-                    None)
-
-    def warm(self, count: int | None = None) -> None:
-        """Slots are started per node (:meth:`add_node`)."""
-
     def prepare(self, job_key: str, spec_json: str, workdir: str, count: int = 1) -> int:
         """Every slot keeps the parts of the job it last served; none is asked to build ahead."""
         return 0
@@ -370,13 +339,8 @@ class RayWorkerPool(WorkerPool):
 
     def _fresh_actor(self) -> RayWorker:
         """A new zero-CPU actor on the scheduler's node, where it can (for :meth:`start_process`)."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         here = self._ray.get_runtime_context().get_node_id()
-        self._spawned += 1
-        return RayWorker(self._ray, self._actor_class.options(
-            num_cpus=0, max_concurrency=ACTOR_SLOTS,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote(), "", self._timeout)
+        return RayWorker(self._ray, self._new_actor(0, here, soft=True), "", self._timeout)
 
     @property
     def idle_count(self) -> int:

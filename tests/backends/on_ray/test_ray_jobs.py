@@ -29,7 +29,7 @@ JOB_TIMEOUT_S = 300.0
 
 @pytest.fixture
 def pool_and_nodes(two_nodes):
-    from pollux_opt.backends.ray.nodes import RayNodes
+    from pollux_opt.backends.ray.backend import RayNodes
     from pollux_opt.backends.ray.pool import RayWorkerPool
 
     _, ray = two_nodes
@@ -39,6 +39,19 @@ def pool_and_nodes(two_nodes):
         pool.add_node(node.id, node.cpus)
     yield pool, [n.id for n in nodes.cluster().nodes], nodes
     pool.close()
+
+
+def _ray_nodes_of(pool, ray) -> dict[int, str]:
+    """Process id -> Ray node id of the replicas ``pool`` hands out from now on (a spy on its regroup)."""
+    regroup, seen = pool.regroup, {}
+
+    def spy(*args, **kwargs):
+        out = regroup(*args, **kwargs)
+        seen.update(ray.get(w.actor.identity.remote()) for w in out if w.actor is not None)
+        return out
+
+    pool.regroup = spy
+    return seen
 
 
 @contextlib.contextmanager
@@ -70,10 +83,11 @@ def _wait_step(job, step: int, timeout: float = JOB_TIMEOUT_S):
 def test_a_job_on_two_nodes_all_reduces_across_them_and_completes_verified(pool_and_nodes, tmp_path):
     pool, (a, b), nodes = pool_and_nodes
     with _job(TINY, tmp_path, pool) as job:
+        ray_nodes = _ray_nodes_of(pool, nodes.ray)
         job.start({a: 1, b: 1})
         r = _wait_step(job, 5)
         assert r.state is JobState.RUNNING, r.error
-        assert [pool.ray_node_of(p) for p in r.worker_pids] == [nodes.get(a).ray_id, nodes.get(b).ray_id]
+        assert [ray_nodes[p] for p in r.worker_pids] == [nodes.get(a).ray_id, nodes.get(b).ray_id]
         r = job.wait(timeout=JOB_TIMEOUT_S)
     assert r.state is JobState.SUCCEEDED, r.error
     m = r.measurements

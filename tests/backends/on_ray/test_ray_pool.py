@@ -41,7 +41,7 @@ def _bad_run(tmp_path) -> Assignment:
 
 
 def test_slots_are_called_by_method_and_an_erring_or_killed_slot_is_a_lost_worker(two_nodes, tmp_path):
-    from pollux_opt.backends.ray.nodes import RayNodes
+    from pollux_opt.backends.ray.backend import RayNodes
     from pollux_opt.backends.ray.pool import RayWorkerPool
 
     _, ray = two_nodes
@@ -56,7 +56,7 @@ def test_slots_are_called_by_method_and_an_erring_or_killed_slot_is_a_lost_worke
         wa, wb = pool.regroup([], both, job_key="j")
         assert pool.idle_count == 0
         for w, node in ((wa, a), (wb, b)):
-            assert w.pid > 0 and w.alive() and pool.ray_node_of(w.pid) == nodes.get(node).ray_id
+            assert w.pid > 0 and w.alive() and ray.get(w.actor.identity.remote()) == (w.pid, nodes.get(node).ray_id)
         assert _listening_ports() <= before  # no listener of the pool's own
 
         assert wb.send(RUN, _bad_run(tmp_path))

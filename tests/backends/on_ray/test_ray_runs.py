@@ -62,7 +62,7 @@ def _ray_node(cluster, ray_nodes, node_id: str):
 
 
 def test_a_node_removed_mid_run_restarts_its_job_elsewhere_and_it_completes(two_nodes, tmp_path):
-    from pollux_opt.backends.ray.nodes import RayNodes
+    from pollux_opt.backends.ray.backend import RayNodes
 
     cluster, ray = two_nodes
     nodes = RayNodes(ray)
@@ -108,9 +108,9 @@ def test_a_node_added_mid_run_gets_used(two_nodes, tmp_path):
     (joined,) = [e for e in log if e["type"] == "nodes" and e["joined"] and not e["left"]][1:]
     (new_node,) = joined["joined"]
     assert new_node == f"ray-{added[0].node_id[:12]}"
-    third = [e for e in log if e["type"] == "start"][2]
-    first_end = min(e["t"] for e in log if e["type"] == "complete")
-    assert third["placement"] == {new_node: 1} and third["t"] < first_end  # the new node, before a job ended
+    # Placed on before a job ended (which job goes there depends on how the random node ids sort).
+    used = [e for e in log if e["type"] in ("start", "rescale_begin") and new_node in e["placement"]]
+    assert used and used[0]["t"] < min(e["t"] for e in log if e["type"] == "complete")
 
 
 def test_mixed_quick_under_pollux_on_two_nodes_completes_every_job_verified(two_nodes, tmp_path):
