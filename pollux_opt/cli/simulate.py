@@ -76,9 +76,8 @@ def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: 
     synthetic types built from the trace folder; a one-type description with the
     trace folder's profiles as they are)."""
     from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_NODES
+    from pollux_opt.backends.sim.profile_files import load_profiles, load_typed_profiles
     from pollux_opt.backends.sim.synthetic_types import build_typed_profiles
-    from pollux_opt.backends.sim.traces import default_trace_dir, load_profiles
-    from pollux_opt.backends.sim.typed_profiles import load_typed_profiles
     from pollux_opt.model import Cluster
     from pollux_opt.model.cluster_types import load_cluster_types
 
@@ -96,7 +95,7 @@ def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: 
         return typed, load_typed_profiles(typed_profiles, types=types.names)
     if len(types.names) == 1:
         return typed, load_profiles(profiles)
-    return typed, build_typed_profiles(Path(profiles) if profiles else default_trace_dir(), types=types.names)
+    return typed, build_typed_profiles(profiles, types=types.names)
 
 
 def simulate_one(args: dict) -> dict:

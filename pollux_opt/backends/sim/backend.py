@@ -51,8 +51,7 @@ from pollux_opt.backends.sim.state import (
     pooled_limits,
 )
 from pollux_opt.backends.sim.oracle import Oracle
-from pollux_opt.backends.sim.traces import Profile
-from pollux_opt.backends.sim.typed_profiles import TypedProfile
+from pollux_opt.backends.sim.traces import Profile, TypedProfile
 from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
 
@@ -71,7 +70,7 @@ class SimBackend:
         jobs: the workload.
         profiles: application name -> true profile: a
             :class:`~pollux_opt.backends.sim.traces.Profile` (every node type
-            alike), or a :class:`~pollux_opt.backends.sim.typed_profiles.TypedProfile`
+            alike), or a :class:`~pollux_opt.backends.sim.traces.TypedProfile`
             naming each node type of ``cluster``.
         cluster: the simulated cluster (node ids are the placement keys; node types
             select the per-type truth, see :class:`~pollux_opt.backends.sim.state.TypedJobState`).

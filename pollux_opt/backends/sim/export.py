@@ -63,7 +63,7 @@ import pandas as pd
 from solvers import InvalidProblem
 
 from pollux_opt.backends.sim.run_records import JobData, find_run_dirs, read_job, read_jsonl, workload_of_run
-from pollux_opt.backends.sim.traces import PLACEMENT_COLUMNS, SCALABILITY_COLUMNS
+from pollux_opt.backends.sim.profile_files import PLACEMENT_COLUMNS, SCALABILITY_COLUMNS
 from pollux_opt.records.files import atomic_write_csv, atomic_write_json, safe_name
 from pollux_opt.agent.stats import MIN_GRAD_SQR_FRACTION
 from pollux_opt.workloads.adaptdl import write_adaptdl_csv

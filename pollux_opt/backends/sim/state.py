@@ -24,8 +24,7 @@ from pollux_opt.agent.agent import REFIT_GROWTH, JobAgent
 from pollux_opt.agent.measurements import ConfigKey
 from pollux_opt.model.projection import project_params, projection_plan
 from pollux_opt.backends.sim.sia_settings import SiaSimSettings
-from pollux_opt.backends.sim.traces import Profile
-from pollux_opt.backends.sim.typed_profiles import TypedProfile
+from pollux_opt.backends.sim.traces import Profile, TypedProfile
 from pollux_opt.workloads.job import WorkloadJob
 
 __all__ = [
@@ -198,7 +197,7 @@ class SimJob:
 
 def per_type_profiles(app: str, profile, types: tuple[str, ...]) -> dict[str, object]:
     """``{node type: truth}`` of one application on a cluster's ``types``: a
-    :class:`~pollux_opt.backends.sim.typed_profiles.TypedProfile`'s per-type
+    :class:`~pollux_opt.backends.sim.traces.TypedProfile`'s per-type
     profiles, or one profile for every type.
 
     Raises:
@@ -231,7 +230,7 @@ class TypedJobState:
     """Per-type truth and agents of one simulated job on a cluster of several node types.
 
     The truth is one :class:`~pollux_opt.backends.sim.traces.Profile` per type
-    (:class:`~pollux_opt.backends.sim.typed_profiles.TypedProfile`: per-type step
+    (:class:`~pollux_opt.backends.sim.traces.TypedProfile`: per-type step
     times and batch caps over shared gradient statistics).  What the job reports:
 
     - on arrival, a one-replica profile on every type (Sia, SOSP 2023,
