@@ -100,9 +100,8 @@ def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: 
 
 def simulate_one(args: dict) -> dict:
     """Top-level (picklable) entry point: simulate one workload; returns the result as a dict."""
-    from pollux_opt.backends.sim.state import PAPER_FIXED_APPLICATIONS, SimConfig
     from pollux_opt.backends.sim.run import simulate
-    from pollux_opt.backends.sim.sia_settings import SiaSimSettings
+    from pollux_opt.backends.sim.state import PAPER_FIXED_APPLICATIONS, SiaSimSettings, SimConfig
     from pollux_opt.workloads.adaptdl import read_adaptdl_csv
 
     cluster, profiles = cluster_and_profiles(args.get("cluster"), args["nodes"], args["cpus_per_node"],

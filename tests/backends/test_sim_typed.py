@@ -10,7 +10,7 @@ import pytest
 
 from pollux_opt import Cluster, InvalidProblem
 from pollux_opt.backends.sim import ParametricProfile, SimBackend, SimConfig, simulate
-from pollux_opt.backends.sim.sia_settings import SiaSimSettings
+from pollux_opt.backends.sim.state import SiaSimSettings
 from pollux_opt.backends.sim.profile_files import load_typed_profiles
 from pollux_opt.backends.sim.traces import TypedProfile
 from pollux_opt.cli.simulate import cluster_and_profiles

@@ -10,7 +10,7 @@ import pytest
 
 from pollux_opt import InvalidProblem
 from pollux_opt.backends.sim import default_trace_dir
-from pollux_opt.backends.sim.sia_settings import SiaSimSettings
+from pollux_opt.backends.sim.state import SiaSimSettings
 from pollux_opt.backends.sim.synthetic_types import (
     build_typed_profiles,
     speed_ratios,
@@ -283,7 +283,6 @@ def test_measured_t4_profile_yields_faster_types_by_the_documented_ratio():
 def test_sia_settings_are_off_by_default():
     s = SiaSimSettings()
     assert s.goodput_factor("cifar10") == 1.0 and s.restart_delay_of("cifar10") is None
-    assert s.max_local_bsz("deepspeech2", "rtx") is None
 
 
 def test_sia_settings_when_enabled_divide_goodput_and_set_restart_delays():
@@ -293,7 +292,6 @@ def test_sia_settings_when_enabled_divide_goodput_and_set_restart_delays():
     assert s.goodput_factor("imagenet") == pytest.approx(1 / 1.2)
     assert s.goodput_factor("my-job") == 1.0
     assert s.restart_delay_of("imagenet") == 250.0 and s.restart_delay_of("my-job") == 30.0
-    assert s.max_local_bsz("deepspeech2", "rtx") == 57
 
 
 def test_sia_settings_reject_bad_values():

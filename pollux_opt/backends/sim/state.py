@@ -1,4 +1,5 @@
-"""Settings and per-job state of a simulation: :class:`SimConfig`, :class:`SimJob` and :class:`TypedJobState`.
+"""Settings and per-job state of a simulation: :class:`SimConfig` (with Sia's
+calibration, :class:`SiaSimSettings`), :class:`SimJob` and :class:`TypedJobState`.
 
 :class:`SimJob` is the mutable state of one simulated job (its placement,
 batch, progress and the agent that fits its goodput model);
@@ -18,23 +19,26 @@ from dataclasses import dataclass, field
 from solvers import InvalidProblem
 
 from pollux_opt.model import BatchLimits, GoodputModel
-from pollux_opt.model.domains import Boolean, Integer, Keyed, Real, check_fields, domain_field
+from pollux_opt.model.domains import Boolean, Integer, Keyed, Real, check, check_fields, domain_field
 from pollux_opt.model.options import DEFAULT_RESTART_DELAY
 from pollux_opt.agent.agent import REFIT_GROWTH, JobAgent
 from pollux_opt.agent.measurements import ConfigKey
 from pollux_opt.model.projection import project_params, projection_plan
-from pollux_opt.backends.sim.sia_settings import SiaSimSettings
 from pollux_opt.backends.sim.traces import Profile, TypedProfile
 from pollux_opt.workloads.job import WorkloadJob
 
 __all__ = [
     "DEFAULT_MAX_REPLICAS",
     "PAPER_FIXED_APPLICATIONS",
+    "SIA_CALIBRATION",
+    "SIA_DEFAULT_RESTART_DELAY",
+    "SIA_RESTART_DELAY",
     "SIM_DEFAULT_CPUS_PER_NODE",
     "SIM_DEFAULT_INTERVAL_S",
     "SIM_DEFAULT_NODES",
     "SimConfig",
     "SimJob",
+    "SiaSimSettings",
     "TypedJobState",
     "batch_limits",
     "mixed_step_sync",
@@ -64,6 +68,57 @@ DEFAULT_MAX_REPLICAS = 64
 PAPER_FIXED_APPLICATIONS = ("ncf",)
 #: Seconds a simulated job waits (restart, start, completion), and report noise.
 _NON_NEGATIVE = Real(ge=0)
+
+#: Slowdown of real runs over Sia's simulator (Jayaram Subramanya et al., SOSP 2023),
+#: per application (artifact siasosp23/artifacts, ``sia-simulator/simulator_config.py``,
+#: ``SLOWDOWNS``, "fitted to real-world data"): it multiplies a job's goodput by ``1 / slowdown``.
+SIA_CALIBRATION: Mapping[str, float] = {
+    "cifar10": 1.8, "imagenet": 1.2, "yolov3": 1.2, "bert": 1.2, "deepspeech2": 1.2, "ncf": 1.5,
+}
+#: Checkpoint-restore delay per application, seconds (artifact
+#: ``sia-simulator/applications.py``, ``Application.rescale_time``).
+SIA_RESTART_DELAY: Mapping[str, float] = {
+    "cifar10": 50.0, "deepspeech2": 25.0, "bert": 120.0, "yolov3": 80.0, "imagenet": 250.0, "ncf": 15.0,
+}
+#: Restart delay of an application not in :data:`SIA_RESTART_DELAY`, seconds (same source).
+SIA_DEFAULT_RESTART_DELAY = 30.0
+#: A calibration factor or a delay in seconds.
+_POSITIVE = Real(gt=0)
+
+
+@dataclass(frozen=True)
+class SiaSimSettings:
+    """Sia's simulator calibration, offered so that a run can be compared like for
+    like with Sia's published figures; off by default (then every factor is 1 and
+    restart delays are the simulator's own).
+
+    Attributes:
+        enabled: apply Sia's calibration.
+        calibration: per-application slowdown (goodput is divided by it).
+        restart_delay: per-application checkpoint-restore delay, seconds.
+        default_restart_delay: delay of other applications, seconds.
+    """
+
+    enabled: bool = domain_field(False, Boolean())
+    calibration: Mapping[str, float] = field(default_factory=lambda: dict(SIA_CALIBRATION))
+    restart_delay: Mapping[str, float] = field(default_factory=lambda: dict(SIA_RESTART_DELAY))
+    default_restart_delay: float = SIA_DEFAULT_RESTART_DELAY
+
+    def __post_init__(self) -> None:
+        check_fields(self, prefix="sia settings ")
+        for what, table in (("calibration", self.calibration), ("restart_delay", self.restart_delay)):
+            for app, v in table.items():
+                check(f"sia settings {what}[{app!r}]", v, _POSITIVE)
+
+    def goodput_factor(self, app: str) -> float:
+        """``1 / slowdown`` of ``app`` when enabled (1 for unlisted applications), else 1."""
+        return 1.0 / float(self.calibration.get(app, 1.0)) if self.enabled else 1.0
+
+    def restart_delay_of(self, app: str) -> float | None:
+        """Sia's restart delay of ``app`` in seconds when enabled, else None (the simulator's own)."""
+        if not self.enabled:
+            return None
+        return float(self.restart_delay.get(app, self.default_restart_delay))
 
 
 @dataclass(frozen=True)
@@ -103,7 +158,7 @@ class SimConfig:
             train at its batch size, whatever the policy
             (default: NCF, as in the paper's simulator; ``()``: none).
         sia: Sia's simulator calibration (per-application goodput slowdowns
-            and restart delays; :class:`~pollux_opt.backends.sim.sia_settings.SiaSimSettings`),
+            and restart delays; :class:`SiaSimSettings`),
             off by default.
     """
 
