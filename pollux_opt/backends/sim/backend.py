@@ -25,7 +25,7 @@ job does (:func:`~pollux_opt.agent.batch.choose_batch`).
 
 from __future__ import annotations
 
-import logging
+from collections import Counter
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -34,7 +34,7 @@ from solvers import InvalidProblem
 
 from pollux_opt.lifecycle import JobState
 from pollux_opt.records.events import EventLog, goodput_model_to_json
-from pollux_opt.model import Cluster, GoodputModel
+from pollux_opt.model import BatchLimits, Cluster
 from pollux_opt.model.domains import Real, check
 from pollux_opt.agent.batch import choose_batch
 from pollux_opt.agent.agent import REFIT_GROWTH, JobAgent
@@ -56,8 +56,6 @@ from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
 
 __all__ = ["SimBackend"]
-
-log = logging.getLogger(__name__)
 
 #: Seconds the simulated clock advances by.
 _POSITIVE = Real(gt=0)
@@ -107,10 +105,10 @@ class SimBackend:
         # application measured at the same configurations report the same
         # (noise-free) times, so each distinct set is fitted once.
         self._fits: dict[tuple, object] = {}
-        self._typed = cluster.typed or any(isinstance(p, TypedProfile) for p in profiles.values())
+        typed = cluster.typed or any(isinstance(p, TypedProfile) for p in profiles.values())
         self._node_type = {n.id: n.type for n in cluster.nodes}
-        per_type = {a: per_type_profiles(a, p, cluster.types) for a, p in profiles.items()} if self._typed else {}
-        reference = {a: next(iter(t.values())) for a, t in per_type.items()} if self._typed else profiles
+        per_type = {a: per_type_profiles(a, p, cluster.types) for a, p in profiles.items()} if typed else {}
+        reference = {a: next(iter(t.values())) for a, t in per_type.items()} if typed else profiles
         pinned = {a: pinned_config(reference[a]) for a in self.config.fixed_applications if a in profiles}
         for spec in sorted(jobs, key=lambda j: (j.arrival_s, j.id)):
             if spec.kind not in profiles:
@@ -121,10 +119,10 @@ class SimBackend:
             if spec.id in self._jobs:
                 raise InvalidProblem(f"duplicate job name {spec.id!r}")
             p = reference[spec.kind]
-            limits = pooled_limits(per_type[spec.kind]) if self._typed else batch_limits(p)
+            limits = pooled_limits(per_type[spec.kind]) if typed else batch_limits(p)
             agent = JobAgent(limits, refit_growth=REFIT_GROWTH, fit_cache=self._fits, name=spec.id)
             job = SimJob(spec, p, pinned=pinned.get(spec.kind), agent=agent)
-            if self._typed:
+            if typed:
                 job.typed = TypedJobState.create(per_type[spec.kind], self._fits, spec.id)
             self._jobs[spec.id] = job
         self._order = {nid: i for i, nid in enumerate(cluster.node_ids)}
@@ -141,17 +139,10 @@ class SimBackend:
         kinds = {self._node_type[n] for n in job.placement}
         return kinds.pop() if len(kinds) == 1 else None
 
-    def _run_truth(self, job: SimJob):
-        """(profile, limits) of the type the job runs on; on several types (or
-        none), the type with the smallest batch cap and the pooled limits."""
-        if job.typed is None:
-            return job.profile, job.agent.limits
-        t = self._run_type(job)
-        if t is not None:
-            return job.typed.profiles[t], job.typed.agents[t].limits
-        profiles = [job.typed.profiles[k] for k in dict.fromkeys(self._node_type[n] for n in job.placement)]
-        profile = min(profiles or job.typed.profiles.values(), key=lambda p: p.max_local_bsz)
-        return profile, job.agent.limits
+    def _run_limits(self, job: SimJob) -> BatchLimits:
+        """The batch limits of the type the job runs on; on several types (or none), the pooled ones."""
+        run_type = None if job.typed is None else self._run_type(job)
+        return job.agent.limits if run_type is None else job.typed.agents[run_type].limits
 
     def _step_sync(self, job: SimJob, placement: tuple[int, ...]) -> tuple[float, float]:
         if job.typed is None:
@@ -184,7 +175,7 @@ class SimBackend:
                     max_replicas=job.hard_max_replicas(cfg.max_replicas),
                     submitted_replicas=job.submitted_config[0],
                     submitted_batch_size=job.submitted_config[1],
-                    goodput_model=self._model(job),
+                    goodput_model=job.agent.model(),
                     restart_delay=self._restart_delay(job),
                     progress=job.progress,
                     attained_service=job.attained,
@@ -212,14 +203,12 @@ class SimBackend:
                 self._reallocate(job, new)
             if job.placement:
                 self._choose_batch(job)
-        load: dict[str, int] = {}
+        load = Counter()
         for job in self._jobs.values():
-            for n, k in job.placement.items():
-                load[n] = load.get(n, 0) + k
-        caps = {n.id: n.cpus for n in self.cluster.nodes}
-        for n, k in load.items():
-            if k > caps[n]:
-                raise InvalidProblem(f"decision overloads node {n!r}: {k} replicas > {caps[n]}")
+            load.update(job.placement)
+        for node in self.cluster.nodes:
+            if load[node.id] > node.cpus:
+                raise InvalidProblem(f"decision overloads node {node.id!r}: {load[node.id]} replicas > {node.cpus}")
 
     def advance(self, seconds: float) -> None:
         check("seconds", seconds, _POSITIVE)
@@ -305,7 +294,7 @@ class SimBackend:
         its pinned batch, whatever the policy.  A batch switch costs a
         simulated job nothing, so it does not hold on to its current one (the
         real job's hysteresis guards against unmeasured warmup steps)."""
-        _, limits = self._run_truth(job)
+        limits = self._run_limits(job)
         if job.pinned is not None:
             fixed = min(job.pinned[1], job.profile.max_batch_size)
         else:
@@ -321,10 +310,7 @@ class SimBackend:
         if self.config.interference <= 0:
             return {}
         multi = [j for j in self._jobs.values() if len(j.placement) > 1]
-        count: dict[str, int] = {}
-        for j in multi:
-            for n in j.placement:
-                count[n] = count.get(n, 0) + 1
+        count = Counter(n for j in multi for n in j.placement)
         return {
             j.spec.id: self.config.interference
             for j in multi if any(count[n] > 1 for n in j.placement)
@@ -349,10 +335,6 @@ class SimBackend:
                 job.agent.add_measurement(key, *times)
             if job.typed is not None:
                 job.typed.report(self._run_type(job), key, *times)
-
-    def _model(self, job: SimJob) -> GoodputModel | None:
-        """The job's goodput model from what it reported (see :class:`JobAgent`)."""
-        return job.agent.model()
 
     def _step(self, job: SimJob, seconds: float, slowdown: float) -> None:
         """Advance one running job by ``seconds`` of its true behaviour."""
@@ -401,7 +383,7 @@ class SimBackend:
                     job.completion_time = now + verify
                     self._emit("complete", job.completion_time, job.spec.id, verified=False,
                                metric="epochs", value=job.epoch, restarts=job.restarts,
-                               progress=job.progress, model=goodput_model_to_json(self._model(job)),
+                               progress=job.progress, model=goodput_model_to_json(job.agent.model()),
                                verify_s=verify)
                     job.placement = {}
         job.agent.stats_steps = int(job.steps)  # the steps its statistics span

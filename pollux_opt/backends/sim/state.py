@@ -233,21 +233,16 @@ class SimJob:
         return self.replicas * self.local_bsz * (self.accum_steps + 1)
 
     @property
-    def fixed(self) -> bool:
-        """Not elastic: runs at its ``pinned`` configuration."""
-        return self.pinned is not None
-
-    @property
     def submitted_config(self) -> tuple[int, int]:
         """(replicas, batch size) the job runs as submitted: ``pinned`` if fixed, else its workload row's."""
         return self.pinned if self.pinned is not None else (self.spec.replicas, self.spec.batch_size)
 
     def hard_max_replicas(self, cap: int) -> int:
         """Most replicas the job may take: bounded by ``cap`` and by its largest
-        batch in smallest micro-batches; a ``fixed`` job by its pinned replicas."""
+        batch in smallest micro-batches; a job that is not elastic by its pinned replicas."""
         p = self.profile
         most = max(1, min(cap, p.max_batch_size // p.min_local_bsz))
-        return min(most, max(1, self.submitted_config[0])) if self.fixed else most
+        return most if self.pinned is None else min(most, max(1, self.pinned[0]))
 
 
 def per_type_profiles(app: str, profile, types: tuple[str, ...]) -> dict[str, object]:
