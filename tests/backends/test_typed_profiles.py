@@ -91,7 +91,7 @@ def make_adaptdl_folder(root, name="toy"):
 # ------------------------------------------------------------------------------------------ reader
 def test_types_read_by_header_whatever_the_column_order(tmp_path):
     prof = load_typed_profile(make_sia_folder(tmp_path))
-    assert prof.types == ("aws", "rtx")
+    assert tuple(prof) == ("aws", "rtx")
     for t, speed in (("aws", 1.0), ("rtx", 2.0)):
         for p in ("1", "22"):
             step, sync = prof[t].step_sync(tuple(map(int, p)), 16)
@@ -120,7 +120,7 @@ def test_profile_types_parses_hyphenated_type_names(tmp_path):
     folder = make_sia_folder(tmp_path)
     (folder / "placements-aws.csv").rename(folder / "placements-dgx-ext.csv")
     assert profile_types(folder) == ("dgx-ext", "rtx")
-    assert load_typed_profile(folder, types=["dgx-ext"]).types == ("dgx-ext",)
+    assert tuple(load_typed_profile(folder, types=["dgx-ext"])) == ("dgx-ext",)
 
 
 def test_scalability_file_is_optional_and_used_when_present(tmp_path):

@@ -41,6 +41,7 @@ from pollux_opt.agent.agent import REFIT_GROWTH, JobAgent
 from pollux_opt.agent.measurements import ConfigKey
 from pollux_opt.scheduling.loop import Decision, JobView
 from pollux_opt.backends.sim.state import (
+    Oracle,
     SimConfig,
     SimJob,
     TypedJobState,
@@ -50,8 +51,7 @@ from pollux_opt.backends.sim.state import (
     per_type_profiles,
     pooled_limits,
 )
-from pollux_opt.backends.sim.oracle import Oracle
-from pollux_opt.backends.sim.traces import Profile, TypedProfile
+from pollux_opt.backends.sim.traces import Profile
 from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
 
@@ -68,8 +68,7 @@ class SimBackend:
         jobs: the workload.
         profiles: application name -> true profile: a
             :class:`~pollux_opt.backends.sim.traces.Profile` (every node type
-            alike), or a :class:`~pollux_opt.backends.sim.traces.TypedProfile`
-            naming each node type of ``cluster``.
+            alike), or ``{type: Profile}`` naming each node type of ``cluster``.
         cluster: the simulated cluster (node ids are the placement keys; node types
             select the per-type truth, see :class:`~pollux_opt.backends.sim.state.TypedJobState`).
         events: the run's event log (submit, start, rescale, complete events).
@@ -86,7 +85,7 @@ class SimBackend:
     def __init__(
         self,
         jobs: Sequence[WorkloadJob],
-        profiles: Mapping[str, Profile],
+        profiles: Mapping[str, Profile | Mapping[str, Profile]],
         cluster: Cluster,
         events: EventLog | None = None,
         config: SimConfig | None = None,
@@ -105,7 +104,7 @@ class SimBackend:
         # application measured at the same configurations report the same
         # (noise-free) times, so each distinct set is fitted once.
         self._fits: dict[tuple, object] = {}
-        typed = cluster.typed or any(isinstance(p, TypedProfile) for p in profiles.values())
+        typed = cluster.typed or any(isinstance(p, Mapping) for p in profiles.values())
         self._node_type = {n.id: n.type for n in cluster.nodes}
         per_type = {a: per_type_profiles(a, p, cluster.types) for a, p in profiles.items()} if typed else {}
         reference = {a: next(iter(t.values())) for a, t in per_type.items()} if typed else profiles

@@ -18,7 +18,8 @@ per node, the replicas on that node (``22`` = 2 nodes x 2 replicas);
 ``scalability*.csv`` has :data:`SCALABILITY_COLUMNS`.  Columns are read by
 header (Sia's files order them differently); a bad cell is an
 :class:`~solvers.InvalidProblem` naming the file, the row, the column and the value.
-Each table set loads into one :class:`~pollux_opt.backends.sim.traces.TraceProfile`.
+Each table set loads into one :class:`~pollux_opt.backends.sim.traces.TraceProfile`;
+a folder in Sia's layout into ``{type: TraceProfile}``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import pandas as pd
 
 from solvers import InvalidProblem
 
-from pollux_opt.backends.sim.traces import APP_SETTINGS, AppSettings, Profile, TraceProfile, TypedProfile, default_trace_dir
+from pollux_opt.backends.sim.traces import APP_SETTINGS, AppSettings, Profile, TraceProfile, default_trace_dir
 from pollux_opt.model.cluster_types import GPU_TYPES
 from pollux_opt.model.domains import Integer, check, shown
 from pollux_opt.records.tables import read_table
@@ -187,16 +188,16 @@ def make_typed_profile(
     *,
     max_epochs: int | None = None,
     max_local_bsz: int | Mapping[str, int] | None = None,
-) -> TypedProfile:
-    """A :class:`TypedProfile` from ``{type: (placements, scalability)}`` frames and shared validation tables.
+) -> dict[str, TraceProfile]:
+    """``{type: TraceProfile}`` of ``{type: (placements, scalability)}`` frames and shared validation tables.
 
     ``max_epochs`` defaults to :data:`APP_SETTINGS` (else every validated
     epoch); ``max_local_bsz`` (one value, or one per type) to Pollux's setting
     on the reference type ``aws`` and to the largest profiled local batch on
     every other type (Sia's simulator: ``placements.local_bsz.max()``).
     """
-    return TypedProfile(name, {t: _trace_profile(name, t, p, s, validation, max_epochs, _of_type(max_local_bsz, t))
-                               for t, (p, s) in tables.items()})
+    return {t: _trace_profile(name, t, p, s, validation, max_epochs, _of_type(max_local_bsz, t))
+            for t, (p, s) in tables.items()}
 
 
 def _of_type(value: int | Mapping[str, int] | None, type_name: str) -> int | None:
@@ -212,8 +213,8 @@ def profile_types(folder) -> tuple[str, ...]:
 
 
 def load_typed_profile(folder, *, types: Sequence[str] | None = None, max_epochs: int | None = None,
-                       max_local_bsz: int | Mapping[str, int] | None = None) -> TypedProfile:
-    """Read one application folder in Sia's layout (see the module docstring).
+                       max_local_bsz: int | Mapping[str, int] | None = None) -> dict[str, TraceProfile]:
+    """Read one application folder in Sia's layout (see the module docstring): ``{type: TraceProfile}``.
 
     Args:
         folder: ``APP/`` with ``placements-T.csv`` per type and ``validation-B.csv``.
@@ -232,10 +233,8 @@ def load_typed_profile(folder, *, types: Sequence[str] | None = None, max_epochs
         raise InvalidProblem(
             f"profile folder {str(folder)!r} has no placements-{missing[0]}.csv (types: {list(found)})"
         )
-    return TypedProfile(folder.name, {
-        t: load_trace_profile(folder, type_name=t, max_epochs=max_epochs, max_local_bsz=_of_type(max_local_bsz, t))
-        for t in (found if types is None else types)
-    })
+    return {t: load_trace_profile(folder, type_name=t, max_epochs=max_epochs, max_local_bsz=_of_type(max_local_bsz, t))
+            for t in (found if types is None else types)}
 
 
 def app_folders(root=None, names: Sequence[str] | None = None, *, typed: bool = False) -> list[Path]:
@@ -270,6 +269,6 @@ def load_profiles(root=None, names: Sequence[str] | None = None) -> dict[str, Pr
 
 
 def load_typed_profiles(root, names: Sequence[str] | None = None,
-                        types: Sequence[str] | None = None) -> dict[str, TypedProfile]:
+                        types: Sequence[str] | None = None) -> dict[str, dict[str, TraceProfile]]:
     """The application folders of :func:`app_folders` in Sia's layout (``types`` only), by name."""
     return {p.name: load_typed_profile(p, types=types) for p in app_folders(root, names, typed=True)}

@@ -1,5 +1,6 @@
 """Settings and per-job state of a simulation: :class:`SimConfig` (with Sia's
-calibration, :class:`SiaSimSettings`), :class:`SimJob` and :class:`TypedJobState`.
+calibration, :class:`SiaSimSettings`), :class:`SimJob`, :class:`TypedJobState`
+and the :class:`Oracle` that reads the jobs' truth for Optimus+Oracle.
 
 :class:`SimJob` is the mutable state of one simulated job (its placement,
 batch, progress and the agent that fits its goodput model);
@@ -13,7 +14,7 @@ type-unaware policy makes one) runs at the pace of its slowest type
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from solvers import InvalidProblem
@@ -22,13 +23,15 @@ from pollux_opt.model import BatchLimits, GoodputModel
 from pollux_opt.model.domains import Boolean, Integer, Keyed, Real, check, check_fields, domain_field
 from pollux_opt.model.options import DEFAULT_RESTART_DELAY
 from pollux_opt.agent.agent import REFIT_GROWTH, JobAgent
+from pollux_opt.agent.batch import split_batch
 from pollux_opt.agent.measurements import ConfigKey
 from pollux_opt.model.projection import project_params, projection_plan
-from pollux_opt.backends.sim.traces import Profile, TypedProfile
+from pollux_opt.backends.sim.traces import Profile
 from pollux_opt.workloads.job import WorkloadJob
 
 __all__ = [
     "DEFAULT_MAX_REPLICAS",
+    "Oracle",
     "PAPER_FIXED_APPLICATIONS",
     "SIA_CALIBRATION",
     "SIA_DEFAULT_RESTART_DELAY",
@@ -60,9 +63,10 @@ DEFAULT_MAX_REPLICAS = 64
 #: its tuned configuration, one GPU at batch 32768, under Pollux, and caps it
 #: at one GPU under Optimus (artifact ``simulator.py``, ``get_pollux_job_info``
 #: and ``get_optimus_job_info``).  Here such a job runs at its profile's
-#: pinned configuration (:func:`~pollux_opt.workloads.adaptdl.pinned_config`)
-#: under every policy, whatever its workload row says; the AdaptDL workloads'
-#: NCF rows hold that configuration already.  Our Optimus+Oracle caps replicas
+#: pinned configuration (:func:`~pollux_opt.workloads.adaptdl.pinned_config`:
+#: one replica at the tuned batch size) under every policy, whatever its
+#: workload row says: its view submits it and offers at most its replicas; the
+#: AdaptDL workloads' NCF rows hold that configuration already.  Our Optimus+Oracle caps replicas
 #: by the tuned batch alone, as the artifact does for other jobs; it gave NCF
 #: one CPU in all eight AdaptDL workloads either way (identical JCTs).
 PAPER_FIXED_APPLICATIONS = ("ncf",)
@@ -150,16 +154,9 @@ class SimConfig:
             micro-batches of half the size, as the real executor does so that
             every step yields two gradients for the variance estimate
             (:func:`pollux_opt.agent.batch.choose_batch`); False: as configured.
-        fixed_applications: applications whose jobs are not elastic: they
-            run at their profile's pinned configuration
-            (:func:`~pollux_opt.workloads.adaptdl.pinned_config`: one replica
-            at the tuned batch size), not the one in their workload row; their
-            views submit it and offer at most its replicas, and they always
-            train at its batch size, whatever the policy
-            (default: NCF, as in the paper's simulator; ``()``: none).
-        sia: Sia's simulator calibration (per-application goodput slowdowns
-            and restart delays; :class:`SiaSimSettings`),
-            off by default.
+        fixed_applications: applications whose jobs are not elastic (see
+            :data:`PAPER_FIXED_APPLICATIONS`, the default; ``()``: none).
+        sia: Sia's simulator calibration (:class:`SiaSimSettings`), off by default.
     """
 
     # Pollux's simulator charges 30 s per (re)start.
@@ -245,19 +242,18 @@ class SimJob:
         return most if self.pinned is None else min(most, max(1, self.pinned[0]))
 
 
-def per_type_profiles(app: str, profile, types: tuple[str, ...]) -> dict[str, object]:
+def per_type_profiles(app: str, profile: Profile | Mapping[str, Profile], types: tuple[str, ...]) -> dict:
     """``{node type: truth}`` of one application on a cluster's ``types``: a
-    :class:`~pollux_opt.backends.sim.traces.TypedProfile`'s per-type
-    profiles, or one profile for every type.
+    per-type profile's ``{type: Profile}``, or one profile for every type.
 
     Raises:
-        InvalidProblem: a typed profile without one of ``types``.
+        InvalidProblem: a per-type profile without one of ``types``.
     """
-    if not isinstance(profile, TypedProfile):
+    if not isinstance(profile, Mapping):
         return {t: profile for t in types}
-    missing = [t for t in types if t not in profile.by_type]
+    missing = [t for t in types if t not in profile]
     if missing:
-        raise InvalidProblem(f"profile of {app!r} has no node type {missing[0]!r} (its types: {list(profile.types)})")
+        raise InvalidProblem(f"profile of {app!r} has no node type {missing[0]!r} (its types: {list(profile)})")
     return {t: profile[t] for t in types}
 
 
@@ -280,8 +276,7 @@ class TypedJobState:
     """Per-type truth and agents of one simulated job on a cluster of several node types.
 
     The truth is one :class:`~pollux_opt.backends.sim.traces.Profile` per type
-    (:class:`~pollux_opt.backends.sim.traces.TypedProfile`: per-type step
-    times and batch caps over shared gradient statistics).  What the job reports:
+    (per-type step times and batch caps over shared gradient statistics).  What the job reports:
 
     - on arrival, a one-replica profile on every type (Sia, SOSP 2023,
       "bootstrapping throughput models": each new job is profiled on one GPU of
@@ -291,14 +286,9 @@ class TypedJobState:
       (statistical efficiency does not depend on the device).
 
     A type's goodput model (:meth:`models`) is its own fit once the job has run
-    there (any measurement besides the arrival profile: the first measurement
-    on a type replaces the projection, and the fit's optimistic priors let the
-    scheduler explore there as on any type); before that, the model of the type
-    measured at the most replica counts beyond one
-    (:func:`pollux_opt.model.projection.projection_source`) with every time
-    scaled by the one-replica speed ratio
-    (:func:`pollux_opt.model.projection.project_params`); with no such type, its
-    own fit of the one-replica profile.
+    there (any measurement besides the arrival profile), before that a
+    projection from another type (:func:`pollux_opt.model.projection.projection_plan`,
+    the rule the real runtime's reports use too).
     """
 
     profiles: Mapping[str, object]
@@ -330,9 +320,7 @@ class TypedJobState:
             agent.update_stats(stats)
 
     def models(self) -> dict[str, GoodputModel]:
-        """The job's goodput model per type (own fit, or projected; see the class
-        docstring): :func:`pollux_opt.model.projection.projection_plan`, the rule the
-        real runtime's reports use too."""
+        """The job's goodput model per type (own fit, or projected; see the class docstring)."""
         own = {t: agent.model() for t, agent in self.agents.items()}
         replicas = {t: a.measurements.num_replicas.tolist() for t, a in self.agents.items()}
         plan = projection_plan(tuple(self.agents), replicas, {t for t, m in own.items() if m is not None},
@@ -352,3 +340,35 @@ class TypedJobState:
     @property
     def most_replicas(self) -> int:
         return max(a.most_replicas for a in self.agents.values())
+
+
+class Oracle:
+    """True remaining work and step times from the hidden profiles, for Optimus+Oracle
+    only (no other policy gets one).
+
+    Args:
+        jobs: the simulator's jobs by id (read live: each job's current epoch).
+    """
+
+    def __init__(self, jobs: Mapping[str, SimJob]) -> None:
+        self._jobs = jobs
+
+    def remaining_steps(self, job_id: str, batch_size: int) -> float:
+        """Optimizer steps at a fixed ``batch_size`` from the current epoch to completion."""
+        job = self._jobs[job_id]
+        p = job.profile
+        b = min(max(batch_size, p.init_batch_size), p.max_batch_size)
+        return max(p.iterations(b, p.max_epochs) - p.iterations(b, job.epoch), 1.0)
+
+    def step_time(self, job_id: str, placement: Sequence[int], batch_size: int) -> float:
+        """True seconds per optimizer step of ``batch_size`` on ``placement`` (replicas per node)."""
+        p = self._jobs[job_id].profile
+        local, accum = split_batch(batch_size, sum(placement), batch_limits(p))
+        step, sync = p.step_sync(tuple(placement), local)
+        return step + accum * (step - sync)
+
+    def max_local_bsz(self, job_id: str) -> int:
+        return self._jobs[job_id].profile.max_local_bsz
+
+    def min_local_bsz(self, job_id: str) -> int:
+        return self._jobs[job_id].profile.min_local_bsz

@@ -203,7 +203,7 @@ def synthesize_app(folder, types: Sequence[str] = SYNTHETIC_TYPES) -> dict[str, 
 
 
 def build_typed_profiles(root, names: Sequence[str] | None = None, types: Sequence[str] = SYNTHETIC_TYPES) -> dict:
-    """``{app: TypedProfile}`` synthesized in memory from AdaptDL-format folders under ``root``
+    """``{app: {type: TraceProfile}}`` synthesized in memory from AdaptDL-format folders under ``root``
     (``root/profiles`` or ``root`` itself)."""
     return {
         f.name: make_typed_profile(f.name, synthesize_app(f, types), read_validation(f))

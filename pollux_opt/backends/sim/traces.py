@@ -15,7 +15,10 @@ A :class:`Profile` answers what a real job would do at a configuration:
 
 Sources: :class:`TraceProfile` (measured tables, read from profile folders by
 :mod:`pollux_opt.backends.sim.profile_files`), :class:`ParametricProfile`
-(synthetic, for scaling studies) and :class:`TypedProfile` (one per node type).
+(synthetic, for scaling studies); on a cluster of several node types, an
+application's truth is ``{type: Profile}`` (per-type step times and batch caps
+over shared gradient statistics and progress: statistical efficiency does not
+depend on the device).
 
 The policy never sees a profile: the simulation backend reports only the
 measurements at placements a job actually ran (see
@@ -37,7 +40,7 @@ from solvers import InvalidProblem
 from pollux_opt.model.domains import REQUIRED, Integer, Real, Text, check_fields, domain_field
 
 __all__ = [
-    "APP_SETTINGS", "AppSettings", "ParametricProfile", "Profile", "TraceProfile", "TypedProfile", "default_trace_dir",
+    "APP_SETTINGS", "AppSettings", "ParametricProfile", "Profile", "TraceProfile", "default_trace_dir",
 ]
 
 #: Environment variable that overrides the default trace folder.
@@ -323,29 +326,3 @@ class ParametricProfile:
         for low, high in (("init_batch_size", "max_batch_size"), ("min_local_bsz", "max_local_bsz")):
             if not getattr(self, low) <= getattr(self, high):
                 raise InvalidProblem(f"{low} must be in [1, {high}={getattr(self, high)}], got {getattr(self, low)!r}")
-
-
-@dataclass(frozen=True)
-class TypedProfile:
-    """One application on every profiled node type: a profile per type.
-
-    The per-type profiles share their gradient statistics and progress
-    (statistical efficiency does not depend on the device), so ``grad_stats``
-    and ``progress_at`` agree across types; only ``step_sync`` and ``max_local_bsz`` differ.
-    """
-
-    name: str
-    by_type: Mapping[str, Profile]
-
-    def __post_init__(self) -> None:
-        if not self.by_type:
-            raise InvalidProblem(f"profile {self.name!r} must have at least one type")
-
-    @property
-    def types(self) -> tuple[str, ...]:
-        return tuple(self.by_type)
-
-    def __getitem__(self, type_name: str) -> Profile:
-        if type_name not in self.by_type:
-            raise InvalidProblem(f"profile {self.name!r}: type must be one of {list(self.by_type)}, got {type_name!r}")
-        return self.by_type[type_name]
