@@ -13,7 +13,9 @@ one-call driver; workloads come from :mod:`pollux_opt.workloads`::
 from pollux_opt.backends.sim.backend import SimBackend
 from pollux_opt.backends.sim.state import Oracle, SimConfig
 from pollux_opt.backends.sim.profile_files import load_profiles, load_trace_profile
-from pollux_opt.backends.sim.traces import APP_SETTINGS, AppSettings, ParametricProfile, Profile, TraceProfile, default_trace_dir
+from pollux_opt.backends.sim.traces import (
+    APP_SETTINGS, AppSettings, ParametricProfile, Profile, TraceProfile, default_trace_dir,
+)
 from pollux_opt.backends.sim.run import SimResult, quiet_library_logs, run_tasks, simulate
 
 __all__ = [

@@ -42,8 +42,8 @@ from pollux_opt.records.tables import read_table
 
 __all__ = [
     "PLACEMENT_COLUMNS", "REFERENCE_TYPE", "SCALABILITY_COLUMNS", "VALIDATION_FILE", "app_folders",
-    "load_profiles", "load_trace_profile", "load_typed_profile", "load_typed_profiles", "make_typed_profile",
-    "profile_types", "read_placements", "read_scalability", "read_validation",
+    "load_profiles", "load_trace_profile", "load_typed_profile", "load_typed_profiles", "profile_types",
+    "read_placements", "read_scalability", "read_validation", "trace_profile",
 ]
 
 LOG = logging.getLogger(__name__)
@@ -133,12 +133,16 @@ def read_validation(folder) -> dict[int, pd.DataFrame]:
     return dict(sorted(out.items()))
 
 
-def _trace_profile(name: str, type_name: str | None, placements: pd.DataFrame, scalability: pd.DataFrame,
-                   validation: Mapping[int, pd.DataFrame], max_epochs: int | None,
-                   max_local_bsz: int | None) -> TraceProfile:
-    """A :class:`TraceProfile` of these tables.  ``max_epochs`` defaults to :data:`APP_SETTINGS`,
-    else every validated epoch; ``max_local_bsz`` to Pollux's setting on one type or the reference
-    type, else to the largest profiled local batch (Sia's simulator: ``placements.local_bsz.max()``)."""
+def trace_profile(name: str, type_name: str | None, placements: pd.DataFrame, scalability: pd.DataFrame,
+                  validation: Mapping[int, pd.DataFrame], max_epochs: int | None = None,
+                  max_local_bsz: int | None = None) -> TraceProfile:
+    """The :class:`TraceProfile` of application ``name``'s tables (of ``type_name``; None: the only type).
+
+    ``max_epochs`` defaults to :data:`APP_SETTINGS`, else every validated epoch;
+    ``max_local_bsz`` to Pollux's setting (on one type, or on the reference type
+    ``aws``), else to the largest profiled local batch (Sia's simulator:
+    ``placements.local_bsz.max()``).
+    """
     settings = APP_SETTINGS.get(name, AppSettings())
     epochs = max_epochs or settings.max_epochs or min(len(v) for v in validation.values())
     if max_local_bsz is not None:
@@ -160,7 +164,7 @@ def _load_cached(folder: str, type_name: str | None, max_epochs: int | None, max
         raise InvalidProblem(f"profile folder {folder!r} "
                              + (f"has no placements{suffix}.csv" if path.is_dir() else "does not exist"))
     per_node = GPU_TYPES[type_name].gpus_per_node if type_name in GPU_TYPES else None
-    return _trace_profile(path.name, type_name, read_placements(placements, gpus_per_node=per_node),
+    return trace_profile(path.name, type_name, read_placements(placements, gpus_per_node=per_node),
                           read_scalability(path / f"scalability{suffix}.csv"), read_validation(path),
                           max_epochs, max_local_bsz)
 
@@ -173,35 +177,12 @@ def load_trace_profile(folder, *, type_name: str | None = None, max_epochs: int 
         folder: path to ``APP/``.
         type_name: None: AdaptDL's layout; else the type ``T`` of Sia's ``placements-T.csv``.
         max_epochs: epochs to completion (default: :data:`APP_SETTINGS`, else all validated).
-        max_local_bsz: per-replica batch cap (default: see :func:`make_typed_profile`).
+        max_local_bsz: per-replica batch cap (default: see :func:`trace_profile`).
 
     Raises:
         InvalidProblem: a missing folder or file, or a bad row.
     """
     return _load_cached(str(Path(folder).resolve()), type_name, max_epochs, max_local_bsz)
-
-
-def make_typed_profile(
-    name: str,
-    tables: Mapping[str, tuple[pd.DataFrame, pd.DataFrame]],
-    validation: Mapping[int, pd.DataFrame],
-    *,
-    max_epochs: int | None = None,
-    max_local_bsz: int | Mapping[str, int] | None = None,
-) -> dict[str, TraceProfile]:
-    """``{type: TraceProfile}`` of ``{type: (placements, scalability)}`` frames and shared validation tables.
-
-    ``max_epochs`` defaults to :data:`APP_SETTINGS` (else every validated
-    epoch); ``max_local_bsz`` (one value, or one per type) to Pollux's setting
-    on the reference type ``aws`` and to the largest profiled local batch on
-    every other type (Sia's simulator: ``placements.local_bsz.max()``).
-    """
-    return {t: _trace_profile(name, t, p, s, validation, max_epochs, _of_type(max_local_bsz, t))
-            for t, (p, s) in tables.items()}
-
-
-def _of_type(value: int | Mapping[str, int] | None, type_name: str) -> int | None:
-    return value.get(type_name) if isinstance(value, Mapping) else value
 
 
 def profile_types(folder) -> tuple[str, ...]:
@@ -219,7 +200,7 @@ def load_typed_profile(folder, *, types: Sequence[str] | None = None, max_epochs
     Args:
         folder: ``APP/`` with ``placements-T.csv`` per type and ``validation-B.csv``.
         types: the types to read (default: every type with a placements file).
-        max_epochs, max_local_bsz: as in :func:`make_typed_profile`.
+        max_epochs, max_local_bsz: as in :func:`trace_profile` (``max_local_bsz`` one value or one per type).
 
     Raises:
         InvalidProblem: a missing folder, type or file, or a bad row.
@@ -233,7 +214,8 @@ def load_typed_profile(folder, *, types: Sequence[str] | None = None, max_epochs
         raise InvalidProblem(
             f"profile folder {str(folder)!r} has no placements-{missing[0]}.csv (types: {list(found)})"
         )
-    return {t: load_trace_profile(folder, type_name=t, max_epochs=max_epochs, max_local_bsz=_of_type(max_local_bsz, t))
+    caps = max_local_bsz if isinstance(max_local_bsz, Mapping) else {t: max_local_bsz for t in found}
+    return {t: load_trace_profile(folder, type_name=t, max_epochs=max_epochs, max_local_bsz=caps.get(t))
             for t in (found if types is None else types)}
 
 

@@ -24,10 +24,10 @@ from pollux_opt.backends.sim.profile_files import (
     SCALABILITY_COLUMNS,
     VALIDATION_FILE,
     app_folders,
-    make_typed_profile,
     read_placements,
     read_scalability,
     read_validation,
+    trace_profile,
 )
 from pollux_opt.backends.sim.traces import APP_SETTINGS, AppSettings
 from pollux_opt.model.cluster_types import GPU_TYPES, memory_scaled_local_bsz
@@ -205,10 +205,9 @@ def synthesize_app(folder, types: Sequence[str] = SYNTHETIC_TYPES) -> dict[str, 
 def build_typed_profiles(root, names: Sequence[str] | None = None, types: Sequence[str] = SYNTHETIC_TYPES) -> dict:
     """``{app: {type: TraceProfile}}`` synthesized in memory from AdaptDL-format folders under ``root``
     (``root/profiles`` or ``root`` itself)."""
-    return {
-        f.name: make_typed_profile(f.name, synthesize_app(f, types), read_validation(f))
-        for f in app_folders(root, names)
-    }
+    return {f.name: {t: trace_profile(f.name, t, p, s, read_validation(f))
+                     for t, (p, s) in synthesize_app(f, types).items()}
+            for f in app_folders(root, names)}
 
 
 def write_typed_profiles(
