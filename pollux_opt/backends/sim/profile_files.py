@@ -63,6 +63,13 @@ REFERENCE_TYPE = "aws"
 _LOCAL_BSZ = Integer(ge=1)
 
 
+def _reject_rows(path: Path, bad, what) -> None:
+    """Raise naming the first row of ``path`` where ``bad`` (a boolean per row) holds; ``what(i)`` says why."""
+    rows = np.flatnonzero(np.asarray(bad, dtype=bool))
+    if rows.size:
+        raise InvalidProblem(f"profile table {str(path)!r}: row {rows[0] + 1}, {what(rows[0])}")
+
+
 def _read_times(path: Path, columns: Sequence[str]) -> pd.DataFrame:
     """A step-time table with ``columns`` in this order: counts are integers > 0,
     ``step_time`` > 0 and ``sync_time`` >= 0 seconds."""
@@ -70,11 +77,9 @@ def _read_times(path: Path, columns: Sequence[str]) -> pd.DataFrame:
                     integer=[c for c in columns if c in _COUNT_COLUMNS])
     df = df[list(columns)].reset_index(drop=True)
     for c in (c for c in columns if c != "placement"):
-        values = df[c].to_numpy(float)
-        bad = np.flatnonzero(values < 0 if c == "sync_time" else values <= 0)
-        if bad.size:
-            raise InvalidProblem(f"profile table {str(path)!r}: row {bad[0] + 1}, column {c!r} must be a finite "
-                                 f"number {'>= 0' if c == 'sync_time' else '> 0'}, got {shown(values[bad[0]].item())}")
+        values, bound = df[c].to_numpy(float), ">= 0" if c == "sync_time" else "> 0"
+        _reject_rows(path, values < 0 if c == "sync_time" else values <= 0,
+                     lambda i: f"column {c!r} must be a finite number {bound}, got {shown(values[i].item())}")
     over = int((df.sync_time > df.step_time).sum())
     if over:  # step_time includes sync_time; a few noisy rows exist in measured data
         LOG.warning("%s: %d rows with sync_time > step_time (clipped when read)", path, over)
@@ -93,16 +98,12 @@ def read_placements(path, *, gpus_per_node: int | None = None) -> pd.DataFrame:
     """
     path = Path(path)
     df = _read_times(path, PLACEMENT_COLUMNS)
-    bad = np.flatnonzero(~df.placement.str.fullmatch(r"[1-9]+").to_numpy(dtype=bool))
-    if bad.size:
-        raise InvalidProblem(f"profile table {str(path)!r}: row {bad[0] + 1}, column 'placement' must be replicas "
-                             f"per node as digits 1-9, got {df.placement.iloc[bad[0]]!r}")
+    _reject_rows(path, ~df.placement.str.fullmatch(r"[1-9]+"),
+                 lambda i: f"column 'placement' must be replicas per node as digits 1-9, got {df.placement[i]!r}")
     if gpus_per_node is not None:
-        over = np.flatnonzero(df.placement.map(lambda p: max(map(int, p))).to_numpy() > gpus_per_node)
-        if over.size:
-            raise InvalidProblem(f"profile table {str(path)!r}: row {over[0] + 1}, placement "
-                                 f"{df.placement.iloc[over[0]]!r} puts more than gpus_per_node={gpus_per_node} "
-                                 f"replicas on a node")
+        _reject_rows(path, df.placement.map(lambda p: max(map(int, p))) > gpus_per_node,
+                     lambda i: f"placement {df.placement[i]!r} puts more than gpus_per_node={gpus_per_node} "
+                               f"replicas on a node")
     return df
 
 
@@ -112,10 +113,8 @@ def read_scalability(path) -> pd.DataFrame:
     if not path.is_file():
         return pd.DataFrame({c: pd.Series(dtype=float) for c in SCALABILITY_COLUMNS})
     df = _read_times(path, SCALABILITY_COLUMNS)
-    bad = np.flatnonzero((df.num_replicas < df.num_nodes).to_numpy())
-    if bad.size:
-        raise InvalidProblem(f"profile table {str(path)!r}: row {bad[0] + 1}, column 'num_replicas' must be >= "
-                             f"num_nodes={df.num_nodes.iloc[bad[0]]}, got {df.num_replicas.iloc[bad[0]]}")
+    _reject_rows(path, df.num_replicas < df.num_nodes, lambda i: f"column 'num_replicas' must be >= "
+                 f"num_nodes={df.num_nodes[i]}, got {df.num_replicas[i]}")
     return df
 
 

@@ -94,23 +94,21 @@ def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], *, jobs: int = 1,
     """
     jobs = check("jobs", jobs, _WORKERS)
     results: list = [None] * len(tasks)
-    if jobs == 1:
-        for i, task in enumerate(tasks):
-            results[i] = fn(task)
+    with contextlib.ExitStack() as stack:
+        if jobs == 1:
+            done = ((i, fn(task)) for i, task in enumerate(tasks))
+        else:
+            # Not fork: the caller may hold threads (JAX, torch, a progress bar), and a
+            # forked child of a multithreaded process can deadlock.
+            methods = mp.get_all_start_methods()
+            context = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+            pool = stack.enter_context(ProcessPoolExecutor(max_workers=jobs, mp_context=context))
+            futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+            done = ((futures[future], future.result()) for future in as_completed(futures))
+        for i, result in done:
+            results[i] = result
             if on_result is not None:
-                on_result(task, results[i])
-        return results
-    # Not fork: the caller may hold threads (JAX, torch, a progress bar), and a
-    # forked child of a multithreaded process can deadlock.
-    methods = mp.get_all_start_methods()
-    context = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
-        for future in as_completed(futures):
-            i = futures[future]
-            results[i] = future.result()
-            if on_result is not None:
-                on_result(tasks[i], results[i])
+                on_result(tasks[i], result)
     return results
 
 
