@@ -148,21 +148,16 @@ class TraceProfile:
         self.init_batch_size = int(min(self.validation))
         self.max_batch_size = int(max(self.validation))
         self.min_local_bsz = int(self.placements.local_bsz.min())
-        # One mean per (placement, local_bsz), sorted by both (the sums of a grouping per placement), split.
+        # One mean per (placement, local_bsz), by placement, in increasing local_bsz.
         means = self.placements.groupby(["placement", "local_bsz"], as_index=False)[["step_time", "sync_time"]].mean()
-        keys, local = means.placement.to_numpy(), means.local_bsz.to_numpy(float)
-        times = means[["step_time", "sync_time"]].to_numpy(float)
-        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]).tolist() if keys.size else []
-        for lo, hi in zip(starts, starts[1:] + [keys.size]):
-            self._by_placement[tuple(int(c) for c in str(keys[lo]))] = (local[lo:hi], times[lo:hi])
-        bsz = np.array(sorted(self.validation), dtype=float)
-        self._bsz = bsz
+        for key, rows in means.groupby("placement"):
+            times = rows[["step_time", "sync_time"]].to_numpy(float)
+            self._by_placement[tuple(int(c) for c in str(key))] = (rows.local_bsz.to_numpy(float), times)
+        self._bsz = np.array(sorted(self.validation), dtype=float)
         n_epochs = min(len(df) for df in self.validation.values())
         if self.max_epochs > n_epochs:
-            raise InvalidProblem(
-                f"profile {self.name!r}: max_epochs={self.max_epochs} exceeds the {n_epochs} "
-                "validated epochs"
-            )
+            raise InvalidProblem(f"profile {self.name!r}: max_epochs={self.max_epochs} exceeds the {n_epochs} "
+                                 "validated epochs")
         cols = lambda c: np.stack([df[c].to_numpy(float)[:n_epochs] for df in self.validation.values()])  # noqa: E731
         self._iter, self._sqr, self._var = cols("iteration"), cols("grad_sqr"), cols("grad_var")
         self._progress = cols("progress").min(axis=0)
@@ -222,13 +217,8 @@ class TraceProfile:
         if hit is not None:
             return hit
         p = key[0]
-        table = None
-        for cand in (p, tuple(sorted(p, reverse=True)), tuple(sorted(p))):
-            table = self._by_placement.get(cand)
-            if table is not None:
-                break
-        if table is None:
-            table = self._nk_table(len(p), sum(p))
+        measured = (self._by_placement.get(c) for c in (p, tuple(sorted(p, reverse=True)), tuple(sorted(p))))
+        table = next((t for t in measured if t is not None), None) or self._nk_table(len(p), sum(p))
         step, sync = _interp_extrap(float(local_bsz), *table)
         step = max(float(step), 1e-9)
         sync = float(np.clip(sync, 0.0, step))
