@@ -156,43 +156,40 @@ class SimBackend:
     def finished(self) -> bool:
         return all(j.completion_time is not None for j in self._jobs.values())
 
+    def _active(self) -> list[SimJob]:
+        """The jobs submitted and not complete."""
+        return [j for j in self._jobs.values() if j.submitted and j.completion_time is None]
+
     def views(self) -> list[JobView]:
-        out = []
-        cfg = self.config
-        for job in self._jobs.values():
-            if not job.submitted or job.completion_time is not None:
-                continue
-            out.append(
-                JobView(
-                    job_id=job.spec.id,
-                    submit_time=job.spec.arrival_s,
-                    state=JobState.RUNNING if job.placement else JobState.QUEUED,
-                    placement=dict(job.placement),
-                    restarts=job.restarts,
-                    age=self._now - job.spec.arrival_s,
-                    min_replicas=0,
-                    max_replicas=job.hard_max_replicas(cfg.max_replicas),
-                    submitted_replicas=job.submitted_config[0],
-                    submitted_batch_size=job.submitted_config[1],
-                    goodput_model=job.agent.model(),
-                    restart_delay=self._restart_delay(job),
-                    progress=job.progress,
-                    attained_service=job.attained,
-                    # what the policy's exploration cap is a multiple of
-                    max_profiled_replicas=(job.agent.most_replicas if job.typed is None
-                                           else max(job.agent.most_replicas, job.typed.most_replicas)),
-                    weight=job.spec.weight,
-                    goodput_models=None if job.typed is None else job.typed.models(),
-                    fixed_batch_size=job.submitted_config[1] if self.fixed_batch else None,
-                    batch_size=job.batch_size,
-                )
+        return [
+            JobView(
+                job_id=job.spec.id,
+                submit_time=job.spec.arrival_s,
+                state=JobState.RUNNING if job.placement else JobState.QUEUED,
+                placement=dict(job.placement),
+                restarts=job.restarts,
+                age=self._now - job.spec.arrival_s,
+                min_replicas=0,
+                max_replicas=job.hard_max_replicas(self.config.max_replicas),
+                submitted_replicas=job.submitted_config[0],
+                submitted_batch_size=job.submitted_config[1],
+                goodput_model=job.agent.model(),
+                restart_delay=self._restart_delay(job),
+                progress=job.progress,
+                attained_service=job.attained,
+                # what the policy's exploration cap is a multiple of
+                max_profiled_replicas=(job.agent.most_replicas if job.typed is None
+                                       else max(job.agent.most_replicas, job.typed.most_replicas)),
+                weight=job.spec.weight,
+                goodput_models=None if job.typed is None else job.typed.models(),
+                fixed_batch_size=job.submitted_config[1] if self.fixed_batch else None,
+                batch_size=job.batch_size,
             )
-        return out
+            for job in self._active()
+        ]
 
     def apply(self, decision: Decision) -> None:
-        for job in self._jobs.values():
-            if not job.submitted or job.completion_time is not None:
-                continue
+        for job in self._active():
             jid = job.spec.id
             new = {n: int(k) for n, k in decision.placement.get(jid, {}).items() if k}
             for n in new:
