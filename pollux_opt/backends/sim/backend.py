@@ -69,8 +69,7 @@ class SimBackend:
         profiles: application name -> true profile: a
             :class:`~pollux_opt.backends.sim.traces.Profile` (every node type
             alike), or ``{type: Profile}`` naming each node type of ``cluster``.
-        cluster: the simulated cluster (node ids are the placement keys; node types
-            select the per-type truth, see :class:`~pollux_opt.backends.sim.state.TypedJobState`).
+        cluster: the simulated cluster (node ids are the placement keys; node types select the per-type truth).
         events: the run's event log (submit, start, rescale, complete events).
         config: simulation settings.
         fixed_batch: the jobs train at their submitted batch size (the
@@ -106,8 +105,8 @@ class SimBackend:
         self._fits: dict[tuple, object] = {}
         typed = cluster.typed or any(isinstance(p, Mapping) for p in profiles.values())
         self._node_type = {n.id: n.type for n in cluster.nodes}
-        per_type = {a: per_type_profiles(a, p, cluster.types) for a, p in profiles.items()} if typed else {}
-        reference = {a: next(iter(t.values())) for a, t in per_type.items()} if typed else profiles
+        per_type = {a: per_type_profiles(a, p, cluster.types) for a, p in profiles.items()}
+        reference = {a: next(iter(t.values())) for a, t in per_type.items()}
         pinned = {a: pinned_config(reference[a]) for a in self.config.fixed_applications if a in profiles}
         for spec in sorted(jobs, key=lambda j: (j.arrival_s, j.id)):
             if spec.kind not in profiles:
@@ -120,7 +119,7 @@ class SimBackend:
             p = reference[spec.kind]
             limits = pooled_limits(per_type[spec.kind]) if typed else batch_limits(p)
             agent = JobAgent(limits, refit_growth=REFIT_GROWTH, fit_cache=self._fits, name=spec.id)
-            job = SimJob(spec, p, pinned=pinned.get(spec.kind), agent=agent)
+            job = SimJob(spec, per_type[spec.kind], pinned=pinned.get(spec.kind), agent=agent)
             if typed:
                 job.typed = TypedJobState.create(per_type[spec.kind], self._fits, spec.id)
             self._jobs[spec.id] = job
@@ -142,12 +141,6 @@ class SimBackend:
         """The batch limits of the type the job runs on; on several types (or none), the pooled ones."""
         run_type = None if job.typed is None else self._run_type(job)
         return job.agent.limits if run_type is None else job.typed.agents[run_type].limits
-
-    def _step_sync(self, job: SimJob, placement: tuple[int, ...]) -> tuple[float, float]:
-        if job.typed is None:
-            return job.profile.step_sync(placement, job.local_bsz)
-        types = tuple(self._node_type[n] for n in sorted(job.placement, key=self._order.__getitem__))
-        return mixed_step_sync(job.typed.profiles, types, placement, job.local_bsz)
 
     # ---------------------------------------------------------------- protocol
     def now(self) -> float:
@@ -255,7 +248,7 @@ class SimBackend:
             if not job.submitted and job.spec.arrival_s <= self._now:
                 job.submitted = arrived = True
                 if job.typed is not None:
-                    job.typed.profile_one_replica()
+                    job.typed.profile_one_replica(job.profiles)
                 self._emit(
                     "submit", job.spec.arrival_s, job.spec.id,
                     submitted_replicas=job.submitted_config[0],
@@ -263,9 +256,6 @@ class SimBackend:
                     max_replicas=job.hard_max_replicas(self.config.max_replicas),
                 )
         return arrived
-
-    def _sorted(self, placement: Mapping[str, int]) -> tuple[int, ...]:
-        return tuple(placement[n] for n in sorted(placement, key=self._order.__getitem__))
 
     def _reallocate(self, job: SimJob, new: dict[str, int]) -> None:
         old = job.placement
@@ -346,10 +336,12 @@ class SimBackend:
             if job.rescale_left <= 0 and job.restarts > 0:
                 self._emit("rescale_end", now, job.spec.id, placement=job.placement,
                            duration_s=self._restart_delay(job))
-        placement = self._sorted(job.placement)
+        nodes = sorted(job.placement, key=self._order.__getitem__)
+        placement = tuple(job.placement[n] for n in nodes)
+        types = tuple(self._node_type[n] for n in nodes)
         while seconds > 0 and job.completion_time is None:
             batch = job.batch_size
-            step, sync = self._step_sync(job, placement)
+            step, sync = mixed_step_sync(job.profiles, types, placement, job.local_bsz)
             sqr, var = p.grad_stats(batch, job.epoch)
             scale = batch / p.init_batch_size
             gain = (var + sqr) / (var / scale + sqr)

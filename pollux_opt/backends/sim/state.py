@@ -5,11 +5,10 @@ and the :class:`Oracle` that reads the jobs' truth for Optimus+Oracle.
 :class:`SimJob` is the mutable state of one simulated job (its placement,
 batch, progress and the agent that fits its goodput model);
 :class:`~pollux_opt.backends.sim.backend.SimBackend` steps it on the truth of
-its :class:`~pollux_opt.backends.sim.traces.Profile`.  On a cluster of
-several node types, :class:`TypedJobState` holds a job's per-type truth and
-per-type models; a placement over nodes of several types (only a
-type-unaware policy makes one) runs at the pace of its slowest type
-(:func:`mixed_step_sync`).
+its :class:`~pollux_opt.backends.sim.traces.Profile` per node type.  On a
+cluster of several node types, :class:`TypedJobState` holds a job's per-type
+models; a placement over nodes of several types (only a type-unaware policy
+makes one) runs at the pace of its slowest type (:func:`mixed_step_sync`).
 """
 
 from __future__ import annotations
@@ -201,7 +200,9 @@ class SimJob:
     """Mutable state of one simulated job (internal to the backend)."""
 
     spec: WorkloadJob
-    profile: Profile
+    #: The truth on each node type of the cluster (types differ in step times and
+    #: batch caps only); the same profile on every type for a plain profile.
+    profiles: Mapping[str, Profile]
     #: (replicas, batch size) of a job that is not elastic (``SimConfig.fixed_applications``).
     pinned: tuple[int, int] | None = None
     placement: dict[str, int] = field(default_factory=dict)
@@ -217,9 +218,14 @@ class SimJob:
     submitted: bool = False
     completion_time: float | None = None
     agent: JobAgent | None = None  # what the job measured and its fitted model
-    typed: TypedJobState | None = None  # per-type truth and agents on a typed cluster
+    typed: TypedJobState | None = None  # per-type agents on a typed cluster
     last_goodput: float = 0.0
     last_throughput: float = 0.0
+
+    @property
+    def profile(self) -> Profile:
+        """The first type's profile: the reference for statistics, progress, batch sizes and the oracle."""
+        return next(iter(self.profiles.values()))
 
     @property
     def replicas(self) -> int:
@@ -273,10 +279,8 @@ def mixed_step_sync(profiles: Mapping[str, object], types: tuple[str, ...], plac
 
 @dataclass(eq=False)
 class TypedJobState:
-    """Per-type truth and agents of one simulated job on a cluster of several node types.
-
-    The truth is one :class:`~pollux_opt.backends.sim.traces.Profile` per type
-    (per-type step times and batch caps over shared gradient statistics).  What the job reports:
+    """Per-type agents of one simulated job on a cluster of several node types
+    (its truth: :attr:`SimJob.profiles`).  What the job reports:
 
     - on arrival, a one-replica profile on every type (Sia, SOSP 2023,
       "bootstrapping throughput models": each new job is profiled on one GPU of
@@ -291,7 +295,6 @@ class TypedJobState:
     the rule the real runtime's reports use too).
     """
 
-    profiles: Mapping[str, object]
     agents: dict[str, JobAgent]
     one_replica: dict[str, float] = field(default_factory=dict)
     _projected: dict[str, tuple[GoodputModel, float, GoodputModel]] = field(default_factory=dict)
@@ -300,11 +303,11 @@ class TypedJobState:
     def create(cls, profiles: Mapping[str, object], fit_cache: dict, name: str) -> "TypedJobState":
         agents = {t: JobAgent(batch_limits(p), refit_growth=REFIT_GROWTH, fit_cache=fit_cache, name=f"{name}@{t}")
                   for t, p in profiles.items()}
-        return cls(dict(profiles), agents)
+        return cls(agents)
 
-    def profile_one_replica(self) -> None:
+    def profile_one_replica(self, profiles: Mapping[str, Profile]) -> None:
         """Sia's arrival profile: one replica of every type at the initial batch (within the type's cap)."""
-        for t, p in self.profiles.items():
+        for t, p in profiles.items():
             m = max(min(p.init_batch_size, p.max_local_bsz), p.min_local_bsz)
             step, sync = p.step_sync((1,), m)
             self.agents[t].add_measurement(ConfigKey(1, 1, m, 0), step, min(sync, step))
