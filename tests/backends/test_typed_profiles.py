@@ -282,7 +282,7 @@ def test_measured_t4_profile_yields_faster_types_by_the_documented_ratio():
 # --------------------------------------------------------------------------------- Sia's settings
 def test_sia_settings_are_off_by_default():
     s = SiaSimSettings()
-    assert s.goodput_factor("cifar10") == 1.0 and s.restart_delay_of("cifar10") is None
+    assert s.goodput_factor("cifar10") == 1.0 and s.restart_delay_of("cifar10", 12.5) == 12.5
 
 
 def test_sia_settings_when_enabled_divide_goodput_and_set_restart_delays():
@@ -291,7 +291,7 @@ def test_sia_settings_when_enabled_divide_goodput_and_set_restart_delays():
     assert s.goodput_factor("ncf") == pytest.approx(1 / 1.5)
     assert s.goodput_factor("imagenet") == pytest.approx(1 / 1.2)
     assert s.goodput_factor("my-job") == 1.0
-    assert s.restart_delay_of("imagenet") == 250.0 and s.restart_delay_of("my-job") == 30.0
+    assert s.restart_delay_of("imagenet", 12.5) == 250.0 and s.restart_delay_of("my-job", 12.5) == 30.0
 
 
 def test_sia_settings_reject_bad_values():

@@ -129,8 +129,7 @@ class SimBackend:
 
     def _restart_delay(self, job: SimJob) -> float:
         """Seconds a restart of ``job`` costs: Sia's per-model delay when enabled, else the configured one."""
-        sia = self.config.sia.restart_delay_of(job.spec.kind)
-        return self.config.restart_delay if sia is None else sia
+        return self.config.sia.restart_delay_of(job.spec.kind, self.config.restart_delay)
 
     def _run_type(self, job: SimJob) -> str | None:
         """The node type a typed job runs on (None: not running, or on several types)."""

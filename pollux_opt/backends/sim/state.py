@@ -117,11 +117,9 @@ class SiaSimSettings:
         """``1 / slowdown`` of ``app`` when enabled (1 for unlisted applications), else 1."""
         return 1.0 / float(self.calibration.get(app, 1.0)) if self.enabled else 1.0
 
-    def restart_delay_of(self, app: str) -> float | None:
-        """Sia's restart delay of ``app`` in seconds when enabled, else None (the simulator's own)."""
-        if not self.enabled:
-            return None
-        return float(self.restart_delay.get(app, self.default_restart_delay))
+    def restart_delay_of(self, app: str, own: float) -> float:
+        """Sia's restart delay of ``app`` in seconds when enabled, else ``own`` (the simulator's)."""
+        return float(self.restart_delay.get(app, self.default_restart_delay)) if self.enabled else own
 
 
 @dataclass(frozen=True)
