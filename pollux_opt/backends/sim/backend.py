@@ -55,10 +55,17 @@ from pollux_opt.backends.sim.traces import Profile
 from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
 
-__all__ = ["SimBackend"]
+__all__ = ["NullLog", "SimBackend"]
 
 #: Seconds the simulated clock advances by.
 _POSITIVE = Real(gt=0)
+
+
+class NullLog:
+    """An event log that keeps nothing: the events of a simulation without a run directory."""
+
+    def emit(self, *args, **kwargs) -> dict:
+        return {}
 
 
 class SimBackend:
@@ -70,7 +77,7 @@ class SimBackend:
             :class:`~pollux_opt.backends.sim.traces.Profile` (every node type
             alike), or ``{type: Profile}`` naming each node type of ``cluster``.
         cluster: the simulated cluster (node ids are the placement keys; node types select the per-type truth).
-        events: the run's event log (submit, start, rescale, complete events).
+        events: the run's event log (submit, start, rescale, complete events); None: none kept.
         config: simulation settings.
         fixed_batch: the jobs train at their submitted batch size (the
             policy's :attr:`~pollux_opt.scheduling.loop.Policy.fixed_batch`;
@@ -94,7 +101,7 @@ class SimBackend:
         self.config = config or SimConfig()
         self.fixed_batch = bool(fixed_batch)
         self.cluster = cluster
-        self.events = events
+        self.events = NullLog() if events is None else events
         self._now = 0.0
         self._rng = np.random.default_rng(self.config.seed)
         self._jobs: dict[str, SimJob] = {}
@@ -236,10 +243,6 @@ class SimBackend:
         ]
 
     # --------------------------------------------------------------- internals
-    def _emit(self, etype: str, t: float, job_id: str | None, **fields) -> None:
-        if self.events is not None:
-            self.events.emit(etype, t, job_id, **fields)
-
     def _admit(self) -> bool:
         """Submit the jobs that have arrived by now; True if there were any."""
         arrived = False
@@ -248,7 +251,7 @@ class SimBackend:
                 job.submitted = arrived = True
                 if job.typed is not None:
                     job.typed.profile_one_replica(job.profiles)
-                self._emit(
+                self.events.emit(
                     "submit", job.spec.arrival_s, job.spec.id,
                     submitted_replicas=job.submitted_config[0],
                     submitted_batch_size=job.submitted_config[1], application=job.spec.kind,
@@ -268,10 +271,10 @@ class SimBackend:
             if self.config.start_delay is not None:
                 job.rescale_left = per_app(self.config.start_delay, job.spec.kind)
             job.started = True
-            self._emit("start", self._now, job.spec.id, placement=new)
+            self.events.emit("start", self._now, job.spec.id, placement=new)
         else:
             job.restarts += 1
-            self._emit("rescale_begin", self._now, job.spec.id, old_placement=old, placement=new)
+            self.events.emit("rescale_begin", self._now, job.spec.id, old_placement=old, placement=new)
 
     def _choose_batch(self, job: SimJob) -> None:
         """The job picks its batch for its allocation, as a real job does, with its
@@ -333,8 +336,8 @@ class SimBackend:
             now += delay
             seconds -= delay
             if job.rescale_left <= 0 and job.restarts > 0:
-                self._emit("rescale_end", now, job.spec.id, placement=job.placement,
-                           duration_s=self._restart_delay(job))
+                self.events.emit("rescale_end", now, job.spec.id, placement=job.placement,
+                                 duration_s=self._restart_delay(job))
         nodes = sorted(job.placement, key=self._order.__getitem__)
         placement = tuple(job.placement[n] for n in nodes)
         types = tuple(self._node_type[n] for n in nodes)
@@ -368,14 +371,14 @@ class SimBackend:
                 if job.epoch >= p.max_epochs:
                     verify = per_app(self.config.completion_delay, job.spec.kind)
                     job.completion_time = now + verify
-                    self._emit("complete", job.completion_time, job.spec.id, verified=False,
-                               metric="epochs", value=job.epoch, restarts=job.restarts,
-                               progress=job.progress, model=goodput_model_to_json(job.agent.model()),
-                               verify_s=verify)
+                    self.events.emit("complete", job.completion_time, job.spec.id, verified=False,
+                                     metric="epochs", value=job.epoch, restarts=job.restarts,
+                                     progress=job.progress, model=goodput_model_to_json(job.agent.model()),
+                                     verify_s=verify)
                     job.placement = {}
         job.agent.stats_steps = int(job.steps)  # the steps its statistics span
         if self.config.emit_reports and job.completion_time is None:
-            self._emit(
+            self.events.emit(
                 "report", now, job.spec.id, throughput=job.last_throughput, goodput=job.last_goodput,
                 progress=job.progress, replicas=k, batch_size=job.batch_size,
             )

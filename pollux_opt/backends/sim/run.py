@@ -160,9 +160,8 @@ def simulate(
         pol = (make_policy(policy, provides=provides, **dict(policy_options or {}))
                if isinstance(policy, str) else policy)
         backend.fixed_batch = pol.fixed_batch  # the policy's, before its first round
-        if events is not None:
-            events.emit("run_start", 0.0, None, policy=pol.name, resumed=False, simulated=True,
-                        cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes))
+        backend.events.emit("run_start", 0.0, None, policy=pol.name, resumed=False, simulated=True,
+                            cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes))
         solver_s = [0.0]
 
         def on_round(now, views, decision):
@@ -170,8 +169,8 @@ def simulate(
             if progress is not None:
                 progress(now, views, decision)
 
-        rounds = run_loop(backend, pol, cluster, _NullLog() if events is None else events,
-                          interval=interval, progress=on_round, max_rounds=max_rounds)
+        rounds = run_loop(backend, pol, cluster, backend.events, interval=interval, progress=on_round,
+                          max_rounds=max_rounds)
     jct = np.array(sorted(backend.jcts().values()))
     records = backend.job_records()
     done = [r["completion_time"] for r in records if r["completion_time"] is not None]
@@ -214,8 +213,3 @@ def _summary(out: Path, result: SimResult, config: SimConfig, interval: float, c
         "nodes": len(cluster.nodes), "cpus": cluster.total_cpus,
     }
     return jsonable(summary)
-
-
-class _NullLog:
-    def emit(self, *args, **kwargs):
-        return {}
