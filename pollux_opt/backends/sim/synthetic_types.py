@@ -24,13 +24,12 @@ from pollux_opt.backends.sim.profile_files import (
     SCALABILITY_COLUMNS,
     VALIDATION_FILE,
     app_folders,
-    read_placements,
-    read_scalability,
+    load_trace_profile,
     read_validation,
     trace_profile,
 )
-from pollux_opt.backends.sim.traces import APP_SETTINGS, AppSettings
 from pollux_opt.model.cluster_types import GPU_TYPES, memory_scaled_local_bsz
+from pollux_opt.records.files import atomic_write_bytes, atomic_write_csv
 
 __all__ = [
     "SYNTHETIC_TYPES",
@@ -188,18 +187,10 @@ def synthesize_tables(
 
 def synthesize_app(folder, types: Sequence[str] = SYNTHETIC_TYPES) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
     """``{type: (placements, scalability)}`` of one AdaptDL-format (T4) application folder."""
-    folder = Path(folder)
-    placements = read_placements(folder / "placements.csv")
-    scalability = read_scalability(folder / "scalability.csv")
-    validation = read_validation(folder)
-    settings = APP_SETTINGS.get(folder.name, AppSettings())
-    ref_max = settings.max_local_bsz or int(placements.local_bsz.max())
-    return {
-        t: synthesize_tables(
-            placements, scalability, t, reference_max_local_bsz=ref_max, max_batch_size=max(validation)
-        )
-        for t in types
-    }
+    ref = load_trace_profile(folder)
+    return {t: synthesize_tables(ref.placements, ref.scalability, t, reference_max_local_bsz=ref.max_local_bsz,
+                                 max_batch_size=ref.max_batch_size)
+            for t in types}
 
 
 def build_typed_profiles(root, names: Sequence[str] | None = None, types: Sequence[str] = SYNTHETIC_TYPES) -> dict:
@@ -217,8 +208,6 @@ def write_typed_profiles(
 
     Returns the application folders written.  Files are written atomically.
     """
-    from pollux_opt.records.files import atomic_write_bytes, atomic_write_csv
-
     out = Path(out)
     written = []
     for folder in app_folders(root, names):
