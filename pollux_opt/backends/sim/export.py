@@ -9,9 +9,7 @@ in the layout of ``shared/traces/adaptdl-osdi21/README.md``, so that
 ``pollux-opt simulate --profiles PROFILES_DIR`` can replay the workload.  All
 runs and jobs of one application are pooled.  It also writes
 ``workload-<run>.csv`` (the run's jobs in the simulator's workload format) and
-``export.json`` (per application: M0, batch limits, progress to completion,
-jobs used, median measured start, restart and verification seconds) at the
-top of ``PROFILES_DIR``.
+``export.json`` (an :class:`ExportedApp` per application) at the top of ``PROFILES_DIR``.
 
 Conversions (runtime convention -> trace convention):
 
