@@ -76,9 +76,8 @@ def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: 
     synthetic types built from the trace folder; a one-type description with the
     trace folder's profiles as they are)."""
     from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_NODES
+    from pollux_opt.backends.sim.profile_files import load_profiles, load_typed_profiles
     from pollux_opt.backends.sim.synthetic_types import build_typed_profiles
-    from pollux_opt.backends.sim.traces import default_trace_dir, load_profiles
-    from pollux_opt.backends.sim.typed_profiles import load_typed_profiles
     from pollux_opt.model import Cluster
     from pollux_opt.model.cluster_types import load_cluster_types
 
@@ -96,14 +95,13 @@ def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: 
         return typed, load_typed_profiles(typed_profiles, types=types.names)
     if len(types.names) == 1:
         return typed, load_profiles(profiles)
-    return typed, build_typed_profiles(Path(profiles) if profiles else default_trace_dir(), types=types.names)
+    return typed, build_typed_profiles(profiles, types=types.names)
 
 
 def simulate_one(args: dict) -> dict:
     """Top-level (picklable) entry point: simulate one workload; returns the result as a dict."""
-    from pollux_opt.backends.sim.state import PAPER_FIXED_APPLICATIONS, SimConfig
     from pollux_opt.backends.sim.run import simulate
-    from pollux_opt.backends.sim.sia_settings import SiaSimSettings
+    from pollux_opt.backends.sim.state import PAPER_FIXED_APPLICATIONS, SiaSimSettings, SimConfig
     from pollux_opt.workloads.adaptdl import read_adaptdl_csv
 
     cluster, profiles = cluster_and_profiles(args.get("cluster"), args["nodes"], args["cpus_per_node"],

@@ -315,7 +315,7 @@ def test_cli_completion_delay(tmp_path):
 
 @pytest.mark.parametrize("flag, expected", [(None, ("ncf",)), ([], ()), (["bert", "ncf"], ("bert", "ncf"))])
 def test_cli_fixed_apps_reaches_the_simulation(tmp_path, monkeypatch, flag, expected):
-    from pollux_opt.backends.sim import run as _run, traces as _profile
+    from pollux_opt.backends.sim import profile_files as _files, run as _run
     from pollux_opt.cli.simulate import simulate_one
 
     wl = tmp_path / "w.csv"
@@ -326,7 +326,7 @@ def test_cli_fixed_apps_reaches_the_simulation(tmp_path, monkeypatch, flag, expe
         seen["config"] = config
         return _run.SimResult(policy, 1, 1, 1.0, 1.0, 1.0, 1, 0.0, 0.0, None)
 
-    monkeypatch.setattr(_profile, "load_profiles", lambda root=None, names=None: SYNTH)
+    monkeypatch.setattr(_files, "load_profiles", lambda root=None, names=None: SYNTH)
     monkeypatch.setattr(_run, "simulate", fake_simulate)
     simulate_one({"workload": str(wl), "profiles": None, "policy": "tiresias", "nodes": 1, "cpus_per_node": 4,
                   "interval": 60.0, "restart_delay": 30.0, "interference": 0.0, "report_noise": 0.0,

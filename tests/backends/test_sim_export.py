@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from pollux_opt.backends.sim.export import EXPORT_EPOCHS, export_profiles
-from pollux_opt.backends.sim.traces import load_profiles
+from pollux_opt.backends.sim import load_profiles
 from pollux_opt.workloads import read_adaptdl_csv
 from pollux_opt.cli.main import main
 from solvers import InvalidProblem

@@ -10,8 +10,8 @@ import pytest
 
 from pollux_opt import Cluster, InvalidProblem
 from pollux_opt.backends.sim import ParametricProfile, SimBackend, SimConfig, simulate
-from pollux_opt.backends.sim.sia_settings import SiaSimSettings
-from pollux_opt.backends.sim.typed_profiles import TypedProfile, load_typed_profiles
+from pollux_opt.backends.sim.state import SiaSimSettings
+from pollux_opt.backends.sim.profile_files import load_typed_profiles
 from pollux_opt.cli.simulate import cluster_and_profiles
 from pollux_opt.model.cluster_types import ClusterTypes, NodeType
 from pollux_opt.scheduling.loop import Decision
@@ -25,7 +25,7 @@ def _toy(speed: float, max_local: int = 256, progress: float = 200.0) -> Paramet
     return ParametricProfile("toy", max_epochs=3, epoch_progress=progress, max_local_bsz=max_local, **times)
 
 
-TYPED = {"toy": TypedProfile("toy", {"slow": _toy(1.0), "fast": _toy(3.0, max_local=128)})}
+TYPED = {"toy": {"slow": _toy(1.0), "fast": _toy(3.0, max_local=128)}}
 
 
 def _cluster(slow=1, fast=1, size=4):
@@ -50,7 +50,7 @@ def test_new_jobs_are_profiled_on_one_replica_of_every_type():
 
 
 def test_unmeasured_types_are_projected_from_the_measured_one():
-    long = {"toy": TypedProfile("toy", {"slow": _toy(1.0, progress=1e5), "fast": _toy(3.0, 128, progress=1e5)})}
+    long = {"toy": {"slow": _toy(1.0, progress=1e5), "fast": _toy(3.0, 128, progress=1e5)}}
     backend = SimBackend(_jobs(1), long, _cluster(slow=1, fast=1))
     _run(backend, {"j0": {"slow-0": 2}})
     _run(backend, {"j0": {"slow-0": 4}})
@@ -154,12 +154,12 @@ def test_cli_reads_a_typed_cluster_with_profiles_in_sias_layout(tmp_path):
                                                {"name": "rtx", "count": 1, "replicas_per_node": 8}]}))
     cluster, profiles = cluster_and_profiles(str(spec), None, None, None, str(tmp_path))
     assert cluster.types == ("aws", "rtx") and cluster.total_cpus == 12
-    assert profiles["toy"].types == ("aws", "rtx")
+    assert tuple(profiles["toy"]) == ("aws", "rtx")
     assert profiles["toy"]["rtx"].step_sync((1,), 32)[0] < profiles["toy"]["aws"].step_sync((1,), 32)[0]
     jobs = [WorkloadJob(f"toy-{i}", "toy", i * 30.0, 1, 128) for i in range(2)]
     res = simulate(jobs, profiles, "sia", cluster=cluster, interval=60.0, max_rounds=500)
     assert res.completed == 2
-    assert load_typed_profiles(tmp_path, types=("aws",))["toy"].types == ("aws",)
+    assert tuple(load_typed_profiles(tmp_path, types=("aws",))["toy"]) == ("aws",)
 
 
 def test_cli_cluster_and_nodes_are_exclusive():

@@ -10,7 +10,7 @@ import pytest
 
 from pollux_opt import InvalidProblem
 from pollux_opt.backends.sim import default_trace_dir
-from pollux_opt.backends.sim.sia_settings import SiaSimSettings
+from pollux_opt.backends.sim.state import SiaSimSettings
 from pollux_opt.backends.sim.synthetic_types import (
     build_typed_profiles,
     speed_ratios,
@@ -18,7 +18,7 @@ from pollux_opt.backends.sim.synthetic_types import (
     synthesize_tables,
     write_typed_profiles,
 )
-from pollux_opt.backends.sim.typed_profiles import load_typed_profile, load_typed_profiles, profile_types, read_placements
+from pollux_opt.backends.sim.profile_files import load_typed_profile, load_typed_profiles, profile_types, read_placements
 from pollux_opt.model.cluster_types import GPU_TYPES, memory_scaled_local_bsz
 
 TRACES = default_trace_dir()
@@ -91,7 +91,7 @@ def make_adaptdl_folder(root, name="toy"):
 # ------------------------------------------------------------------------------------------ reader
 def test_types_read_by_header_whatever_the_column_order(tmp_path):
     prof = load_typed_profile(make_sia_folder(tmp_path))
-    assert prof.types == ("aws", "rtx")
+    assert tuple(prof) == ("aws", "rtx")
     for t, speed in (("aws", 1.0), ("rtx", 2.0)):
         for p in ("1", "22"):
             step, sync = prof[t].step_sync(tuple(map(int, p)), 16)
@@ -120,7 +120,7 @@ def test_profile_types_parses_hyphenated_type_names(tmp_path):
     folder = make_sia_folder(tmp_path)
     (folder / "placements-aws.csv").rename(folder / "placements-dgx-ext.csv")
     assert profile_types(folder) == ("dgx-ext", "rtx")
-    assert load_typed_profile(folder, types=["dgx-ext"]).types == ("dgx-ext",)
+    assert tuple(load_typed_profile(folder, types=["dgx-ext"])) == ("dgx-ext",)
 
 
 def test_scalability_file_is_optional_and_used_when_present(tmp_path):
@@ -131,14 +131,14 @@ def test_scalability_file_is_optional_and_used_when_present(tmp_path):
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (lambda df: df.drop(columns="sync_time"), r"placements-aws.csv' has no column 'sync_time'"),
-        (lambda df: df.assign(placement=["2a"] + list(df.placement[1:])), r"row 2: placement must be digits 1-9"),
-        (lambda df: df.assign(placement=["10"] + list(df.placement[1:])), r"row 2: placement must be digits"),
-        (lambda df: df.assign(placement=["5"] + list(df.placement[1:])), r"puts more than gpus_per_node=4"),
-        (lambda df: df.assign(step_time=[-1.0] + list(df.step_time[1:])), r"row 2: step_time must be a finite"),
-        (lambda df: df.assign(sync_time=["x"] + list(df.sync_time[1:])), r"row 2: sync_time must be a finite"),
+        (lambda df: df.drop(columns="sync_time"), r"placements-aws.csv' lacks columns \['sync_time'\]"),
+        (lambda df: df.assign(placement=["2a"] + list(df.placement[1:])), r"row 1, column 'placement' must be replicas per node as digits 1-9, got '2a'"),
+        (lambda df: df.assign(placement=["10"] + list(df.placement[1:])), r"row 1, column 'placement' must be replicas per node as digits 1-9, got '10'"),
+        (lambda df: df.assign(placement=["5"] + list(df.placement[1:])), r"row 1, placement '5' puts more than gpus_per_node=4"),
+        (lambda df: df.assign(step_time=[-1.0] + list(df.step_time[1:])), r"row 1, column 'step_time' must be a finite number > 0, got -1.0"),
+        (lambda df: df.assign(sync_time=["x"] + list(df.sync_time[1:])), r"row 1, column 'sync_time' must be a finite number, got 'x'"),
         (lambda df: df.iloc[:0], r"has no rows"),
-        (lambda df: df.assign(local_bsz=[8.5] + list(df.local_bsz[1:])), r"row 2: local_bsz must be an integer, got 8.5"),
+        (lambda df: df.assign(local_bsz=[8.5] + list(df.local_bsz[1:])), r"row 1, column 'local_bsz' must be an integer of at most 18 digits, got 8.5"),
     ],
 )
 def test_bad_placement_rows_are_rejected_naming_file_row_and_value(tmp_path, edit, match):
@@ -169,7 +169,7 @@ def test_scalability_rows_need_at_least_one_replica_per_node(tmp_path):
     folder = make_sia_folder(tmp_path)
     path = folder / "scalability-aws.csv"
     pd.read_csv(path).assign(num_replicas=2).to_csv(path, index=False)
-    with pytest.raises(InvalidProblem, match=r"row 2: num_replicas must be >= num_nodes=4, got 2"):
+    with pytest.raises(InvalidProblem, match=r"row 1, column 'num_replicas' must be >= num_nodes=4, got 2"):
         load_typed_profile(folder)
 
 
@@ -282,8 +282,7 @@ def test_measured_t4_profile_yields_faster_types_by_the_documented_ratio():
 # --------------------------------------------------------------------------------- Sia's settings
 def test_sia_settings_are_off_by_default():
     s = SiaSimSettings()
-    assert s.goodput_factor("cifar10") == 1.0 and s.restart_delay_of("cifar10") is None
-    assert s.max_local_bsz("deepspeech2", "rtx") is None
+    assert s.goodput_factor("cifar10") == 1.0 and s.restart_delay_of("cifar10", 12.5) == 12.5
 
 
 def test_sia_settings_when_enabled_divide_goodput_and_set_restart_delays():
@@ -292,8 +291,7 @@ def test_sia_settings_when_enabled_divide_goodput_and_set_restart_delays():
     assert s.goodput_factor("ncf") == pytest.approx(1 / 1.5)
     assert s.goodput_factor("imagenet") == pytest.approx(1 / 1.2)
     assert s.goodput_factor("my-job") == 1.0
-    assert s.restart_delay_of("imagenet") == 250.0 and s.restart_delay_of("my-job") == 30.0
-    assert s.max_local_bsz("deepspeech2", "rtx") == 57
+    assert s.restart_delay_of("imagenet", 12.5) == 250.0 and s.restart_delay_of("my-job", 12.5) == 30.0
 
 
 def test_sia_settings_reject_bad_values():

@@ -8,9 +8,8 @@ import logging
 import pytest
 
 from pollux_opt import InvalidProblem
-from pollux_opt.backends.sim import ParametricProfile, simulate
+from pollux_opt.backends.sim import ParametricProfile, load_trace_profile, simulate
 from pollux_opt.backends.sim.run import MAX_ARRIVAL_ROUNDS, MAX_SIM_CPUS
-from pollux_opt.backends.sim.traces import load_trace_profile
 from pollux_opt.cli.main import DEFAULT_ALLOCATE_TIME_LIMIT_S, LARGE_INSTANCE_BYTES, build_parser, main
 from pollux_opt.model import Cluster
 from pollux_opt.workloads import load_workload

@@ -11,8 +11,7 @@ from solvers import InvalidProblem
 
 from pollux_opt import Cluster
 from pollux_opt.lifecycle import JobState
-from pollux_opt.backends.sim import SimBackend
-from pollux_opt.backends.sim.traces import ParametricProfile
+from pollux_opt.backends.sim import ParametricProfile, SimBackend
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.scheduling.loop import JobView
 from pollux_opt.scheduling.loop import run as run_loop

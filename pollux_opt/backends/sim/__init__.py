@@ -11,22 +11,12 @@ one-call driver; workloads come from :mod:`pollux_opt.workloads`::
 """
 
 from pollux_opt.backends.sim.backend import SimBackend
-from pollux_opt.backends.sim.oracle import Oracle
-from pollux_opt.backends.sim.state import SimConfig
-from pollux_opt.backends.sim.traces import (
-    APP_SETTINGS,
-    AppSettings,
-    ParametricProfile,
-    Profile,
-    TraceProfile,
-    default_trace_dir,
-    load_profiles,
-    load_trace_profile,
-)
+from pollux_opt.backends.sim.state import Oracle, SimConfig
+from pollux_opt.backends.sim.profile_files import load_profiles, load_trace_profile
+from pollux_opt.backends.sim.traces import ParametricProfile, Profile, TraceProfile, default_trace_dir
 from pollux_opt.backends.sim.run import SimResult, quiet_library_logs, run_tasks, simulate
 
 __all__ = [
-    "APP_SETTINGS", "AppSettings", "Oracle", "ParametricProfile", "Profile", "SimBackend", "SimConfig",
-    "SimResult", "TraceProfile", "default_trace_dir", "load_profiles", "load_trace_profile",
-    "quiet_library_logs", "run_tasks", "simulate",
+    "Oracle", "ParametricProfile", "Profile", "SimBackend", "SimConfig", "SimResult", "TraceProfile",
+    "default_trace_dir", "load_profiles", "load_trace_profile", "quiet_library_logs", "run_tasks", "simulate",
 ]

@@ -25,7 +25,7 @@ job does (:func:`~pollux_opt.agent.batch.choose_batch`).
 
 from __future__ import annotations
 
-import logging
+from collections import Counter
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -34,13 +34,14 @@ from solvers import InvalidProblem
 
 from pollux_opt.lifecycle import JobState
 from pollux_opt.records.events import EventLog, goodput_model_to_json
-from pollux_opt.model import Cluster, GoodputModel
+from pollux_opt.model import BatchLimits, Cluster
 from pollux_opt.model.domains import Real, check
 from pollux_opt.agent.batch import choose_batch
 from pollux_opt.agent.agent import REFIT_GROWTH, JobAgent
 from pollux_opt.agent.measurements import ConfigKey
 from pollux_opt.scheduling.loop import Decision, JobView
 from pollux_opt.backends.sim.state import (
+    Oracle,
     SimConfig,
     SimJob,
     TypedJobState,
@@ -50,18 +51,21 @@ from pollux_opt.backends.sim.state import (
     per_type_profiles,
     pooled_limits,
 )
-from pollux_opt.backends.sim.oracle import Oracle
 from pollux_opt.backends.sim.traces import Profile
-from pollux_opt.backends.sim.typed_profiles import TypedProfile
 from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
 
-__all__ = ["SimBackend"]
-
-log = logging.getLogger(__name__)
+__all__ = ["NullLog", "SimBackend"]
 
 #: Seconds the simulated clock advances by.
 _POSITIVE = Real(gt=0)
+
+
+class NullLog:
+    """An event log that keeps nothing: the events of a simulation without a run directory."""
+
+    def emit(self, *args, **kwargs) -> dict:
+        return {}
 
 
 class SimBackend:
@@ -71,11 +75,9 @@ class SimBackend:
         jobs: the workload.
         profiles: application name -> true profile: a
             :class:`~pollux_opt.backends.sim.traces.Profile` (every node type
-            alike), or a :class:`~pollux_opt.backends.sim.typed_profiles.TypedProfile`
-            naming each node type of ``cluster``.
-        cluster: the simulated cluster (node ids are the placement keys; node types
-            select the per-type truth, see :class:`~pollux_opt.backends.sim.state.TypedJobState`).
-        events: the run's event log (submit, start, rescale, complete events).
+            alike), or ``{type: Profile}`` naming each node type of ``cluster``.
+        cluster: the simulated cluster (node ids are the placement keys; node types select the per-type truth).
+        events: the run's event log (submit, start, rescale, complete events); None: none kept.
         config: simulation settings.
         fixed_batch: the jobs train at their submitted batch size (the
             policy's :attr:`~pollux_opt.scheduling.loop.Policy.fixed_batch`;
@@ -89,7 +91,7 @@ class SimBackend:
     def __init__(
         self,
         jobs: Sequence[WorkloadJob],
-        profiles: Mapping[str, Profile],
+        profiles: Mapping[str, Profile | Mapping[str, Profile]],
         cluster: Cluster,
         events: EventLog | None = None,
         config: SimConfig | None = None,
@@ -99,7 +101,7 @@ class SimBackend:
         self.config = config or SimConfig()
         self.fixed_batch = bool(fixed_batch)
         self.cluster = cluster
-        self.events = events
+        self.events = NullLog() if events is None else events
         self._now = 0.0
         self._rng = np.random.default_rng(self.config.seed)
         self._jobs: dict[str, SimJob] = {}
@@ -108,10 +110,10 @@ class SimBackend:
         # application measured at the same configurations report the same
         # (noise-free) times, so each distinct set is fitted once.
         self._fits: dict[tuple, object] = {}
-        self._typed = cluster.typed or any(isinstance(p, TypedProfile) for p in profiles.values())
+        typed = cluster.typed or any(isinstance(p, Mapping) for p in profiles.values())
         self._node_type = {n.id: n.type for n in cluster.nodes}
-        per_type = {a: per_type_profiles(a, p, cluster.types) for a, p in profiles.items()} if self._typed else {}
-        reference = {a: next(iter(t.values())) for a, t in per_type.items()} if self._typed else profiles
+        per_type = {a: per_type_profiles(a, p, cluster.types) for a, p in profiles.items()}
+        reference = {a: next(iter(t.values())) for a, t in per_type.items()}
         pinned = {a: pinned_config(reference[a]) for a in self.config.fixed_applications if a in profiles}
         for spec in sorted(jobs, key=lambda j: (j.arrival_s, j.id)):
             if spec.kind not in profiles:
@@ -122,10 +124,10 @@ class SimBackend:
             if spec.id in self._jobs:
                 raise InvalidProblem(f"duplicate job name {spec.id!r}")
             p = reference[spec.kind]
-            limits = pooled_limits(per_type[spec.kind]) if self._typed else batch_limits(p)
+            limits = pooled_limits(per_type[spec.kind]) if typed else batch_limits(p)
             agent = JobAgent(limits, refit_growth=REFIT_GROWTH, fit_cache=self._fits, name=spec.id)
-            job = SimJob(spec, p, pinned=pinned.get(spec.kind), agent=agent)
-            if self._typed:
+            job = SimJob(spec, per_type[spec.kind], pinned=pinned.get(spec.kind), agent=agent)
+            if typed:
                 job.typed = TypedJobState.create(per_type[spec.kind], self._fits, spec.id)
             self._jobs[spec.id] = job
         self._order = {nid: i for i, nid in enumerate(cluster.node_ids)}
@@ -134,31 +136,17 @@ class SimBackend:
 
     def _restart_delay(self, job: SimJob) -> float:
         """Seconds a restart of ``job`` costs: Sia's per-model delay when enabled, else the configured one."""
-        sia = self.config.sia.restart_delay_of(job.spec.kind)
-        return self.config.restart_delay if sia is None else sia
+        return self.config.sia.restart_delay_of(job.spec.kind, self.config.restart_delay)
 
     def _run_type(self, job: SimJob) -> str | None:
         """The node type a typed job runs on (None: not running, or on several types)."""
         kinds = {self._node_type[n] for n in job.placement}
         return kinds.pop() if len(kinds) == 1 else None
 
-    def _run_truth(self, job: SimJob):
-        """(profile, limits) of the type the job runs on; on several types (or
-        none), the type with the smallest batch cap and the pooled limits."""
-        if job.typed is None:
-            return job.profile, job.agent.limits
-        t = self._run_type(job)
-        if t is not None:
-            return job.typed.profiles[t], job.typed.agents[t].limits
-        profiles = [job.typed.profiles[k] for k in dict.fromkeys(self._node_type[n] for n in job.placement)]
-        profile = min(profiles or job.typed.profiles.values(), key=lambda p: p.max_local_bsz)
-        return profile, job.agent.limits
-
-    def _step_sync(self, job: SimJob, placement: tuple[int, ...]) -> tuple[float, float]:
-        if job.typed is None:
-            return job.profile.step_sync(placement, job.local_bsz)
-        types = tuple(self._node_type[n] for n in sorted(job.placement, key=self._order.__getitem__))
-        return mixed_step_sync(job.typed.profiles, types, placement, job.local_bsz)
+    def _run_limits(self, job: SimJob) -> BatchLimits:
+        """The batch limits of the type the job runs on; on several types (or none), the pooled ones."""
+        run_type = None if job.typed is None else self._run_type(job)
+        return job.agent.limits if run_type is None else job.typed.agents[run_type].limits
 
     # ---------------------------------------------------------------- protocol
     def now(self) -> float:
@@ -167,43 +155,40 @@ class SimBackend:
     def finished(self) -> bool:
         return all(j.completion_time is not None for j in self._jobs.values())
 
+    def _active(self) -> list[SimJob]:
+        """The jobs submitted and not complete."""
+        return [j for j in self._jobs.values() if j.submitted and j.completion_time is None]
+
     def views(self) -> list[JobView]:
-        out = []
-        cfg = self.config
-        for job in self._jobs.values():
-            if not job.submitted or job.completion_time is not None:
-                continue
-            out.append(
-                JobView(
-                    job_id=job.spec.id,
-                    submit_time=job.spec.arrival_s,
-                    state=JobState.RUNNING if job.placement else JobState.QUEUED,
-                    placement=dict(job.placement),
-                    restarts=job.restarts,
-                    age=self._now - job.spec.arrival_s,
-                    min_replicas=0,
-                    max_replicas=job.hard_max_replicas(cfg.max_replicas),
-                    submitted_replicas=job.submitted_config[0],
-                    submitted_batch_size=job.submitted_config[1],
-                    goodput_model=self._model(job),
-                    restart_delay=self._restart_delay(job),
-                    progress=job.progress,
-                    attained_service=job.attained,
-                    # what the policy's exploration cap is a multiple of
-                    max_profiled_replicas=(job.agent.most_replicas if job.typed is None
-                                           else max(job.agent.most_replicas, job.typed.most_replicas)),
-                    weight=job.spec.weight,
-                    goodput_models=None if job.typed is None else job.typed.models(),
-                    fixed_batch_size=job.submitted_config[1] if self.fixed_batch else None,
-                    batch_size=job.batch_size,
-                )
+        return [
+            JobView(
+                job_id=job.spec.id,
+                submit_time=job.spec.arrival_s,
+                state=JobState.RUNNING if job.placement else JobState.QUEUED,
+                placement=dict(job.placement),
+                restarts=job.restarts,
+                age=self._now - job.spec.arrival_s,
+                min_replicas=0,
+                max_replicas=job.hard_max_replicas(self.config.max_replicas),
+                submitted_replicas=job.submitted_config[0],
+                submitted_batch_size=job.submitted_config[1],
+                goodput_model=job.agent.model(),
+                restart_delay=self._restart_delay(job),
+                progress=job.progress,
+                attained_service=job.attained,
+                # what the policy's exploration cap is a multiple of
+                max_profiled_replicas=(job.agent.most_replicas if job.typed is None
+                                       else max(job.agent.most_replicas, job.typed.most_replicas)),
+                weight=job.spec.weight,
+                goodput_models=None if job.typed is None else job.typed.models(),
+                fixed_batch_size=job.submitted_config[1] if self.fixed_batch else None,
+                batch_size=job.batch_size,
             )
-        return out
+            for job in self._active()
+        ]
 
     def apply(self, decision: Decision) -> None:
-        for job in self._jobs.values():
-            if not job.submitted or job.completion_time is not None:
-                continue
+        for job in self._active():
             jid = job.spec.id
             new = {n: int(k) for n, k in decision.placement.get(jid, {}).items() if k}
             for n in new:
@@ -213,14 +198,12 @@ class SimBackend:
                 self._reallocate(job, new)
             if job.placement:
                 self._choose_batch(job)
-        load: dict[str, int] = {}
+        load = Counter()
         for job in self._jobs.values():
-            for n, k in job.placement.items():
-                load[n] = load.get(n, 0) + k
-        caps = {n.id: n.cpus for n in self.cluster.nodes}
-        for n, k in load.items():
-            if k > caps[n]:
-                raise InvalidProblem(f"decision overloads node {n!r}: {k} replicas > {caps[n]}")
+            load.update(job.placement)
+        for node in self.cluster.nodes:
+            if load[node.id] > node.cpus:
+                raise InvalidProblem(f"decision overloads node {node.id!r}: {load[node.id]} replicas > {node.cpus}")
 
     def advance(self, seconds: float) -> None:
         check("seconds", seconds, _POSITIVE)
@@ -260,10 +243,6 @@ class SimBackend:
         ]
 
     # --------------------------------------------------------------- internals
-    def _emit(self, etype: str, t: float, job_id: str | None, **fields) -> None:
-        if self.events is not None:
-            self.events.emit(etype, t, job_id, **fields)
-
     def _admit(self) -> bool:
         """Submit the jobs that have arrived by now; True if there were any."""
         arrived = False
@@ -271,17 +250,14 @@ class SimBackend:
             if not job.submitted and job.spec.arrival_s <= self._now:
                 job.submitted = arrived = True
                 if job.typed is not None:
-                    job.typed.profile_one_replica()
-                self._emit(
+                    job.typed.profile_one_replica(job.profiles)
+                self.events.emit(
                     "submit", job.spec.arrival_s, job.spec.id,
                     submitted_replicas=job.submitted_config[0],
                     submitted_batch_size=job.submitted_config[1], application=job.spec.kind,
                     max_replicas=job.hard_max_replicas(self.config.max_replicas),
                 )
         return arrived
-
-    def _sorted(self, placement: Mapping[str, int]) -> tuple[int, ...]:
-        return tuple(placement[n] for n in sorted(placement, key=self._order.__getitem__))
 
     def _reallocate(self, job: SimJob, new: dict[str, int]) -> None:
         old = job.placement
@@ -295,10 +271,10 @@ class SimBackend:
             if self.config.start_delay is not None:
                 job.rescale_left = per_app(self.config.start_delay, job.spec.kind)
             job.started = True
-            self._emit("start", self._now, job.spec.id, placement=new)
+            self.events.emit("start", self._now, job.spec.id, placement=new)
         else:
             job.restarts += 1
-            self._emit("rescale_begin", self._now, job.spec.id, old_placement=old, placement=new)
+            self.events.emit("rescale_begin", self._now, job.spec.id, old_placement=old, placement=new)
 
     def _choose_batch(self, job: SimJob) -> None:
         """The job picks its batch for its allocation, as a real job does, with its
@@ -306,7 +282,7 @@ class SimBackend:
         its pinned batch, whatever the policy.  A batch switch costs a
         simulated job nothing, so it does not hold on to its current one (the
         real job's hysteresis guards against unmeasured warmup steps)."""
-        _, limits = self._run_truth(job)
+        limits = self._run_limits(job)
         if job.pinned is not None:
             fixed = min(job.pinned[1], job.profile.max_batch_size)
         else:
@@ -322,10 +298,7 @@ class SimBackend:
         if self.config.interference <= 0:
             return {}
         multi = [j for j in self._jobs.values() if len(j.placement) > 1]
-        count: dict[str, int] = {}
-        for j in multi:
-            for n in j.placement:
-                count[n] = count.get(n, 0) + 1
+        count = Counter(n for j in multi for n in j.placement)
         return {
             j.spec.id: self.config.interference
             for j in multi if any(count[n] > 1 for n in j.placement)
@@ -351,10 +324,6 @@ class SimBackend:
             if job.typed is not None:
                 job.typed.report(self._run_type(job), key, *times)
 
-    def _model(self, job: SimJob) -> GoodputModel | None:
-        """The job's goodput model from what it reported (see :class:`JobAgent`)."""
-        return job.agent.model()
-
     def _step(self, job: SimJob, seconds: float, slowdown: float) -> None:
         """Advance one running job by ``seconds`` of its true behaviour."""
         p = job.profile
@@ -367,12 +336,14 @@ class SimBackend:
             now += delay
             seconds -= delay
             if job.rescale_left <= 0 and job.restarts > 0:
-                self._emit("rescale_end", now, job.spec.id, placement=job.placement,
-                           duration_s=self._restart_delay(job))
-        placement = self._sorted(job.placement)
+                self.events.emit("rescale_end", now, job.spec.id, placement=job.placement,
+                                 duration_s=self._restart_delay(job))
+        nodes = sorted(job.placement, key=self._order.__getitem__)
+        placement = tuple(job.placement[n] for n in nodes)
+        types = tuple(self._node_type[n] for n in nodes)
         while seconds > 0 and job.completion_time is None:
             batch = job.batch_size
-            step, sync = self._step_sync(job, placement)
+            step, sync = mixed_step_sync(job.profiles, types, placement, job.local_bsz)
             sqr, var = p.grad_stats(batch, job.epoch)
             scale = batch / p.init_batch_size
             gain = (var + sqr) / (var / scale + sqr)
@@ -400,14 +371,14 @@ class SimBackend:
                 if job.epoch >= p.max_epochs:
                     verify = per_app(self.config.completion_delay, job.spec.kind)
                     job.completion_time = now + verify
-                    self._emit("complete", job.completion_time, job.spec.id, verified=False,
-                               metric="epochs", value=job.epoch, restarts=job.restarts,
-                               progress=job.progress, model=goodput_model_to_json(self._model(job)),
-                               verify_s=verify)
+                    self.events.emit("complete", job.completion_time, job.spec.id, verified=False,
+                                     metric="epochs", value=job.epoch, restarts=job.restarts,
+                                     progress=job.progress, model=goodput_model_to_json(job.agent.model()),
+                                     verify_s=verify)
                     job.placement = {}
         job.agent.stats_steps = int(job.steps)  # the steps its statistics span
         if self.config.emit_reports and job.completion_time is None:
-            self._emit(
+            self.events.emit(
                 "report", now, job.spec.id, throughput=job.last_throughput, goodput=job.last_goodput,
                 progress=job.progress, replicas=k, batch_size=job.batch_size,
             )

@@ -9,9 +9,7 @@ in the layout of ``shared/traces/adaptdl-osdi21/README.md``, so that
 ``pollux-opt simulate --profiles PROFILES_DIR`` can replay the workload.  All
 runs and jobs of one application are pooled.  It also writes
 ``workload-<run>.csv`` (the run's jobs in the simulator's workload format) and
-``export.json`` (per application: M0, batch limits, progress to completion,
-jobs used, median measured start, restart and verification seconds) at the
-top of ``PROFILES_DIR``.
+``export.json`` (an :class:`ExportedApp` per application) at the top of ``PROFILES_DIR``.
 
 Conversions (runtime convention -> trace convention):
 
@@ -63,7 +61,7 @@ import pandas as pd
 from solvers import InvalidProblem
 
 from pollux_opt.backends.sim.run_records import JobData, find_run_dirs, read_job, read_jsonl, workload_of_run
-from pollux_opt.backends.sim.traces import PLACEMENT_COLUMNS, SCALABILITY_COLUMNS
+from pollux_opt.backends.sim.profile_files import PLACEMENT_COLUMNS, SCALABILITY_COLUMNS
 from pollux_opt.records.files import atomic_write_csv, atomic_write_json, safe_name
 from pollux_opt.agent.stats import MIN_GRAD_SQR_FRACTION
 from pollux_opt.workloads.adaptdl import write_adaptdl_csv

@@ -94,23 +94,21 @@ def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], *, jobs: int = 1,
     """
     jobs = check("jobs", jobs, _WORKERS)
     results: list = [None] * len(tasks)
-    if jobs == 1:
-        for i, task in enumerate(tasks):
-            results[i] = fn(task)
+    with contextlib.ExitStack() as stack:
+        if jobs == 1:
+            done = ((i, fn(task)) for i, task in enumerate(tasks))
+        else:
+            # Not fork: the caller may hold threads (JAX, torch, a progress bar), and a
+            # forked child of a multithreaded process can deadlock.
+            methods = mp.get_all_start_methods()
+            context = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+            pool = stack.enter_context(ProcessPoolExecutor(max_workers=jobs, mp_context=context))
+            futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+            done = ((futures[future], future.result()) for future in as_completed(futures))
+        for i, result in done:
+            results[i] = result
             if on_result is not None:
-                on_result(task, results[i])
-        return results
-    # Not fork: the caller may hold threads (JAX, torch, a progress bar), and a
-    # forked child of a multithreaded process can deadlock.
-    methods = mp.get_all_start_methods()
-    context = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
-        for future in as_completed(futures):
-            i = futures[future]
-            results[i] = future.result()
-            if on_result is not None:
-                on_result(tasks[i], results[i])
+                on_result(tasks[i], result)
     return results
 
 
@@ -162,9 +160,8 @@ def simulate(
         pol = (make_policy(policy, provides=provides, **dict(policy_options or {}))
                if isinstance(policy, str) else policy)
         backend.fixed_batch = pol.fixed_batch  # the policy's, before its first round
-        if events is not None:
-            events.emit("run_start", 0.0, None, policy=pol.name, resumed=False, simulated=True,
-                        cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes))
+        backend.events.emit("run_start", 0.0, None, policy=pol.name, resumed=False, simulated=True,
+                            cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes))
         solver_s = [0.0]
 
         def on_round(now, views, decision):
@@ -172,8 +169,8 @@ def simulate(
             if progress is not None:
                 progress(now, views, decision)
 
-        rounds = run_loop(backend, pol, cluster, _NullLog() if events is None else events,
-                          interval=interval, progress=on_round, max_rounds=max_rounds)
+        rounds = run_loop(backend, pol, cluster, backend.events, interval=interval, progress=on_round,
+                          max_rounds=max_rounds)
     jct = np.array(sorted(backend.jcts().values()))
     records = backend.job_records()
     done = [r["completion_time"] for r in records if r["completion_time"] is not None]
@@ -216,8 +213,3 @@ def _summary(out: Path, result: SimResult, config: SimConfig, interval: float, c
         "nodes": len(cluster.nodes), "cpus": cluster.total_cpus,
     }
     return jsonable(summary)
-
-
-class _NullLog:
-    def emit(self, *args, **kwargs):
-        return {}

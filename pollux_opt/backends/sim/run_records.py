@@ -1,12 +1,7 @@
-"""What a real executor run recorded, read back for :mod:`pollux_opt.backends.sim.export`.
-
-A run directory holds ``config.json``, ``events.jsonl`` and, per job,
-``jobs/<id>/{job.json,events.jsonl,steps.csv}``; :func:`read_job` turns one
-job's files into a :class:`JobData` (steps with their trace-convention step and
-sync times, the placement of each worker generation, validations, measured
-start, restart and verification seconds), :func:`workload_of_run` the run's
-jobs into a simulator workload.  A file that is not what the runtime writes is
-an :class:`~solvers.InvalidProblem` naming it.
+"""What a real executor run recorded (the files :mod:`pollux_opt.backends.sim.export`
+lists), read back: :func:`read_job` turns one job's files into a :class:`JobData`,
+:func:`workload_of_run` the run's jobs into a simulator workload.  A file that is
+not what the runtime writes is an :class:`~solvers.InvalidProblem` naming it.
 """
 
 from __future__ import annotations
@@ -44,6 +39,9 @@ _STEP_COLUMNS = ["step", "generation", "num_replicas", "local_bsz", "accum_steps
 
 @dataclass
 class JobData:
+    """One job's records: its steps (trace-convention times, each generation's placement), its
+    validations, and its measured rescale or restart (``launch``), start and verification seconds."""
+
     key: str
     app: str
     init_batch_size: int

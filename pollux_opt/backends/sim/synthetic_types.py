@@ -3,8 +3,8 @@
 Sia's 64-GPU cluster has three device types; the AdaptDL traces measure one
 (T4, the ``aws`` type).  :func:`synthesize_app` derives the other types' tables
 from it by the documented speed ratios of :func:`speed_ratios` (vendor figures
-in :data:`pollux_opt.model.cluster_types.GPU_TYPES`), in the layout
-:mod:`pollux_opt.backends.sim.typed_profiles` reads.
+in :data:`pollux_opt.model.cluster_types.GPU_TYPES`), in Sia's layout
+(:mod:`pollux_opt.backends.sim.profile_files`).
 """
 
 from __future__ import annotations
@@ -18,21 +18,18 @@ import pandas as pd
 
 from solvers import InvalidProblem
 
-from pollux_opt.backends.sim.traces import (
-    APP_SETTINGS,
+from pollux_opt.backends.sim.profile_files import (
     PLACEMENT_COLUMNS,
+    REFERENCE_TYPE,
     SCALABILITY_COLUMNS,
     VALIDATION_FILE,
-    AppSettings,
-)
-from pollux_opt.backends.sim.typed_profiles import (
-    REFERENCE_TYPE,
-    make_typed_profile,
-    read_placements,
-    read_scalability,
+    app_folders,
+    load_trace_profile,
     read_validation,
+    trace_profile,
 )
 from pollux_opt.model.cluster_types import GPU_TYPES, memory_scaled_local_bsz
+from pollux_opt.records.files import atomic_write_bytes, atomic_write_csv
 
 __all__ = [
     "SYNTHETIC_TYPES",
@@ -190,44 +187,18 @@ def synthesize_tables(
 
 def synthesize_app(folder, types: Sequence[str] = SYNTHETIC_TYPES) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
     """``{type: (placements, scalability)}`` of one AdaptDL-format (T4) application folder."""
-    folder = Path(folder)
-    placements = read_placements(folder / "placements.csv")
-    scalability = read_scalability(folder / "scalability.csv")
-    validation = read_validation(folder)
-    settings = APP_SETTINGS.get(folder.name, AppSettings())
-    ref_max = settings.max_local_bsz or int(placements.local_bsz.max())
-    return {
-        t: synthesize_tables(
-            placements, scalability, t, reference_max_local_bsz=ref_max, max_batch_size=max(validation)
-        )
-        for t in types
-    }
+    ref = load_trace_profile(folder)
+    return {t: synthesize_tables(ref.placements, ref.scalability, t, reference_max_local_bsz=ref.max_local_bsz,
+                                 max_batch_size=ref.max_batch_size)
+            for t in types}
 
 
 def build_typed_profiles(root, names: Sequence[str] | None = None, types: Sequence[str] = SYNTHETIC_TYPES) -> dict:
-    """``{app: TypedProfile}`` synthesized in memory from AdaptDL-format folders under ``root``
+    """``{app: {type: TraceProfile}}`` synthesized in memory from AdaptDL-format folders under ``root``
     (``root/profiles`` or ``root`` itself)."""
-    return {
-        f.name: make_typed_profile(f.name, synthesize_app(f, types), read_validation(f))
-        for f in _app_folders(root, names)
-    }
-
-
-def _app_folders(root, names: Sequence[str] | None = None) -> list[Path]:
-    """The AdaptDL-format application folders under ``root`` (only ``names`` if given)."""
-    root = Path(root)
-    base = root / "profiles" if (root / "profiles").is_dir() else root
-    if not base.is_dir():
-        raise InvalidProblem(f"profiles folder {str(root)!r} does not exist")
-    found = sorted(p for p in base.iterdir() if (p / "placements.csv").is_file())
-    if names is not None:
-        missing = sorted(set(names) - {p.name for p in found})
-        if missing:
-            raise InvalidProblem(f"profiles {missing} not found under {str(base)!r}")
-        found = [p for p in found if p.name in set(names)]
-    if not found:
-        raise InvalidProblem(f"no application folder (with placements.csv) under {str(base)!r}")
-    return found
+    return {f.name: {t: trace_profile(f.name, t, p, s, read_validation(f))
+                     for t, (p, s) in synthesize_app(f, types).items()}
+            for f in app_folders(root, names)}
 
 
 def write_typed_profiles(
@@ -237,11 +208,9 @@ def write_typed_profiles(
 
     Returns the application folders written.  Files are written atomically.
     """
-    from pollux_opt.records.files import atomic_write_bytes, atomic_write_csv
-
     out = Path(out)
     written = []
-    for folder in _app_folders(root, names):
+    for folder in app_folders(root, names):
         dest = out / folder.name
         for t, (p, s) in synthesize_app(folder, types).items():
             # Sia's files put the key last (local_bsz,step_time,sync_time,placement).

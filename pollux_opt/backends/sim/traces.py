@@ -13,11 +13,12 @@ A :class:`Profile` answers what a real job would do at a configuration:
 - ``iterations(batch_size, epoch)``: optimizer steps at a fixed batch size to
   finish ``epoch`` epochs (Optimus' oracle of remaining work).
 
-Sources: :func:`load_trace_profile` (the AdaptDL/Pollux OSDI'21 artifact
-format, see ``shared/traces/adaptdl-osdi21/README.md``), :func:`load_profiles`
-on a folder written by ``pollux-opt profile`` (the same file layout, see
-:mod:`pollux_opt.backends.sim.export`) and
-:class:`ParametricProfile` (synthetic, for scaling studies).
+Sources: :class:`TraceProfile` (measured tables, read from profile folders by
+:mod:`pollux_opt.backends.sim.profile_files`), :class:`ParametricProfile`
+(synthetic, for scaling studies); on a cluster of several node types, an
+application's truth is ``{type: Profile}`` (per-type step times and batch caps
+over shared gradient statistics and progress: statistical efficiency does not
+depend on the device).
 
 The policy never sees a profile: the simulation backend reports only the
 measurements at placements a job actually ran (see
@@ -27,9 +28,7 @@ measurements at placements a job actually ran (see
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
@@ -39,20 +38,9 @@ import pandas as pd
 from solvers import InvalidProblem
 
 from pollux_opt.model.domains import REQUIRED, Integer, Real, Text, check_fields, domain_field
-from pollux_opt.records.tables import read_table
 
 __all__ = [
-    "APP_SETTINGS",
-    "PLACEMENT_COLUMNS",
-    "SCALABILITY_COLUMNS",
-    "VALIDATION_FILE",
-    "AppSettings",
-    "ParametricProfile",
-    "Profile",
-    "TraceProfile",
-    "default_trace_dir",
-    "load_profiles",
-    "load_trace_profile",
+    "APP_SETTINGS", "AppSettings", "ParametricProfile", "Profile", "TraceProfile", "default_trace_dir",
 ]
 
 #: Environment variable that overrides the default trace folder.
@@ -130,7 +118,7 @@ def _interp_extrap(x: float, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
 
 @dataclass(eq=False)
 class TraceProfile:
-    """A profile read from one AdaptDL-format application folder.
+    """A profile of measured tables (one application folder, or one node type of it).
 
     Step times come from ``placements.csv`` where the placement (up to rotation,
     then up to order) was measured, interpolated linearly in the local batch
@@ -160,21 +148,16 @@ class TraceProfile:
         self.init_batch_size = int(min(self.validation))
         self.max_batch_size = int(max(self.validation))
         self.min_local_bsz = int(self.placements.local_bsz.min())
-        # One mean per (placement, local_bsz), sorted by both (the sums of a grouping per placement), split.
+        # One mean per (placement, local_bsz), by placement, in increasing local_bsz.
         means = self.placements.groupby(["placement", "local_bsz"], as_index=False)[["step_time", "sync_time"]].mean()
-        keys, local = means.placement.to_numpy(), means.local_bsz.to_numpy(float)
-        times = means[["step_time", "sync_time"]].to_numpy(float)
-        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]).tolist() if keys.size else []
-        for lo, hi in zip(starts, starts[1:] + [keys.size]):
-            self._by_placement[tuple(int(c) for c in str(keys[lo]))] = (local[lo:hi], times[lo:hi])
-        bsz = np.array(sorted(self.validation), dtype=float)
-        self._bsz = bsz
+        for key, rows in means.groupby("placement"):
+            times = rows[["step_time", "sync_time"]].to_numpy(float)
+            self._by_placement[tuple(int(c) for c in str(key))] = (rows.local_bsz.to_numpy(float), times)
+        self._bsz = np.array(sorted(self.validation), dtype=float)
         n_epochs = min(len(df) for df in self.validation.values())
         if self.max_epochs > n_epochs:
-            raise InvalidProblem(
-                f"profile {self.name!r}: max_epochs={self.max_epochs} exceeds the {n_epochs} "
-                "validated epochs"
-            )
+            raise InvalidProblem(f"profile {self.name!r}: max_epochs={self.max_epochs} exceeds the {n_epochs} "
+                                 "validated epochs")
         cols = lambda c: np.stack([df[c].to_numpy(float)[:n_epochs] for df in self.validation.values()])  # noqa: E731
         self._iter, self._sqr, self._var = cols("iteration"), cols("grad_sqr"), cols("grad_var")
         self._progress = cols("progress").min(axis=0)
@@ -234,13 +217,8 @@ class TraceProfile:
         if hit is not None:
             return hit
         p = key[0]
-        table = None
-        for cand in (p, tuple(sorted(p, reverse=True)), tuple(sorted(p))):
-            table = self._by_placement.get(cand)
-            if table is not None:
-                break
-        if table is None:
-            table = self._nk_table(len(p), sum(p))
+        measured = (self._by_placement.get(c) for c in (p, tuple(sorted(p, reverse=True)), tuple(sorted(p))))
+        table = next((t for t in measured if t is not None), None) or self._nk_table(len(p), sum(p))
         step, sync = _interp_extrap(float(local_bsz), *table)
         step = max(float(step), 1e-9)
         sync = float(np.clip(sync, 0.0, step))
@@ -263,76 +241,6 @@ class TraceProfile:
 
     def iterations(self, batch_size, epoch):
         return 0.0 if epoch <= 0 else self._between(self._iter, batch_size, epoch - 1)
-
-
-#: Name of a validation table (gradient statistics and progress at one batch size ``B``): ``validation-B.csv``.
-VALIDATION_FILE = re.compile(r"validation-(\d+)\.csv$")
-#: Columns a profile's tables must have (placement: replicas per node as digits, e.g. "22").
-PLACEMENT_COLUMNS = ("placement", "local_bsz", "step_time", "sync_time")
-SCALABILITY_COLUMNS = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
-_VALIDATION_COLUMNS = ["iteration", "grad_sqr", "grad_var", "progress"]
-
-
-@lru_cache(maxsize=64)
-def _load_cached(folder: str, max_epochs: int | None, max_local_bsz: int | None) -> TraceProfile:
-    path = Path(folder)
-    if not path.is_dir() or not (path / "placements.csv").is_file():
-        raise InvalidProblem(f"profile folder {folder!r} "
-                             + ("has no placements.csv" if path.is_dir() else "does not exist"))
-    placements = read_table(path / "placements.csv", "profile table", columns=PLACEMENT_COLUMNS,
-                            numeric=PLACEMENT_COLUMNS[1:], text=("placement",))
-    bad = np.flatnonzero(~placements.placement.str.fullmatch(r"[1-9]+").to_numpy(dtype=bool))
-    if bad.size:
-        raise InvalidProblem(f"profile table {str(path / 'placements.csv')!r}: row {bad[0] + 1}, column 'placement' "
-                             f"must be replicas per node as digits 1-9, got {placements.placement.iloc[bad[0]]!r}")
-    scal = path / "scalability.csv"
-    scalability = (read_table(scal, "profile table", columns=SCALABILITY_COLUMNS, numeric=SCALABILITY_COLUMNS)
-                   if scal.is_file() else pd.DataFrame(columns=SCALABILITY_COLUMNS))
-    cols = _VALIDATION_COLUMNS
-    validation = {int(m.group(1)): read_table(f, "profile table", columns=cols, numeric=cols)
-                  for f in path.iterdir() if (m := VALIDATION_FILE.search(f.name))}
-    if not validation:
-        raise InvalidProblem(f"profile folder {folder!r} has no validation-B.csv file")
-    name = path.name
-    settings = APP_SETTINGS.get(name, AppSettings())
-    max_epochs = max_epochs or settings.max_epochs or min(len(v) for v in validation.values())
-    max_local = max_local_bsz or settings.max_local_bsz or int(placements.local_bsz.max())
-    return TraceProfile(name, placements, scalability, validation, int(max_epochs), int(max_local))
-
-
-def load_trace_profile(folder, *, max_epochs: int | None = None, max_local_bsz: int | None = None) -> TraceProfile:
-    """Read one AdaptDL-format application folder (cached per process).
-
-    Args:
-        folder: path to ``APP/`` holding placements.csv, scalability.csv, validation-B.csv.
-        max_epochs: epochs to completion (default: :data:`APP_SETTINGS`, else all validated).
-        max_local_bsz: per-replica batch cap (default: settings, else largest measured).
-
-    Raises:
-        InvalidProblem: missing folder or files.
-    """
-    return _load_cached(str(Path(folder).resolve()), max_epochs, max_local_bsz)
-
-
-def load_profiles(root=None, names: Sequence[str] | None = None) -> dict[str, Profile]:
-    """All application folders under ``root/profiles`` (or ``root`` itself), by name.
-
-    Raises:
-        InvalidProblem: ``root`` is missing or holds no application folder.
-    """
-    root = Path(root) if root is not None else default_trace_dir()
-    base = root / "profiles" if (root / "profiles").is_dir() else root
-    if not base.is_dir():
-        raise InvalidProblem(f"profiles folder {str(root)!r} does not exist")
-    found = sorted(p for p in base.iterdir() if (p / "placements.csv").is_file())
-    if names is not None:
-        missing = set(names) - {p.name for p in found}
-        if missing:
-            raise InvalidProblem(f"profiles {sorted(missing)} not found under {str(base)!r}")
-        found = [p for p in found if p.name in set(names)]
-    if not found:
-        raise InvalidProblem(f"no application folder (with placements.csv) under {str(base)!r}")
-    return {p.name: load_trace_profile(p) for p in found}
 
 
 #: Step-time coefficients (seconds, seconds per sample), progress per epoch and noise scales.
