@@ -170,17 +170,7 @@ class ElasticJob:
             self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus, local_bsz, accum_steps,
             node_types, cgroups))
 
-    def rescale(
-        self,
-        replicas: int | Mapping[Any, int],
-        num_nodes: int | None = None,
-        *,
-        cpus: Sequence[int] | None = None,
-        local_bsz: int | None = None,
-        accum_steps: int | None = None,
-        node_types: Mapping[str, str] | None = None,
-        cgroups: Mapping[str, str] | None = None,
-    ) -> None:
+    def rescale(self, replicas: int | Mapping[Any, int], num_nodes: int | None = None, **allocation: Any) -> None:
         """Move the job to a new allocation (arguments as in :meth:`start`).
 
         The job finishes its current step, checkpoints, re-forms its workers
@@ -190,9 +180,7 @@ class ElasticJob:
         changing (same placement and CPUs) applies at the next step, without a
         restart, also while the job is still starting.
         """
-        self._submit(self._ctl.request_alloc, parse_allocation(
-            self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus, local_bsz, accum_steps,
-            node_types, cgroups))
+        self.start(replicas, num_nodes, **allocation)
 
     def stop(self) -> None:
         """Checkpoint and release all workers (state ``queued``; resume with start)."""
