@@ -133,7 +133,7 @@ def console_progress(policy: str, backend: RealBackend) -> Iterator[Callable[[fl
         cpus = {v.job_id: sum(decision.placement.get(v.job_id, {}).values()) for v in views}
         if live is None:
             alloc = ", ".join(f"{jid}:{k}" for jid, k in cpus.items())
-            console.print(f"[{policy}] t={now:.0f}s done {done}/{total} alloc {alloc}")
+            console.print(f"[{policy}] t={now:.0f}s done {done}/{total} alloc {alloc}", markup=False)
             return
         table = Table(title=f"{policy} on {backend.workload.name}: {done}/{total} jobs done, "
                             f"t = {now:.0f} s, {backend.cluster.total_cpus} CPUs", title_justify="left")
