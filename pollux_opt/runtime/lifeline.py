@@ -14,11 +14,10 @@ of them does.  A scheduler killed with SIGKILL would leave all of them running.
   (:meth:`Lifeline.saving_state`: rank 0 while it trains), after up to
   :data:`ORPHAN_GRACE_S` seconds in which it may end by itself (rank 0 notices
   at its next step boundary and checkpoints that step first).
-* The fork server preloads this module, which arms ``PR_SET_PDEATHSIG`` while
-  it imports :data:`FORK_SERVER_MODULES` (torch: seconds on a loaded 2-core
-  machine) and does not yet watch its pipe from the scheduler, whose end of file
-  ends it afterwards (the signal follows the scheduler *thread* that started the
-  server, which may end long before the scheduler, so it is disarmed then).
+* The fork server arms ``PR_SET_PDEATHSIG`` while it imports torch
+  (:mod:`pollux_opt.runtime.forkserver_boot`: seconds on a loaded 2-core
+  machine), before it watches its pipe from the scheduler, whose end of file
+  ends it afterwards.
 * multiprocessing's temporary folder (the fork server's socket) is named
   ``pollux-opt-mp-<pid>-*`` (:func:`own_temp_dir`), so that
   :func:`sweep_temp_dirs` can remove those of processes that no longer exist
@@ -28,11 +27,9 @@ of them does.  A scheduler killed with SIGKILL would leave all of them running.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import ctypes.util
-import importlib
 import logging
 import os
 import re
@@ -46,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 __all__ = [
-    "FORK_SERVER_MODULES", "ORPHAN_GRACE_S", "WATCH_S", "Lifeline", "ProcessIdentity", "arm_parent_death_signal",
+    "ORPHAN_GRACE_S", "WATCH_S", "Lifeline", "ProcessIdentity", "arm_parent_death_signal",
     "own_temp_dir", "pool_process_main", "process_identity", "sweep_temp_dirs",
 ]
 
@@ -209,35 +206,3 @@ def sweep_temp_dirs(only_pid: int | None = None) -> list[Path]:
     if removed:
         logger.info("removed %d temporary folder(s) of ended processes: %s", len(removed), removed)
     return removed
-
-
-# --------------------------------------------------------------- fork server
-#: What the fork server imports before forking pool processes.
-FORK_SERVER_MODULES = ("torch", "torch.distributed", "pollux_opt.runtime.worker", "pollux_opt.runtime.verify")
-
-
-def _in_fork_server() -> bool:
-    """True in a multiprocessing fork server (its ``-c`` command runs ``forkserver.main``)."""
-    server = sys.modules.get("multiprocessing.forkserver")
-    main = getattr(sys.modules.get("__main__"), "main", None)
-    return server is not None and main is getattr(server, "main", object())
-
-
-def _boot_fork_server() -> None:
-    scheduler_pid = os.getppid()
-    armed = arm_parent_death_signal()
-    try:
-        for name in FORK_SERVER_MODULES:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                pass  # as the fork server treats its preload list: the worker reports it
-    finally:
-        if armed:
-            arm_parent_death_signal(0)
-    own_temp_dir()
-    atexit.register(sweep_temp_dirs, scheduler_pid)
-
-
-if _in_fork_server():
-    _boot_fork_server()

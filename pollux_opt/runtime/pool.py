@@ -12,7 +12,7 @@ Spawning a worker costs about two seconds of one core (interpreter start and
 that job's model and data still built, for the same job to reuse.  Every
 process a pool starts runs under a :class:`~pollux_opt.runtime.lifeline.Lifeline`
 (it ignores SIGINT and ends itself once the pool's owner is gone); the fork
-server preloads :mod:`~pollux_opt.runtime.lifeline`.
+server preloads :mod:`~pollux_opt.runtime.forkserver_boot`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ logger = logging.getLogger("pollux_opt.runtime")
 
 #: The fork server's preload list: one module, which imports torch and the
 #: workers' code under a parent-death signal (see its docstring).
-FORKSERVER_PRELOAD = ("pollux_opt.runtime.lifeline",)
+FORKSERVER_PRELOAD = ("pollux_opt.runtime.forkserver_boot",)
 #: Idle workers a pool keeps (spares, and at most ``max_idle``).
 _IDLE_WORKERS = Integer(ge=0)
 #: Seconds a terminated worker gets to exit before it is killed.
@@ -104,7 +104,7 @@ class WorkerPool:
         max_idle: most idle workers kept; more are shut down on release.
         start_method: multiprocessing start method.  The default,
             "forkserver" where available, forks workers from a server process
-            that has imported torch once (:mod:`~pollux_opt.runtime.lifeline`),
+            that has imported torch once (:mod:`~pollux_opt.runtime.forkserver_boot`),
             so a cold worker costs tens of milliseconds instead of seconds;
             "spawn" starts each interpreter afresh (portable, slower).
 

@@ -1,0 +1,59 @@
+"""The first (and only) module of the worker pool's fork-server preload list.
+
+Imported in the fork server, and only there, it:
+
+1. arms ``PR_SET_PDEATHSIG`` (:func:`~pollux_opt.runtime.lifeline.arm_parent_death_signal`),
+   so that a scheduler killed while the server imports torch takes the server
+   with it;
+2. imports :data:`MODULES`, the code every pool process runs (torch is the slow
+   one: seconds on a loaded 2-core machine);
+3. disarms the signal: from then on the server watches its pipe from the
+   scheduler, whose end of file ends it, and the signal is tied to the
+   scheduler *thread* that started the server, which may end long before the
+   scheduler does;
+4. owns its multiprocessing temporary folder and, when it ends after its
+   scheduler died, removes the scheduler's (see :mod:`~pollux_opt.runtime.lifeline`).
+
+Imported anywhere else it does nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import sys
+
+from pollux_opt.runtime.lifeline import arm_parent_death_signal, own_temp_dir, sweep_temp_dirs
+
+__all__ = ["MODULES"]
+
+#: What the fork server imports before forking workers.
+MODULES = ("torch", "torch.distributed", "pollux_opt.runtime.worker", "pollux_opt.runtime.verify")
+
+
+def _in_fork_server() -> bool:
+    """True in a multiprocessing fork server (its ``-c`` command runs ``forkserver.main``)."""
+    server = sys.modules.get("multiprocessing.forkserver")
+    main = getattr(sys.modules.get("__main__"), "main", None)
+    return server is not None and main is getattr(server, "main", object())
+
+
+def _boot() -> None:
+    scheduler_pid = os.getppid()
+    armed = arm_parent_death_signal()
+    try:
+        for name in MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass  # as the fork server treats its preload list: the worker reports it
+    finally:
+        if armed:
+            arm_parent_death_signal(0)
+    own_temp_dir()
+    atexit.register(sweep_temp_dirs, scheduler_pid)
+
+
+if _in_fork_server():
+    _boot()
