@@ -216,7 +216,7 @@ def fake_jobs() -> FakeJobs:
     return FakeJobs()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def experiment():
     """``load(name)``: the experiment script ``experiments/NAME.py`` as a module, imported
     with its folder on ``sys.path`` as when it is run (the scripts import their siblings)."""
