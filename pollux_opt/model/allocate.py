@@ -207,8 +207,6 @@ def _checked_arguments(
             f"options must be an Options or None (pass single options as keywords, e.g. p=0), got {shown(options)}"
         )
     opts = Options.from_mapping(overrides, base=options)
-    if opts.solver not in solvers.SOLVERS:
-        raise InvalidProblem(f"unknown solver {opts.solver!r}; choose one of {sorted(solvers.SOLVERS)}")
     if isinstance(jobs, (str, bytes, Mapping, Job)) or not isinstance(jobs, Iterable):
         raise InvalidProblem(f"jobs must be a sequence of Job objects, got {shown(jobs)}")
     jobs = list(jobs)
@@ -247,6 +245,8 @@ def solve(cluster: Cluster, jobs: Sequence[Job], options: Options, *,
     Rows of the answer's placement are in ``jobs``' order.
     """
     start = time.monotonic()
+    if options.solver not in solvers.SOLVERS:
+        raise InvalidProblem(f"unknown solver {options.solver!r}; choose one of {sorted(solvers.SOLVERS)}")
     deadline = None if options.time_limit is None or math.isinf(options.time_limit) else start + options.time_limit
     log.info("allocate: encoding %d jobs on %d nodes", len(jobs), len(cluster.nodes))
     try:

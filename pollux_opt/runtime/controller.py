@@ -28,7 +28,7 @@ from pollux_opt.runtime.allocation import FollowUp, WorkerAllocation
 from pollux_opt.runtime.checkpoint import CheckpointInfo, checkpoint_dir, latest_good, wait_for_writer
 from pollux_opt.runtime.generation import Generation
 from pollux_opt.runtime.pool import WorkerPool
-from pollux_opt.runtime.protocol import ERROR, METRICS, RESUMED, STOP
+from pollux_opt.runtime.protocol import BATCH, ERROR, METRICS, RESUMED, STOP
 from pollux_opt.runtime.report import RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 from pollux_opt.runtime.status import JobStatus
@@ -174,7 +174,7 @@ class JobController:
         with self.status.lock:
             self.status.config = config
         params = self.status.agent.params
-        self._send_to_rank0("batch", config.local_bsz, config.accum_steps, params_to_dict(params))
+        self._send_to_rank0(BATCH, config.local_bsz, config.accum_steps, params_to_dict(params))
         self._params_sent = params
         self.status.record("batch_changed", {
             "from": None if old is None else [old.local_bsz, old.accum_steps],
@@ -317,7 +317,7 @@ class JobController:
         self.status.record("worker_lost", {
             "rank": rank, "pid": w.pid, "exitcode": w.exitcode, "step": self.status.step,
             "state": state.value, "pausing": pausing,
-            "peers_reporting_failed_collectives": sorted(self._gen.collective_errors),
+            "peers_reporting_failed_collectives": sorted(gen.collective_errors),
         })
         with self.status.lock:
             workers = self._take_workers()
@@ -390,5 +390,5 @@ class JobController:
             self._send_batch(new)
         elif params is not self._params_sent:
             # Refresh the fitted model rank 0 stores in its checkpoints.
-            self._send_to_rank0("batch", new.local_bsz, new.accum_steps, params_to_dict(params))
+            self._send_to_rank0(BATCH, new.local_bsz, new.accum_steps, params_to_dict(params))
         self._params_sent = params

@@ -166,11 +166,23 @@ class ElasticJob:
         Returns at once; the job is ``rescaling`` until its workers train.
         Raises InvalidProblem for a bad allocation or a finished job.
         """
-        self._submit(self._ctl.request_alloc, parse_allocation(
-            self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus, local_bsz, accum_steps,
-            node_types, cgroups))
+        alloc = parse_allocation(self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus,
+                                 local_bsz, accum_steps, node_types, cgroups)
+        self._check_open()
+        check_torch()  # a launch needs torch
+        self._queue(self._ctl.request_alloc, alloc, time.monotonic())  # its rescale time counts from now
 
-    def rescale(self, replicas: int | Mapping[Any, int], num_nodes: int | None = None, **allocation: Any) -> None:
+    def rescale(
+        self,
+        replicas: int | Mapping[Any, int],
+        num_nodes: int | None = None,
+        *,
+        cpus: Sequence[int] | None = None,
+        local_bsz: int | None = None,
+        accum_steps: int | None = None,
+        node_types: Mapping[str, str] | None = None,
+        cgroups: Mapping[str, str] | None = None,
+    ) -> None:
         """Move the job to a new allocation (arguments as in :meth:`start`).
 
         The job finishes its current step, checkpoints, re-forms its workers
@@ -180,18 +192,21 @@ class ElasticJob:
         changing (same placement and CPUs) applies at the next step, without a
         restart, also while the job is still starting.
         """
-        self.start(replicas, num_nodes, **allocation)
+        self.start(replicas, num_nodes, cpus=cpus, local_bsz=local_bsz, accum_steps=accum_steps,
+                   node_types=node_types, cgroups=cgroups)
 
     def stop(self) -> None:
         """Checkpoint and release all workers (state ``queued``; resume with start)."""
-        self._submit(self._ctl.request_stop, False)
+        self._check_open()
+        self._queue(self._ctl.request_stop, False)
 
     def cancel(self) -> None:
         """Checkpoint and release all workers like :meth:`stop`, then end the job
         (state ``cancelled``; a job verifying its final checkpoint may still
         succeed first).  A start or rescale meanwhile is ignored; once the job
         has ended, every command raises InvalidProblem."""
-        self._submit(self._ctl.request_stop, True)
+        self._check_open()
+        self._queue(self._ctl.request_stop, True)
 
     def report(self) -> JobReport:
         """A consistent snapshot of the job (never blocks on the workers)."""
@@ -203,8 +218,8 @@ class ElasticJob:
             return self._status.lifecycle.state
 
     def wait(self, timeout: float | None = None, until: Callable[[JobReport], bool] | None = None) -> JobReport:
-        """Block until ``until(report)`` holds (default: the job settles: it is
-        ``queued`` or ended, with no command pending) and return that report.
+        """Block until ``until(report)`` holds (default: the job settles: it has
+        ended, or is ``queued`` with no command pending) and return that report.
 
         Raises TimeoutError after ``timeout`` seconds, and RuntimeError if the
         job settles without ``until`` holding.
@@ -215,7 +230,8 @@ class ElasticJob:
             with status.lock:
                 idle = status.handled == status.submitted
             report = self.report()
-            settled = idle and (report.state is JobState.QUEUED or report.state.terminal)
+            # An ended job drops its pending commands (one queued as it ended is never handled).
+            settled = report.state.terminal or (idle and report.state is JobState.QUEUED)
             if until(report) if until is not None else settled:
                 return report
             if settled:
@@ -257,16 +273,13 @@ class ElasticJob:
         return f"ElasticJob({self.job_id!r}, kind={self.spec.name!r}, state={self.poll().value!r})"
 
     # ============================================================ API helpers
-    def _submit(self, request: Callable, *args: Any) -> None:
+    def _check_open(self) -> None:
+        """Raise InvalidProblem where the job takes no more commands (closed, or ended)."""
         if self._closed:
             raise InvalidProblem(f"job {self.job_id!r} is closed")
         state = self.poll()
         if state.terminal:
             raise InvalidProblem(f"job {self.job_id!r} has ended ({state.value}); it takes no more commands")
-        if request == self._ctl.request_alloc:  # a launch needs torch; its time counts from now
-            check_torch()
-            args += (time.monotonic(),)
-        self._queue(request, *args)
 
     # ======================================================= supervisor thread
     def _queue(self, request: Callable, *args: Any) -> None:

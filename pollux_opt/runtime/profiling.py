@@ -7,9 +7,9 @@ measured; its target is disabled so that it never completes mid-profile.
 
 from __future__ import annotations
 
-import copy
 import math
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -161,8 +161,9 @@ def serve_in_process(spec: JobSpec, workdir: str | Path, *, local_bsz: int, accu
     import torch.distributed as dist
 
     messages: list[tuple[str, dict]] = []
-    # A copy of each message when it is sent, as a pipe delivers it.
-    conn = SimpleNamespace(send=lambda message: messages.append(copy.deepcopy(message)), poll=lambda: False)
+    # Each message pickled and unpickled when it is sent, as a pipe delivers it.
+    conn = SimpleNamespace(send=lambda message: messages.append(pickle.loads(pickle.dumps(message))),
+                           poll=lambda: False)
     a = Assignment(job_id=Path(workdir).name, spec_json=spec.to_json(), workdir=str(Path(workdir).resolve()),
                    generation=generation, rank=0, world=1, num_nodes=1, store_path=None,
                    checkpoint_meta=checkpoint, local_bsz=local_bsz, accum_steps=accum_steps,

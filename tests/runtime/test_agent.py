@@ -134,7 +134,7 @@ def test_real_backend_sends_placements_and_the_job_picks_its_batch(tmp_path, mon
     from pollux_opt.workloads.job import Workload, WorkloadJob
 
     sent = []
-    monkeypatch.setattr(ElasticJob, "_submit", lambda self, kind, payload: sent.append(payload))
+    monkeypatch.setattr(ElasticJob, "_queue", lambda self, request, payload, *rest: sent.append(payload))
     workload = Workload("one", (WorkloadJob("a", "digits-cnn", 0.0, 1, 64),))
     clock = [1000.0]
     with EventLog(tmp_path / "events.jsonl") as events:

@@ -207,7 +207,7 @@ class RealBackend:
         workers and remove the node cgroups."""
         try:
             if graceful:
-                stop_jobs([j for j in self.jobs.values() if j.handle is not None and not j.finished], timeout)
+                stop_jobs([j for j in self.jobs.values() if j.live], timeout)
             for j in self.jobs.values():
                 if j.handle is not None:
                     j.handle.close()

@@ -5,9 +5,10 @@ whose supervisor calls its methods instead of writing to a pipe.
 :meth:`~ReplicaActor.serve` runs one assignment and streams its reports (a Ray
 streaming generator, which the supervisor ``ray.wait``\ s on);
 :meth:`~ReplicaActor.command` hands a ``STOP`` or ``BATCH`` to the assignment
-of its generation (Ray may run a threaded actor's calls out of order: a
-command for an earlier generation is dropped, one that overtakes its ``serve``
-waits for it); :meth:`~ReplicaActor.lifetime` returns only when the actor
+it names by job id and generation (Ray may run a threaded actor's calls out
+of order: one that overtakes its ``serve`` waits for it; a ``serve`` drops the
+commands of every other assignment but the same job's later generations, which
+actors shared by all jobs would otherwise hand to the wrong one); :meth:`~ReplicaActor.lifetime` returns only when the actor
 dies, which is how an idle actor's death is seen.
 """
 
@@ -67,9 +68,8 @@ class ReplicaActor:
         self._torch, self._dist, self._all_cpus = worker_setup(interface_of(ray.util.get_node_ip_address()))
         self._cache = PartsCache()
         self._busy = threading.Lock()  # one assignment at a time (they share the cache)
-        self._lock = threading.Lock()  # guards the links and the newest generation served
-        self._links: dict[int, Link] = {}
-        self._served = -1
+        self._lock = threading.Lock()  # guards the links
+        self._links: dict[tuple[str, int], Link] = {}  # by (job id, generation)
         self._stores: dict = {}
 
     def identity(self) -> tuple[int, str]:
@@ -84,10 +84,10 @@ class ReplicaActor:
 
     def serve(self, a):
         """Run the assignment ``a``, yielding its reports; the last is ``PAUSED`` or ``ERROR``."""
+        key = (a.job_id, a.generation)
         with self._lock:
-            self._served = a.generation
-            self._links = {g: link for g, link in self._links.items() if g >= a.generation}
-            link = self._links.setdefault(a.generation, Link())
+            self._links = {k: link for k, link in self._links.items() if k[0] == a.job_id and k[1] >= a.generation}
+            link = self._links.setdefault(key, Link())
         threading.Thread(target=self._serve, args=(link, a), name=f"pollux-gen-{a.generation}", daemon=True).start()
         while (raw := link.reports.get()) is not None:
             yield pickle.loads(raw)
@@ -104,11 +104,10 @@ class ReplicaActor:
         finally:
             link.reports.put(None)
 
-    def command(self, generation: int, message: tuple) -> None:
-        """A command for the assignment of ``generation`` (see the module docstring)."""
+    def command(self, assignment: tuple[str, int], message: tuple) -> None:
+        """A command for the assignment ``(job id, generation)`` (see the module docstring)."""
         with self._lock:
-            if generation >= self._served:
-                self._links.setdefault(generation, Link()).commands.put(message)
+            self._links.setdefault(tuple(assignment), Link()).commands.put(message)
 
     def host_store(self, generation: int) -> tuple[str, int]:
         """Host a new TCPStore (the rendezvous of ``generation``) on this node's IP;

@@ -182,7 +182,7 @@ class RayBackend(RealBackend):
         self._emit("nodes", now, None, cluster=[] if cluster is None else cluster_to_json(cluster),
                    joined=joined, left=left)
         for job in self.jobs.values():
-            if job.handle is not None and not job.finished and set(job.placement) & set(left):
+            if job.live and set(job.placement) & set(left):
                 self._restart_elsewhere(job, now, sorted(set(job.placement) & set(left)))
         self._wake = True
 
@@ -195,7 +195,6 @@ class RayBackend(RealBackend):
             job.handle.close()
         finally:
             pool.uncancel(job.id)
-        job.account(now)
         job.handle = self._opener(self._workdir(job), self.pool)
         job.hold(now, {})
         self._pinning.release(job.id)

@@ -60,7 +60,7 @@ class RayWorker:
         self._pid: int | None = None if actor is not None else _NO_PID
         self._identity = actor.identity.remote() if actor is not None else None
         self._lifetime = actor.lifetime.remote() if actor is not None else None
-        self._generation = -1
+        self._assignment: tuple[str, int] | None = None  # (job id, generation) of the last RUN
         self.stream = None  # the reports of the current assignment (a Ray streaming generator)
         self._arrived: list[tuple] = []  # reports fetched from the stream, not yet handed out
 
@@ -91,10 +91,10 @@ class RayWorker:
         if not self.alive():
             return False
         if message[0] == RUN:
-            self._generation = message[1].generation
+            self._assignment = (message[1].job_id, message[1].generation)
             self.stream = self.actor.serve.options(num_returns="streaming").remote(message[1])
         else:
-            self.actor.command.remote(self._generation, message)
+            self.actor.command.remote(self._assignment, message)
         return True
 
     def reports(self) -> list[tuple]:

@@ -204,6 +204,8 @@ def load_typed_profile(folder, *, types: Sequence[str] | None = None, max_epochs
     Raises:
         InvalidProblem: a missing folder, type or file, or a bad row.
     """
+    if types is not None and not types:
+        raise InvalidProblem("types must name at least one node type, got none")
     folder = Path(folder)
     found = profile_types(folder)
     if not found:

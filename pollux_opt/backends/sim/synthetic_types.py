@@ -25,7 +25,6 @@ from pollux_opt.backends.sim.profile_files import (
     VALIDATION_FILE,
     app_folders,
     load_trace_profile,
-    read_validation,
     trace_profile,
 )
 from pollux_opt.model.cluster_types import GPU_TYPES, memory_scaled_local_bsz
@@ -196,7 +195,8 @@ def synthesize_app(folder, types: Sequence[str] = SYNTHETIC_TYPES) -> dict[str, 
 def build_typed_profiles(root, names: Sequence[str] | None = None, types: Sequence[str] = SYNTHETIC_TYPES) -> dict:
     """``{app: {type: TraceProfile}}`` synthesized in memory from AdaptDL-format folders under ``root``
     (``root/profiles`` or ``root`` itself)."""
-    return {f.name: {t: trace_profile(f.name, t, p, s, read_validation(f))
+    # The reference profile (loaded once, cached) holds the folder's validation tables.
+    return {f.name: {t: trace_profile(f.name, t, p, s, load_trace_profile(f).validation)
                      for t, (p, s) in synthesize_app(f, types).items()}
             for f in app_folders(root, names)}
 

@@ -143,8 +143,9 @@ def test_a_tcp_store_path_forms_the_group_through_the_store_rank_0_hosts():
     assert kind2 == "file" and args2 == ("/runs/j/rendezvous/gen-1", 2)
 
 
-def test_a_replicas_commands_reach_the_assignment_of_their_generation_only(monkeypatch):
-    """Ray may run a threaded actor's calls out of order: routed by generation."""
+def test_a_replicas_commands_reach_the_assignment_of_their_job_and_generation_only(monkeypatch):
+    """Ray may run a threaded actor's calls out of order: routed by job and generation
+    (an actor serves every job, each job numbering its own generations)."""
     pytest.importorskip("ray", reason="the replica actor reads its node's address with Ray")
     from types import SimpleNamespace
 
@@ -159,9 +160,11 @@ def test_a_replicas_commands_reach_the_assignment_of_their_generation_only(monke
     monkeypatch.setattr(actors, "interface_of", lambda ip: "lo")
     monkeypatch.setattr(worker, "serve_assignment", echo_commands)
     actor = actors.ReplicaActor()
-    actor.command(1, ("stop",))  # late: for the generation before
-    actor.command(3, ("batch", 8, 0, None))  # early: overtook the serve call of its generation
-    actor.command(2, ("stop",))
-    assert list(actor.serve(SimpleNamespace(generation=2))) == [("stop",)]
-    actor.command(1, ("stop",))  # dropped: generation 2 was served
-    assert list(actor.serve(SimpleNamespace(generation=3))) == [("batch", 8, 0, None)]
+    actor.command(("j", 1), ("stop",))  # late: for the generation before
+    actor.command(("j", 3), ("batch", 8, 0, None))  # early: overtook the serve call of its generation
+    actor.command(("j", 2), ("stop",))
+    assert list(actor.serve(SimpleNamespace(job_id="j", generation=2))) == [("stop",)]
+    actor.command(("j", 1), ("stop",))  # dropped: generation 2 was served
+    assert list(actor.serve(SimpleNamespace(job_id="j", generation=3))) == [("batch", 8, 0, None)]
+    actor.command(("k", 2), ("stop",))  # another job's earlier-numbered generation, overtaking its serve
+    assert list(actor.serve(SimpleNamespace(job_id="k", generation=2))) == [("stop",)]
