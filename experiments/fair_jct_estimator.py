@@ -30,17 +30,13 @@ from pollux_opt.backends.sim import default_trace_dir, load_profiles, quiet_libr
 from pollux_opt.backends.sim.backend import SimBackend
 from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
 from pollux_opt.records.files import atomic_write_csv
+from pollux_opt.records.events import NullLog
 from pollux_opt.scheduling.loop import run as run_loop
 from pollux_opt.scheduling.policies import FairJctPolicy
 from pollux_opt.scheduling.policies.remaining import reference_rate
 from pollux_opt.workloads.adaptdl import read_adaptdl_csv
 
 log = logging.getLogger("fair_jct_estimator")
-
-
-class _NullLog:
-    def emit(self, *args, **kwargs):
-        return {}
 
 
 class _Logged(FairJctPolicy):
@@ -77,7 +73,7 @@ def run_one(task: dict) -> list[dict]:
     backend = SimBackend(jobs, profiles, cluster)
     policy = _Logged(by_family=task["by_family"])
     policy.attach(backend, task["every"])
-    run_loop(backend, policy, cluster, _NullLog(), interval=SIM_DEFAULT_INTERVAL_S, max_rounds=task["max_rounds"])
+    run_loop(backend, policy, cluster, NullLog(), interval=SIM_DEFAULT_INTERVAL_S, max_rounds=task["max_rounds"])
     variant = "by-family" if task["by_family"] else "pooled"
     return [{"workload": f"workload-{task['workload']}", "variant": variant, **r} for r in policy.rows]
 

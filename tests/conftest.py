@@ -130,11 +130,6 @@ class FakeJob(JobHandle):
     def start(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
               cgroups=None):
         self._update()
-        self._go(dict(replicas), "start", FAKE_START_S)
-
-    def rescale(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
-                cgroups=None):
-        self._update()
         if self.state is JobState.QUEUED:
             self._go(dict(replicas), "start", FAKE_START_S)
         elif self.state.holds_workers and dict(replicas) == self.placement:

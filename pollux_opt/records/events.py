@@ -63,13 +63,14 @@ from typing import Any, Iterator
 from solvers import InvalidProblem
 
 from pollux_opt.model.domains import Choice, Real, check
-from pollux_opt.records.files import atomic_write_text
+from pollux_opt.records.files import atomic_write_text, drop_torn_line
 
 __all__ = [
     "EVENT_TYPES",
     "EVENT_FIELDS",
     "PLACEMENT_EVENTS",
     "EventLog",
+    "NullLog",
     "read_events",
     "iter_events",
     "repair_log",
@@ -183,22 +184,10 @@ class EventLog:
 
     def _repair(self) -> None:
         """Truncate a torn last line; read the last event's time."""
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        keep = data.rfind(b"\n") + 1
-        last = data[data.rfind(b"\n", 0, max(keep - 1, 0)) + 1:keep]
         try:
-            self._last_t = float(json.loads(last)["t"])
+            self._last_t = float(json.loads(drop_torn_line(self.path))["t"])
         except (ValueError, KeyError, TypeError):
             pass  # empty, or a line the reader rejects (a resumed run reads the log first)
-        if not data or data.endswith(b"\n"):
-            return
-        log.warning("event log %s: dropping a torn last line (%d bytes)", self.path, len(data) - keep)
-        with open(self.path, "r+b") as fh:
-            fh.truncate(keep)
-            fh.flush()
-            os.fsync(fh.fileno())
 
     def emit(self, type: str, t: float, job_id: str | None = None, **fields: Any) -> dict:
         """Append one event and return it (as written: if ``ordered``, ``t`` no earlier than the last event's)."""
@@ -223,6 +212,13 @@ class EventLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class NullLog:
+    """An event log that keeps nothing (a simulation without a run directory)."""
+
+    def emit(self, *args: Any, **kwargs: Any) -> dict:
+        return {}
 
 
 #: Suffix of the file :func:`repair_log` moves unreadable lines into.

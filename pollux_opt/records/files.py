@@ -30,6 +30,7 @@ dependency between layers.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -40,11 +41,13 @@ from solvers import InvalidProblem
 from pollux_opt.model.domains import NAME, check
 
 __all__ = ["MAX_NAME_CHARS", "atomic_write_bytes", "atomic_write_csv", "atomic_write_json", "atomic_write_text",
-           "safe_name"]
+           "drop_torn_line", "safe_name"]
 
 #: Longest name :func:`safe_name` admits: Linux's NAME_MAX (bytes of one path
 #: component; a safe name is ASCII, one byte a character).
 MAX_NAME_CHARS = 255
+
+log = logging.getLogger(__name__)
 
 
 def safe_name(kind: str, value: Any) -> str:
@@ -118,3 +121,25 @@ def atomic_write_json(
 def atomic_write_csv(path: str | os.PathLike, frame: Any) -> None:
     """Write a pandas DataFrame ``frame`` to ``path`` atomically as CSV, without its index."""
     atomic_write_text(path, frame.to_csv(index=False))
+
+
+def drop_torn_line(path: str | os.PathLike) -> bytes:
+    """Truncate a torn last line of the line-per-write file ``path`` (a crash
+    mid-append leaves one) and return its last complete line (``b""``: none).
+
+    Append-only logs (a run's event log, a job's ``events.jsonl`` and
+    ``steps.csv``) call it once before appending, so that a new line never
+    continues a torn one.
+    """
+    path = Path(path)
+    if not path.exists():
+        return b""
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1
+    if keep < len(data):
+        log.warning("%s: dropping a torn last line (%d bytes)", path, len(data) - keep)
+        with open(path, "r+b") as fh:
+            fh.truncate(keep)
+            fh.flush()
+            os.fsync(fh.fileno())
+    return data[data.rfind(b"\n", 0, max(keep - 1, 0)) + 1:keep]

@@ -14,16 +14,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from pollux_opt.extras import PLOTS_MISSING, require
 from pollux_opt.records.files import atomic_write_bytes
 
 __all__ = ["plot_jct_cdf", "plot_allocation_timeline", "plot_goodput", "plot_all"]
 
 
 def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("plots need matplotlib: pip install 'pollux-opt[plots]'") from exc
+    matplotlib = require("matplotlib", PLOTS_MISSING)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -20,7 +20,7 @@ from pollux_opt.runtime.entry import get_job, job_names, register_job, training_
 from pollux_opt.runtime.report import Event, JobReport, Measurements, RuntimeOptions
 from pollux_opt.runtime.spec import LR_SCALING_RULES, BuildContext, JobParts, JobSpec
 from pollux_opt.runtime.spec import declare_builder_modules
-from pollux_opt.runtime.lazy_torch import TORCH_MISSING
+from pollux_opt.extras import TORCH_MISSING
 
 __all__ = [
     "LR_SCALING_RULES",

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from pollux_opt.runtime.spec import BuildContext, JobParts, JobSpec
-from pollux_opt.runtime.lazy_torch import require_torch
+from pollux_opt.extras import TORCH_MISSING, require
 
 __all__ = ["BUILTIN_JOBS", "STDLIB_TEXT_FILES"]
 
@@ -76,7 +76,7 @@ def _sgd_classifier(torch, model, cfg, momentum: float, train: tuple, val: tuple
 # ----------------------------------------------------------------------- digits
 def build_digits_cnn(ctx: BuildContext) -> JobParts:
     """Small CNN on scikit-learn's bundled 8x8 digits (1797 images, 10 classes)."""
-    torch = require_torch()
+    torch = require("torch", TORCH_MISSING)
     from sklearn.datasets import load_digits
 
     cfg = ctx.config
@@ -114,7 +114,7 @@ SYNTH_CLASSIFY_WIDTH = 768
 
 def build_synth_classify(ctx: BuildContext) -> JobParts:
     """MLP student of a random 2-layer teacher with sampled (noisy) labels."""
-    torch = require_torch()
+    torch = require("torch", TORCH_MISSING)
     cfg = ctx.config
     x_np, y_np = _teacher_classification(cfg)
     train, val = _split(cfg, 0.05, 1, torch.from_numpy(x_np), torch.from_numpy(y_np.astype(np.int64)))
@@ -133,7 +133,7 @@ def build_synth_classify(ctx: BuildContext) -> JobParts:
 # ------------------------------------------------------------ synthetic regression
 def build_synth_regress(ctx: BuildContext) -> JobParts:
     """MLP fitting y = sin(x w1) . w2 + noise; validation metric is the MSE."""
-    torch = require_torch()
+    torch = require("torch", TORCH_MISSING)
     cfg = ctx.config
     rng = np.random.default_rng(cfg.get("data_seed", 2))
     # 200k samples and a 256-wide MLP: about 33 s to MSE 0.11 on one core
@@ -174,7 +174,7 @@ def build_stdlib_charlm(ctx: BuildContext) -> JobParts:
     Metric: mean cross-entropy (nats per character) on held-out text (the last
     ``val_fraction`` of the corpus), lower is better.
     """
-    torch = require_torch()
+    torch = require("torch", TORCH_MISSING)
     cfg = ctx.config
     context = cfg.get("context", 24)
     data = torch.frombuffer(bytearray(stdlib_text(cfg.get("chars", 600_000))), dtype=torch.uint8).long()
@@ -224,7 +224,7 @@ RATINGS_LR = 1.5e-4
 
 def build_ratings_mf(ctx: BuildContext) -> JobParts:
     """Biased matrix factorisation on synthetic low-rank ratings plus noise; metric RMSE."""
-    torch = require_torch()
+    torch = require("torch", TORCH_MISSING)
     cfg = ctx.config
     rng = np.random.default_rng(cfg.get("data_seed", 3))
     users, items, rank = cfg.get("users", 4000), cfg.get("items", 2000), cfg.get("true_rank", 8)

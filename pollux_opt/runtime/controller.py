@@ -35,16 +35,13 @@ from pollux_opt.runtime.status import JobStatus
 from pollux_opt.runtime.verify import VerificationRun
 from pollux_opt.runtime.worker import WRITER_WAIT_S
 
-__all__ = ["MAX_VERIFICATION_FAILURES", "SUPERVISOR_TICK_S", "JobController"]
+__all__ = ["SUPERVISOR_TICK_S", "JobController"]
 
 logger = logging.getLogger("pollux_opt.runtime")
 
 #: Seconds the supervisor thread waits for worker messages per loop turn (the
 #: latency of reacting to commands and faults; small against a rescale budget of 1 s).
 SUPERVISOR_TICK_S = 0.02
-#: Verification failures (metric not reproduced in a fresh process) tolerated
-#: before a job is failed instead of resumed.
-MAX_VERIFICATION_FAILURES = 2
 #: Event recorded when a launch of each kind has all its workers training.
 _RESUMED_EVENT = {"rescale": "rescaled", "start": "started", "restart": "restarted"}
 
@@ -357,8 +354,7 @@ class JobController:
                                  from_checkpoint=True)
 
     def _after_failed_verification(self) -> None:
-        self._verification.failures += 1
-        if self._verification.failures >= MAX_VERIFICATION_FAILURES:
+        if self._verification.count_failure():
             self.fail("the final metric did not reach the target when re-evaluated in a fresh process")
             return
         follow, self._next = self._next, None

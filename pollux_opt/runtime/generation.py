@@ -15,6 +15,7 @@ from pollux_opt.runtime.allocation import WorkerAllocation
 from pollux_opt.runtime.checkpoint import CheckpointInfo
 from pollux_opt.runtime.pool import Worker, WorkerPool
 from pollux_opt.runtime.protocol import ERROR, PAUSED, RESUMED, RUN, Assignment
+from pollux_opt.runtime.report import RuntimeOptions
 
 __all__ = ["FAULT_GRACE_S", "SURVIVOR_EXIT_S", "Generation"]
 
@@ -63,24 +64,26 @@ class Generation:
 
     @classmethod
     def launch(cls, pool: WorkerPool, previous: Generation, alloc: WorkerAllocation, config: BatchConfig,
-               kind: str, t0: float, resume_from: CheckpointInfo | None, **job) -> Generation:
+               kind: str, t0: float, resume_from: CheckpointInfo | None, *, job_id: str, spec_json: str,
+               workdir: str, options: RuntimeOptions, params: dict | None) -> Generation:
         """The generation after ``previous`` on ``alloc``: the live workers of
         ``previous`` and new ones from ``pool``, each sent its
-        :class:`~pollux_opt.runtime.protocol.Assignment` (``job``: the fields
-        every rank shares)."""
-        gen = cls(previous.number + 1, pool.regroup(previous.workers, alloc, job_key=job["job_id"]), kind, t0,
+        :class:`~pollux_opt.runtime.protocol.Assignment` (the keywords: the
+        fields every rank shares)."""
+        gen = cls(previous.number + 1, pool.regroup(previous.workers, alloc, job_key=job_id), kind, t0,
                   time.time(), resume_from, previous.paused.get(0))
-        store = pool.rendezvous(gen.workers, job["workdir"], gen.number) if alloc.num_replicas > 1 else None
+        store = pool.rendezvous(gen.workers, workdir, gen.number) if alloc.num_replicas > 1 else None
         rank_nodes = alloc.rank_nodes()
         for rank, w in enumerate(gen.workers):
-            w.job_key = job["job_id"]
+            w.job_key = job_id
             a = Assignment(
                 generation=gen.number, rank=rank, world=alloc.num_replicas, num_nodes=alloc.num_nodes,
                 store_path=None if store is None else str(store),
                 checkpoint_meta=None if resume_from is None else str(resume_from.meta_path),
                 local_bsz=config.local_bsz, accum_steps=config.accum_steps,
                 cpu=None if alloc.cpus is None else alloc.cpus[rank], node_type=alloc.node_type,
-                cgroup=None if alloc.cgroups is None else alloc.cgroups[rank_nodes[rank]], **job,
+                cgroup=None if alloc.cgroups is None else alloc.cgroups[rank_nodes[rank]],
+                job_id=job_id, spec_json=spec_json, workdir=workdir, options=options, params=params,
             )
             w.send(RUN, a)  # a worker gone is noticed as a lost worker
         return gen

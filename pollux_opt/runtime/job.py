@@ -21,7 +21,7 @@ from pollux_opt.lifecycle import JobState
 from pollux_opt.model.domains import Text, check
 from pollux_opt.runtime.allocation import parse_allocation
 from pollux_opt.runtime.controller import JobController
-from pollux_opt.runtime.lazy_torch import check_torch
+from pollux_opt.extras import TORCH_MISSING, check_installed
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.report import JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec, check_declared_builder, workdir_path
@@ -169,7 +169,7 @@ class ElasticJob:
         alloc = parse_allocation(self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus,
                                  local_bsz, accum_steps, node_types, cgroups)
         self._check_open()
-        check_torch()  # a launch needs torch
+        check_installed("torch", TORCH_MISSING)  # a launch needs torch
         self._queue(self._ctl.request_alloc, alloc, time.monotonic())  # its rescale time counts from now
 
     def rescale(

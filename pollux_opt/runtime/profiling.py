@@ -153,11 +153,11 @@ def serve_in_process(spec: JobSpec, workdir: str | Path, *, local_bsz: int, accu
     Raises:
         whatever the job raises (the worker would report it as ``"error"``).
     """
-    from pollux_opt.runtime.lazy_torch import require_torch
+    from pollux_opt.extras import TORCH_MISSING, require
     from pollux_opt.runtime.protocol import Assignment
     from pollux_opt.runtime.worker import PartsCache, serve_assignment
 
-    torch = require_torch()
+    torch = require("torch", TORCH_MISSING)
     import torch.distributed as dist
 
     messages: list[tuple[str, dict]] = []

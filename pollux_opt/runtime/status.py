@@ -7,8 +7,8 @@ Besides its checkpoints and logs, a job writes ``job.json`` (spec, options,
 id; written once), ``state.json`` (state, restart and rescale times; replaced
 atomically), ``events.jsonl`` (one event per line) and ``steps.csv`` (one row
 per optimizer step of rank 0).  A crash can tear only the last line of
-``events.jsonl`` or ``steps.csv`` (each line is one write); readers skip a
-torn line.
+``events.jsonl`` or ``steps.csv`` (each line is one write); a restored job
+drops it before appending.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pollux_opt.agent.batch import choose_batch
 from pollux_opt.agent.measurements import profile_from_json
 from pollux_opt.records.events import jsonable
 from pollux_opt.runtime.allocation import WorkerAllocation
+from pollux_opt.records.files import drop_torn_line
 from pollux_opt.runtime.checkpoint import CheckpointInfo, atomic_write_json, checkpoint_dir, list_checkpoints
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
@@ -141,6 +142,8 @@ class JobStatus:
             self.start_times = list(saved.get("start_times", []))
             self.restarts = int(saved.get("num_restarts", 0))
             self.first_start = saved.get("first_start")
+        for name in (EVENTS_FILE, STEPS_FILE):
+            drop_torn_line(self.workdir / name)  # so that appending never continues a torn line
         self.events = self._read_events()
         infos = list_checkpoints(checkpoint_dir(self.workdir))
         if infos:
@@ -167,7 +170,7 @@ class JobStatus:
                     data = json.loads(line)
                     events.append(Event(data["time"], data["kind"], data.get("details", {})))
                 except (ValueError, KeyError):
-                    continue  # a torn last line from a crash
+                    continue  # not an event of this log
         return events
 
     def absorb_meta(self, meta: dict) -> None:

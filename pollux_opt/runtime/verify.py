@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from pollux_opt.runtime.pool import WorkerPool
     from pollux_opt.runtime.status import JobStatus
 
-__all__ = ["VerificationRun", "main", "verify_checkpoint", "verify_process"]
+__all__ = ["MAX_VERIFICATION_FAILURES", "VerificationRun", "main", "verify_checkpoint", "verify_process"]
 
 VERIFICATION_FILE = "verification.json"
 
@@ -47,9 +47,9 @@ def verify_checkpoint(workdir: Path, meta_path: Path) -> dict:
     from pollux_opt.runtime.checkpoint import atomic_write_json, list_checkpoints, load_payload, verify
     from pollux_opt.runtime.entry import LOOP, entry_protocol
     from pollux_opt.runtime.spec import JobSpec, resolve_builder
-    from pollux_opt.runtime.lazy_torch import require_torch
+    from pollux_opt.extras import TORCH_MISSING, require
 
-    torch = require_torch()
+    torch = require("torch", TORCH_MISSING)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     workdir = Path(workdir)
@@ -150,6 +150,11 @@ def verify_process(workdir: str, meta_path: str, log_path: str) -> None:
     sys.exit(main([workdir, meta_path]))
 
 
+#: Verification failures (metric not reproduced in a fresh process) tolerated
+#: before a job is failed instead of resumed.
+MAX_VERIFICATION_FAILURES = 2
+
+
 class VerificationRun:
     """The controller's side of the check: the one process checking a job's
     final checkpoint, and what its end means for the job (recorded through the
@@ -206,6 +211,12 @@ class VerificationRun:
             self.status.enter(JobState.SUCCEEDED, "verified")
         self.status.persist()
         return False
+
+    def count_failure(self) -> bool:
+        """Count one check that did not confirm the target; True once
+        :data:`MAX_VERIFICATION_FAILURES` have (the job then fails instead of resuming)."""
+        self.failures += 1
+        return self.failures >= MAX_VERIFICATION_FAILURES
 
     def record(self) -> dict:
         """What the finished check wrote (see :func:`verify_checkpoint`)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from pollux_opt.runtime.checkpoint import WriterLock, list_checkpoints, load_payload
 from pollux_opt.runtime.entry import LOOP, entry_protocol
 from pollux_opt.runtime.lifeline import ORPHAN_GRACE_S, Lifeline, ProcessIdentity
-from pollux_opt.runtime.lazy_torch import require_torch
+from pollux_opt.extras import TORCH_MISSING, require
 from pollux_opt.runtime.protocol import (
     ERROR, EXIT, PAUSED, PREPARE, RESUMED, RUN, STOP_PARENT, STOP_REASONS, TCP_STORE_PREFIX, Assignment,
     CollectiveError, collective, send,
@@ -237,7 +237,7 @@ def worker_setup(gloo_interface: str = GLOO_INTERFACE):
     # One thread per worker: before torch creates its OpenMP pool.
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
-    torch = require_torch()
+    torch = require("torch", TORCH_MISSING)
     torch.set_num_threads(1)
     try:
         torch.set_num_interop_threads(1)

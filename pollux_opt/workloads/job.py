@@ -49,7 +49,7 @@ QUICK_TIME_SCALE = 0.5
 #: Replica counts and batch sizes a user submits.
 _POSITIVE_COUNT = Integer(ge=1)
 _FIELDS = ("id", "kind", "arrival_s", "replicas", "batch_size", "min_replicas", "max_replicas", "spec", "quick_spec",
-           "entry", "import_dir")
+           "entry", "import_dir", "weight")
 _REQUIRED = _FIELDS[:5]
 
 
@@ -144,7 +144,7 @@ class WorkloadJob:
         out = {
             "id": self.id, "kind": self.kind, "arrival_s": self.arrival_s, "replicas": self.replicas,
             "batch_size": self.batch_size, "min_replicas": self.min_replicas,
-            "max_replicas": self.max_replicas, "spec": dict(self.spec),
+            "max_replicas": self.max_replicas, "spec": dict(self.spec), "weight": self.weight,
         }
         if self.quick_spec is not None:
             out["quick_spec"] = dict(self.quick_spec)

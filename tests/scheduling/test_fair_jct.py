@@ -28,6 +28,7 @@ from pollux_opt.scheduling.policies.fair_jct import FAIR_JCT_EXPLORATION, predic
 from pollux_opt.scheduling.policies.views import EXPLORATION_FACTOR
 from pollux_opt.workloads.job import WorkloadJob
 from pollux_opt.model.goodput import SearchCache
+from pollux_opt.records.events import NullLog
 from pollux_opt.scheduling.policies.remaining import (
     MIN_SAMPLES,
     MIN_WORK_S,
@@ -232,16 +233,11 @@ def _weighted_backend(weights):
     return SimBackend(jobs, {"synth": SYNTH}, Cluster.uniform(1, 4))
 
 
-class _NullLog:
-    def emit(self, *args, **kwargs):
-        return {}
-
-
 @pytest.mark.parametrize("policy", ["pollux", "fair-jct"])
 def test_a_heavier_job_never_finishes_later(policy):
     # "b" is the heavier one: Pollux's tie-break (by job id) alone would favour "a".
     backend = _weighted_backend({"a": 1.0, "b": 4.0})
-    run_loop(backend, make_policy(policy), backend.cluster, _NullLog(), interval=120.0, max_rounds=1000)
+    run_loop(backend, make_policy(policy), backend.cluster, NullLog(), interval=120.0, max_rounds=1000)
     jct = backend.jcts()
     assert set(jct) == {"a", "b"}
     assert jct["b"] < jct["a"]
@@ -250,7 +246,7 @@ def test_a_heavier_job_never_finishes_later(policy):
 def test_equal_weights_finish_together_under_pollux():
     """The reference of the test above: with equal weights neither job is favoured."""
     backend = _weighted_backend({"a": 1.0, "b": 1.0})
-    run_loop(backend, make_policy("pollux"), backend.cluster, _NullLog(), interval=120.0, max_rounds=1000)
+    run_loop(backend, make_policy("pollux"), backend.cluster, NullLog(), interval=120.0, max_rounds=1000)
     jct = backend.jcts()
     assert jct["a"] == pytest.approx(jct["b"])
 
@@ -260,6 +256,6 @@ def test_equal_weights_under_fair_jct_favour_the_tie_break():
     tie-break favours ("a") gets ahead, and the remaining-work weights then run it
     first (it is the shorter one left), so the heavier "b" above overcame both."""
     backend = _weighted_backend({"a": 1.0, "b": 1.0})
-    run_loop(backend, make_policy("fair-jct"), backend.cluster, _NullLog(), interval=120.0, max_rounds=1000)
+    run_loop(backend, make_policy("fair-jct"), backend.cluster, NullLog(), interval=120.0, max_rounds=1000)
     jct = backend.jcts()
     assert jct["a"] < jct["b"]

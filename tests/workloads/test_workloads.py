@@ -76,3 +76,9 @@ def test_mixed_and_burst_run_the_same_four_jobs_and_quick_ratings_keeps_its_lear
     quick = {j.id: j for j in load_workload("mixed", quick=True).jobs}
     assert quick["ratings"].spec == RATINGS_QUICK and quick["ratings"].job_spec().config["lr"] == 5e-4
     assert quick["ratings"].job_spec().target == 0.60
+
+
+def test_a_workload_job_round_trips_through_json_with_every_field():
+    job = WorkloadJob(id="a", kind="digits-cnn", arrival_s=3.0, replicas=2, batch_size=64, min_replicas=1,
+                      max_replicas=4, spec={"target": 0.9}, quick_spec={"target": 0.5}, weight=2.5)
+    assert WorkloadJob.from_json(job.to_json()) == job

@@ -33,7 +33,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -92,6 +92,8 @@ class RealBackend:
         workload: the jobs and their arrivals.
         cluster: nodes and CPUs (node ids must be those the policy places on).
         events: the run's event log (events already in it are replayed).
+        history: the events ``events`` held when the run (re)started, where the
+            caller has read them already (None: read them from ``events``).
         fixed_batch: jobs train at their submitted batch size (the policy's
             ``fixed_batch``) instead of co-adapting it (Pollux).
         started_unix: Unix time of the run's start (the clock's zero).
@@ -128,6 +130,7 @@ class RealBackend:
         report_every_s: float = REPORT_EVERY_S,
         should_stop: Callable[[], bool] = lambda: False,
         cpu_quota: Mapping[str, float] | None = None,
+        history: Sequence[dict] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.workload = workload
@@ -156,15 +159,16 @@ class RealBackend:
         }
         self.nodes = RunNodes(cluster, cpu_quota)
         try:
-            self._restore()
+            self._restore(history)
         except BaseException:
             self.nodes.close()
             raise
 
-    def _restore(self) -> None:
-        """Replay the event log into the jobs and re-open the unfinished ones (see
-        the module docstring); runtime events older than its newest event were logged."""
-        logged = read_events(self.events.path) if self.events.path.exists() else []
+    def _restore(self, logged: Sequence[dict] | None) -> None:
+        """Replay the event log (``logged``, else read) into the jobs and re-open the unfinished
+        ones (see the module docstring); runtime events older than its newest event were logged."""
+        if logged is None:
+            logged = read_events(self.events.path) if self.events.path.exists() else []
         replay(logged, self.jobs)
         logged_until = self.started_unix + max((float(e["t"]) for e in logged), default=-math.inf)
         now = self.now()
@@ -357,10 +361,8 @@ class RealBackend:
         try:
             if not target:
                 job.handle.stop()
-            elif not job.started:
-                job.handle.start(target, cpus=cpus, **self.nodes.command_kwargs(target))
             else:
-                job.handle.rescale(target, cpus=cpus, **self.nodes.command_kwargs(target))
+                job.handle.start(target, cpus=cpus, **self.nodes.command_kwargs(target))
         except InvalidProblem as exc:
             # The job finished (or failed) since the views were read; the next poll records it.
             log.warning("job %s: could not apply %s: %s", job.id, target, exc)

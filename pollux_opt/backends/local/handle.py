@@ -46,12 +46,7 @@ class JobHandle(Protocol):
               cpus: Sequence[int] | None = None, node_types: Mapping[str, str] | None = None,
               cgroups: Mapping[str, str] | None = None) -> None:
         """Start on a placement, resuming from the newest good checkpoint if there
-        is one; the job picks its own batch there."""
-
-    def rescale(self, replicas: Mapping[str, int], num_nodes: int | None = None, *,
-                cpus: Sequence[int] | None = None, node_types: Mapping[str, str] | None = None,
-                cgroups: Mapping[str, str] | None = None) -> None:
-        """Move to a new placement (a ``queued`` job is started)."""
+        is one, or move a started job there; the job picks its own batch there."""
 
     def stop(self) -> None:
         """Checkpoint and release all workers (the job can be started again)."""

@@ -7,10 +7,8 @@ a policy sees.  These functions keep the job's
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 from pathlib import Path
 from typing import Sequence
 
@@ -27,9 +25,6 @@ __all__ = [
     "checkpoint_events", "complete_fields", "job_view", "max_replicas", "model_of",
     "models_of", "report_fields", "translate_runtime_events", "verifying",
 ]
-
-_CKPT_META_RE = re.compile(r"^ckpt-(\d+)\.json$")
-
 
 def verifying(job: JobBookkeeping) -> bool:
     """The job reached its target and its final checkpoint is being re-checked
@@ -128,9 +123,8 @@ def checkpoint_events(job: JobBookkeeping, directory: str | os.PathLike) -> list
     (a forged or damaged file) is remembered and skipped, so that it neither
     appears in the log nor moves ``last_ckpt_step``.
     """
-    from pollux_opt.runtime.checkpoint import CheckpointInfo, verify
+    from pollux_opt.runtime.checkpoint import list_checkpoints, verify
 
-    directory = Path(directory)
     try:
         names = frozenset(os.listdir(directory))
     except OSError:
@@ -139,21 +133,14 @@ def checkpoint_events(job: JobBookkeeping, directory: str | os.PathLike) -> list
         return []
     job.ckpt_names = names
     out = []
-    for name in sorted(names):
-        m = _CKPT_META_RE.match(name)
-        if not m or int(m.group(1)) <= job.last_ckpt_step or name in job.ckpt_rejected:
+    for info in reversed(list_checkpoints(Path(directory))):  # oldest first
+        if info.step <= job.last_ckpt_step or info.meta_path.name in job.ckpt_rejected:
             continue
-        step = int(m.group(1))
-        try:
-            meta = json.loads((directory / name).read_text())
-        except (OSError, ValueError):
-            meta = None  # the metadata is written whole (atomically): unreadable stays unreadable
-        info = CheckpointInfo(step, directory / f"{name[:-len('.json')]}.pt", directory / name, meta)
-        if not isinstance(meta, dict) or "sha256" not in meta or not verify(info):
-            job.ckpt_rejected.add(name)
+        if not verify(info):
+            job.ckpt_rejected.add(info.meta_path.name)
             continue
-        job.last_ckpt_step = step
-        out.append({"step": step, "progress": meta.get("progress"), "final": bool(meta.get("final", False))})
+        job.last_ckpt_step = info.step
+        out.append({"step": info.step, "progress": info.meta.get("progress"), "final": bool(info.meta.get("final", False))})
     return out
 
 

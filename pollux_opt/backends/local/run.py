@@ -223,23 +223,23 @@ def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress
     workload = Workload.from_json(cfg["workload"])
     cluster = cluster_from_json(cfg["cluster"])
     pol = make_policy(cfg["policy"])
-    if (run_dir / EVENTS_FILE).exists():
-        read_events(run_dir / EVENTS_FILE)  # an unreadable log is refused before anything is appended to it
+    # An unreadable log is refused before anything is appended to it.
+    history = read_events(run_dir / EVENTS_FILE) if (run_dir / EVENTS_FILE).exists() else []
     events = EventLog(run_dir / EVENTS_FILE)
     backend = None
     graceful = True
     try:
-        events.emit("run_start", time.time() - cfg["started_unix"], None, policy=pol.name, resumed=resumed,
-                    workload=workload.name, cluster_cpus=cluster.total_cpus,
-                    node_cpus=max(n.cpus for n in cluster.nodes), cluster=cfg["cluster"],
-                    interval_s=cfg["interval_s"])
+        history.append(events.emit(
+            "run_start", time.time() - cfg["started_unix"], None, policy=pol.name, resumed=resumed,
+            workload=workload.name, cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes),
+            cluster=cfg["cluster"], interval_s=cfg["interval_s"]))
         extra = dict(backend_kwargs or {})
         if cfg.get("cpu_quota"):
             extra["cpu_quota"] = cfg["cpu_quota"]
         backend = backend_class(
             run_dir, workload, cluster, events, fixed_batch=pol.fixed_batch,
             started_unix=cfg["started_unix"], pin_cpus=cfg["pin_cpus"],
-            runtime_options=cfg["runtime_options"], should_stop=signals.requested, **extra,
+            runtime_options=cfg["runtime_options"], should_stop=signals.requested, history=history, **extra,
         )
         try:
             with console_progress(pol.name, backend) if progress else contextlib.nullcontext() as update:

@@ -45,13 +45,13 @@ from pollux_opt.backends.local.nodes import CpuPinning
 from pollux_opt.backends.local.rundir import cluster_to_json
 from pollux_opt.backends.local.run import DEFAULT_INTERVAL_S, run_workload
 from pollux_opt.backends.ray.pool import RayWorkerPool
-from pollux_opt.extras import require
+from pollux_opt.extras import RAY_MISSING, require
 from pollux_opt.model import Cluster, Node
 from pollux_opt.records.files import atomic_write_json, safe_name
 from pollux_opt.workloads.job import Workload
 
 __all__ = [
-    "NODE_ID_CHARS", "RAY_CONFIG_FILE", "RAY_MISSING", "NodeInfo", "RayBackend", "RayNodes", "connect",
+    "NODE_ID_CHARS", "RAY_CONFIG_FILE", "NodeInfo", "RayBackend", "RayNodes", "connect",
     "run_ray_workload", "shared_workdir_root",
 ]
 
@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 #: The Ray run's own settings in its run directory.
 RAY_CONFIG_FILE = "ray.json"
 #: What to do where Ray is not installed.
-RAY_MISSING = "the Ray backend needs Ray: pip install 'pollux-opt[ray]'"
 #: Hex digits of the run directory's hash that name its folder under a shared checkpoint directory.
 _RUN_KEY_CHARS = 16
 #: Hex digits of a Ray node id kept in the scheduler's node id (48 bits: no

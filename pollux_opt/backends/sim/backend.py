@@ -33,7 +33,7 @@ import numpy as np
 from solvers import InvalidProblem
 
 from pollux_opt.lifecycle import JobState
-from pollux_opt.records.events import EventLog, goodput_model_to_json
+from pollux_opt.records.events import EventLog, NullLog, goodput_model_to_json
 from pollux_opt.model import BatchLimits, Cluster
 from pollux_opt.model.domains import Real, check
 from pollux_opt.agent.batch import choose_batch
@@ -55,17 +55,10 @@ from pollux_opt.backends.sim.traces import Profile
 from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
 
-__all__ = ["NullLog", "SimBackend"]
+__all__ = ["SimBackend"]
 
 #: Seconds the simulated clock advances by.
 _POSITIVE = Real(gt=0)
-
-
-class NullLog:
-    """An event log that keeps nothing: the events of a simulation without a run directory."""
-
-    def emit(self, *args, **kwargs) -> dict:
-        return {}
 
 
 class SimBackend:
