@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 
 from pollux_opt.records import files
-from pollux_opt.records.files import atomic_write_bytes, atomic_write_csv, atomic_write_json, atomic_write_text
+from pollux_opt.records.files import (
+    atomic_write_bytes, atomic_write_csv, atomic_write_json, atomic_write_text, drop_torn_line,
+)
 
 
 def test_a_crash_before_the_rename_leaves_the_old_content_and_no_temp_file(tmp_path, monkeypatch):
@@ -65,3 +67,21 @@ def test_text_json_and_csv_helpers(tmp_path):
     frame = pd.DataFrame({"name": ["a", "b"], "time": [0.0, 1.5]})
     atomic_write_csv(tmp_path / "w.csv", frame)
     assert (tmp_path / "w.csv").read_text() == frame.to_csv(index=False)
+
+
+@pytest.mark.parametrize("content, kept, last", [
+    (b"", b"", b""),
+    (b'{"a":1}\n', b'{"a":1}\n', b'{"a":1}\n'),
+    (b'{"a":1}\n{"b":', b'{"a":1}\n', b'{"a":1}\n'),
+    (b'{"a":1}\n{"b":2}\n', b'{"a":1}\n{"b":2}\n', b'{"b":2}\n'),
+    (b"torn", b"", b""),
+])
+def test_a_torn_last_line_is_dropped_and_the_last_whole_line_returned(tmp_path, content, kept, last):
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(content)
+    assert drop_torn_line(path) == last
+    assert path.read_bytes() == kept
+
+
+def test_dropping_a_torn_line_of_a_missing_file_creates_nothing(tmp_path):
+    assert drop_torn_line(tmp_path / "none") == b"" and not (tmp_path / "none").exists()

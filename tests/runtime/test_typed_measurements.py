@@ -17,7 +17,7 @@ from pollux_opt.agent.measurements import ConfigKey, profile_to_json, record_ste
 from pollux_opt.runtime.entry import get_job
 from pollux_opt.runtime.report import RuntimeOptions
 from pollux_opt.runtime.state import TrainingState
-from pollux_opt.runtime.status import JobStatus
+from pollux_opt.runtime.status import EVENTS_FILE, STEP_COLUMNS, STEPS_FILE, JobStatus, step_log
 
 LIMITS = BatchLimits(init_batch_size=32, max_batch_size=1024, min_local_bsz=4, max_local_bsz=128)
 FAST = ThroughputParams(alpha_c=0.002, beta_c=3e-5, alpha_n=0.004, beta_n=0.0, alpha_r=0.004, beta_r=0.0, gamma=1.0)
@@ -162,3 +162,25 @@ def test_projection_plan_keeps_the_simulators_single_replica_rule():
     plan = projection_plan(("a", "b"), {"a": [1], "b": [1]}, {"a", "b"}, {"a": 2.0, "b": 1.0})
     assert plan == {"a": ("a", 1.0), "b": ("b", 1.0)}
     assert np.isfinite(list(plan.values())[0][1])
+
+
+
+def test_a_restored_job_drops_torn_log_lines_before_appending(tmp_path):
+    """A crash mid-append tears the last line of events.jsonl or steps.csv; the
+    restored job's next line starts on a line of its own."""
+    row = [0] * len(STEP_COLUMNS)
+    first = _status(tmp_path)
+    first.record("started", {"step": 0})
+    first._append_steps([row])
+    with open(tmp_path / EVENTS_FILE, "a") as fh:
+        fh.write('{"time": 1, "ki')
+    with open(tmp_path / STEPS_FILE, "a") as fh:
+        fh.write("7,0.1")
+    again = _status(tmp_path)
+    again.restore()
+    again.record("restarted", {"step": 1})
+    again._append_steps([row])
+    assert [e.kind for e in again.events] == ["started", "restarted"]
+    assert [json.loads(line)["kind"] for line in (tmp_path / EVENTS_FILE).read_text().splitlines()] == [
+        "started", "restarted"]
+    assert len(step_log(tmp_path)) == 2
