@@ -150,6 +150,14 @@ class FakeJob(JobHandle):
             self.state, self.placement = JobState.QUEUED, {}
             self._record(self.clock.time(), "stopped", reason="request")
 
+    def cancel(self):
+        self._update()
+        if self.state.terminal:
+            raise InvalidProblem(f"job {self.job_id!r} has ended ({self.state.value})")
+        if not self.verifying:
+            self.state, self.placement = JobState.CANCELLED, {}
+            self._record(self.clock.time(), "cancelled", reason="request")
+
     def poll(self) -> JobState:
         self._update()
         return self.state

@@ -17,8 +17,8 @@ Semantics the metrics rely on (a backend must follow them):
   started; ``rescale_begin`` when a move is ordered, including a stop, which
   moves to ``{}``, and a resume from ``{}``; ``rescale_end`` when it is done;
   ``restart_after_fault`` when the job re-forms after a fault).  A
-  ``validation`` with ``target_reached: true``, ``complete`` and ``failed``
-  release everything.
+  ``validation`` with ``target_reached: true``, ``cancel``, ``complete``,
+  ``failed`` and ``cancelled`` release everything.
 * Restarts: each ``rescale_begin`` and ``restart_after_fault`` with a
   non-empty placement is one restart (a stop is not; the resume after it is).
 * Goodput: any job event may carry ``progress`` (M0-equivalent iterations
@@ -97,6 +97,10 @@ EVENT_TYPES = (
     "validation",       # fields: metric, value, step
     "complete",         # fields: metric, value, verified
     "failed",           # fields: reason
+    "state",            # the runtime's job moved; fields: state, old, reason, at (Unix time of the move)
+    "weight",           # a client set the job's priority; fields: weight, request
+    "cancel",           # a client asked to cancel the job (its CPUs are freed); fields: reason, request
+    "cancelled",        # the job checkpointed and ended on request (or its grace period ran out); fields: reason
 )
 
 #: Fields each event type must carry besides t, job_id and type.
@@ -115,6 +119,10 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "validation": ("value",),
     "complete": ("verified",),
     "failed": ("reason",),
+    "state": ("state", "old", "reason"),
+    "weight": ("weight",),
+    "cancel": ("reason",),
+    "cancelled": ("reason",),
 }
 
 #: Events that set the job's held placement to their ``placement`` field.

@@ -39,11 +39,17 @@ class JobTrack:
     Attributes:
         id: the job's id.
         submit: time of its first ``submit`` event (nan before it).
-        end: time of its ``complete`` or ``failed`` event (nan before it).
+        end: time of its ``complete``, ``failed`` or ``cancelled`` event (nan before it).
         state: its :class:`~pollux_opt.lifecycle.JobState` as its events tell
             it: ``queued`` until it holds CPUs, ``running`` while it does (or
-            while its final checkpoint is re-checked), ``succeeded`` on its
-            ``complete`` event, ``failed`` on its ``failed`` event.
+            while its final checkpoint is re-checked), the runtime's own state
+            from each ``state`` event (``rescaling`` while it moves), and
+            ``succeeded``, ``failed`` or ``cancelled`` on its ``complete``,
+            ``failed`` or ``cancelled`` event.
+        weight: its priority (its ``submit`` event's, then each ``weight`` event's).
+        cancelling: a ``cancel`` event asked it to checkpoint and end (it holds nothing from then on).
+        state_time: ``at`` of its newest ``state`` event: the Unix time of the
+            newest runtime state change translated into the log (-inf before one).
         verified, final_metric,
             ``progress`` (M0-equivalent iterations), ``model`` (goodput-model
             JSON), ``startup_s``, ``verify_s`` (seconds, 0 if not recorded):
@@ -69,6 +75,9 @@ class JobTrack:
     submit: float = math.nan
     end: float = math.nan
     state: JobState = JobState.QUEUED
+    weight: float = 1.0
+    cancelling: bool = False
+    state_time: float = -math.inf
     verified: bool = False
     final_metric: float | None = None
     progress: float = math.nan
@@ -102,6 +111,10 @@ class JobTrack:
     @property
     def failed(self) -> bool:
         return self.state is JobState.FAILED
+
+    @property
+    def cancelled(self) -> bool:
+        return self.state is JobState.CANCELLED
 
     @property
     def finished(self) -> bool:
@@ -139,6 +152,16 @@ class JobTrack:
                 self.submitted_replicas = event.get("submitted_replicas")
                 self.submitted_batch_size = event.get("submitted_batch_size")
                 self.max_replicas = event.get("max_replicas")
+                self.weight = float(event.get("weight") or 1.0)
+        elif etype == "weight":
+            self.weight = float(event["weight"])
+        elif etype == "cancel":
+            self.cancelling = True
+            self.hold(t, {})
+        elif etype == "state":
+            self.state_time = max(self.state_time, float(event.get("at") or -math.inf))
+            if not self.finished:
+                self.state = JobState(event["state"])
         elif etype in PLACEMENT_EVENTS:
             self.hold(t, event.get("placement"), event.get("cpus"))
             self.state = JobState.RUNNING if self.held else JobState.QUEUED
@@ -152,13 +175,13 @@ class JobTrack:
                 self.target_t = t
         elif etype == "checkpoint" and event.get("step") is not None:
             self.last_ckpt_step = max(self.last_ckpt_step, int(event["step"]))
-        elif etype in ("complete", "failed"):
+        elif etype in ("complete", "failed", "cancelled"):
             self.hold(t, {})
             self.end = t
             if etype == "complete":
                 self._complete(event)
             else:
-                self.state = JobState.FAILED
+                self.state = JobState.FAILED if etype == "failed" else JobState.CANCELLED
         if event.get("src_time") is not None:
             self.src_time = max(self.src_time, float(event["src_time"]))
         if event.get("duration_s") is not None:

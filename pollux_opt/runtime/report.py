@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from pollux_opt.lifecycle import JobState
+from pollux_opt.lifecycle import JobState, Transition
 from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, ThroughputParams
 from pollux_opt.model.domains import Boolean, Integer, Real, check_fields, domain_field
 from pollux_opt.agent.agent import goodput_model
@@ -131,6 +131,8 @@ class JobReport:
         type_params: the throughput fit of each measured type (None until fitted).
         verifying: the job reached its target and its final checkpoint is being
             re-checked in a fresh process (state ``running``, holding no CPUs).
+        transitions: every state change of this handle's life
+            (:class:`~pollux_opt.lifecycle.Transition`), oldest first.
     """
 
     job_id: str
@@ -167,6 +169,7 @@ class JobReport:
     type_measurements: Mapping[str, Measurements] = field(default_factory=dict)
     type_params: Mapping[str, ThroughputParams | None] = field(default_factory=dict)
     verifying: bool = False
+    transitions: tuple[Transition, ...] = ()
 
     def goodput_model(self) -> GoodputModel | None:
         """The job's :class:`~pollux_opt.model.goodput.GoodputModel`, or None until it

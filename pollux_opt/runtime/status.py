@@ -325,6 +325,7 @@ class JobStatus:
                 num_restarts=self.restarts,
                 age=0.0 if self.first_start is None else time.time() - self.first_start,
                 worker_pids=self.worker_pids if alloc else (), error=self.error, events=tuple(self.events),
+                transitions=tuple(self.lifecycle.history),
                 type_measurements={t: a.measurements for t, a in self.type_agents.items()},
                 type_params={t: a.params for t, a in self.type_agents.items()},
                 verifying=self.lifecycle.verifying,

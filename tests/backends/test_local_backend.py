@@ -15,7 +15,7 @@ from pollux_opt.backends.local.nodes import CpuPinning
 from pollux_opt.backends.local.rundir import CONFIG_FILE, cluster_from_json, cluster_to_json, open_run_config
 from pollux_opt.workloads import WORKLOAD_SETS
 
-HANDLE_METHODS = ("start", "stop", "poll", "report", "wait", "close")
+HANDLE_METHODS = ("start", "stop", "cancel", "poll", "report", "wait", "close")
 
 
 def _protocol_methods() -> set[str]:

@@ -50,7 +50,10 @@ from pollux_opt.records.events import EventLog, read_events
 from pollux_opt.records.files import safe_name
 from pollux_opt.records.replay import clean_placement, replay
 from pollux_opt.scheduling.loop import Decision, JobView
+from pollux_opt.model.domains import check
+from pollux_opt.model.job import WEIGHT
 from pollux_opt.workloads.job import Workload
+from pollux_opt.workloads.source import ClosedSource, JobSource
 
 __all__ = ["JOBS_DIR", "POLL_S", "STOP_GRACE_S", "RealBackend", "RunStopping"]
 
@@ -89,7 +92,9 @@ class RealBackend:
 
     Args:
         run_dir: the run directory (jobs' work directories go under ``jobs/``).
-        workload: the jobs and their arrivals.
+        source: where the jobs come from: a workload (its jobs and their
+            arrivals) or a :class:`~pollux_opt.workloads.source.JobSource` (the
+            service's open queue, with its cancel and weight requests).
         cluster: nodes and CPUs (node ids must be those the policy places on).
         events: the run's event log (events already in it are replayed).
         history: the events ``events`` held when the run (re)started, where the
@@ -114,7 +119,7 @@ class RealBackend:
     def __init__(
         self,
         run_dir: str | os.PathLike,
-        workload: Workload,
+        source: Workload | JobSource,
         cluster: Cluster,
         events: EventLog,
         *,
@@ -131,13 +136,16 @@ class RealBackend:
         should_stop: Callable[[], bool] = lambda: False,
         cpu_quota: Mapping[str, float] | None = None,
         history: Sequence[dict] | None = None,
+        cancel_grace_s: float = STOP_GRACE_S,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.workload = workload
+        self.source = source if isinstance(source, JobSource) else ClosedSource(source, sleep)
         self.cluster = cluster
         self.events = events
         self.started_unix = float(started_unix)
-        self._clock, self._sleep, self._should_stop = clock, sleep, should_stop
+        self._clock, self._should_stop = clock, should_stop
+        self.fixed_batch, self.cancel_grace_s = fixed_batch, float(cancel_grace_s)
+        self._request_seq = 0  # the newest request applied (from the log on a resumed run)
         self.report_every_s = float(report_every_s)
         self._runtime_options = dict(runtime_options or {})
         self._own_pool = False
@@ -152,11 +160,8 @@ class RealBackend:
         self._wake = False
         self._pinning = CpuPinning(cluster, pin_cpus)
         self._node_ids = frozenset(n.id for n in cluster.nodes)
-        self.jobs: dict[str, JobBookkeeping] = {
-            wl.id: JobBookkeeping(id=wl.id, wl=wl, spec=wl.job_spec(),
-                                  fixed_batch_size=wl.batch_size if fixed_batch else None)
-            for wl in workload.jobs
-        }
+        self.jobs: dict[str, JobBookkeeping] = {}
+        self._add_jobs()
         self.nodes = RunNodes(cluster, cpu_quota)
         try:
             self._restore(history)
@@ -171,6 +176,7 @@ class RealBackend:
             logged = read_events(self.events.path) if self.events.path.exists() else []
         replay(logged, self.jobs)
         logged_until = self.started_unix + max((float(e["t"]) for e in logged), default=-math.inf)
+        self._request_seq = max((int(e["request"]) for e in logged if e.get("request") is not None), default=0)
         now = self.now()
         for job in self.jobs.values():
             job.src_time = max(job.src_time, logged_until)
@@ -188,6 +194,8 @@ class RealBackend:
                 job.hold(now, {})
                 self._emit("restart_after_fault", now, job.id, placement={},
                            reason="scheduler restarted; workers ended with it")
+            if job.cancelling:  # asked before the restart: ask again
+                self._cancel(job, now)
 
     def stop_run(self, reason: str, timeout: float = STOP_GRACE_S) -> list[str]:
         """Checkpoint and stop every unfinished job and log it (see the module
@@ -240,22 +248,71 @@ class RealBackend:
             raise InvalidProblem(f"unknown runtime option in {sorted(fields)}: {exc}") from exc
         return self._factory(job.spec, self._workdir(job), job.id, options, self.pool)
 
+    def _add_jobs(self) -> None:
+        """Take the source's new jobs (each is submitted once its arrival is due).
+
+        A job of an open source whose spec no longer resolves (its script was
+        removed since it was accepted) fails when submitted; a closed source's
+        is refused before the run starts."""
+        for wl in self.source.new_jobs():
+            if wl.id in self.jobs:
+                continue
+            spec, invalid = None, None
+            try:
+                spec = wl.job_spec()
+            except InvalidProblem as exc:
+                if self.source.closed:
+                    raise
+                invalid = str(exc)
+            self.jobs[wl.id] = JobBookkeeping(id=wl.id, wl=wl, spec=spec, weight=wl.weight, invalid=invalid,
+                                              fixed_batch_size=wl.batch_size if self.fixed_batch else None)
+
     def _submit_arrivals(self, now: float) -> None:
+        self._add_jobs()
         for job in self.jobs.values():
             if job.submitted or job.wl.arrival_s > now:
                 continue
             self._emit(
                 "submit", now, job.id, kind=job.wl.kind, arrival_s=job.wl.arrival_s,
                 submitted_replicas=job.wl.replicas, submitted_batch_size=job.wl.batch_size,
-                max_replicas=polling.max_replicas(job, self.cluster.total_cpus), min_replicas=job.wl.min_replicas,
-                target=job.spec.target, metric=job.spec.metric, fixed_batch_size=job.fixed_batch_size,
+                max_replicas=None if job.spec is None else polling.max_replicas(job, self.cluster.total_cpus),
+                min_replicas=job.wl.min_replicas, weight=job.weight, fixed_batch_size=job.fixed_batch_size,
+                target=None if job.spec is None else job.spec.target,
+                metric=None if job.spec is None else job.spec.metric,
             )
             job.submit_at(now)
             try:
+                if job.invalid is not None:
+                    raise InvalidProblem(job.invalid)
                 job.handle = self._create(job)
             except InvalidProblem as exc:
                 self._finish_failed(job, now, f"could not create the job: {exc}")
             self._wake = True
+        for request in self.source.requests(self._request_seq):
+            self._request_seq = request.seq
+            job = self.jobs.get(request.job_id)
+            if job is None or not job.submitted or job.finished:
+                log.info("request %d (%s of job %s): the job has ended or is unknown; nothing to do",
+                         request.seq, request.kind, request.job_id)
+            elif request.kind == "weight":
+                job.weight = check("weight", request.weight, WEIGHT)
+                self._emit("weight", now, job.id, weight=job.weight, request=request.seq)
+                self._wake = True
+            elif not job.cancelling:
+                self._emit("cancel", now, job.id, reason="request", request=request.seq)
+                self._cancel(job, now)
+
+    def _cancel(self, job: JobBookkeeping, now: float) -> None:
+        """Free ``job``'s CPUs now and ask it to checkpoint and end (``cancelled``);
+        it is ended without a checkpoint once :attr:`cancel_grace_s` have passed."""
+        job.cancelling, job.cancel_deadline = True, now + self.cancel_grace_s
+        self._pinning.release(job.id)
+        job.hold(now, {})
+        self._wake = True
+        try:
+            job.handle.cancel()
+        except InvalidProblem:
+            pass  # it ended meanwhile: the next poll records how
 
     # --------------------------------------------------------------- events
     def _emit(self, etype: str, t: float, job_id: str | None, **fields: Any) -> None:
@@ -315,8 +372,14 @@ class RealBackend:
             job.state = state = report.state
             if state is JobState.SUCCEEDED:
                 self._end(job, now, state, "complete", **polling.complete_fields(job, report, now))
-            elif state.terminal:  # failed, or cancelled from outside the backend
+            elif state is JobState.CANCELLED:
+                self._end(job, now, state, "cancelled", reason="checkpointed and stopped on request")
+            elif state.terminal:
                 self._finish_failed(job, now, report.error or state.value)
+            elif job.cancelling and now >= job.cancel_deadline:
+                job.handle.close()
+                self._end(job, now, JobState.CANCELLED, "cancelled",
+                          reason=f"not stopped within the {self.cancel_grace_s:g} s grace period; ended")
 
     # ------------------------------------------------------------- Backend API
     def views(self) -> list[JobView]:
@@ -340,7 +403,7 @@ class RealBackend:
         """
         moves = []
         for job in self.jobs.values():
-            if not job.live or polling.verifying(job):
+            if not job.live or polling.verifying(job) or job.cancelling:
                 continue
             target = clean_placement(decision.placement.get(job.id))
             if target == job.placement:
@@ -389,7 +452,7 @@ class RealBackend:
             left = deadline - self._clock()
             if self._wake or left <= 0 or self.finished():
                 return
-            self._sleep(min(POLL_S, left))
+            self.source.wait(min(POLL_S, left))
 
     def finished(self) -> bool:
-        return all(j.submitted and j.finished for j in self.jobs.values())
+        return self.source.closed and all(j.submitted and j.finished for j in self.jobs.values())

@@ -51,6 +51,9 @@ class JobHandle(Protocol):
     def stop(self) -> None:
         """Checkpoint and release all workers (the job can be started again)."""
 
+    def cancel(self) -> None:
+        """Checkpoint, release all workers and end the job (``cancelled``)."""
+
     def poll(self) -> JobState:
         """The job's current state (cheap: called every poll)."""
 
@@ -106,6 +109,8 @@ class JobBookkeeping(JobTrack):
             at its last ``report`` event (the reference of the next one's rates).
         change_t: run time of the last placement change the backend ordered.
         startup_s: seconds its first start took (from the runtime's ``started`` event).
+        invalid: why its spec no longer resolves (an open source's job; it fails when submitted).
+        cancel_deadline: run time by which a cancelled job must have ended (it is ended then).
     """
 
     wl: WorkloadJob
@@ -121,6 +126,8 @@ class JobBookkeeping(JobTrack):
     report_samples: float = math.nan
     change_t: float = math.nan
     startup_s: float | None = None
+    invalid: str | None = None
+    cancel_deadline: float = math.inf
 
     @property
     def live(self) -> bool:

@@ -75,9 +75,17 @@ def translate_runtime_events(job: JobBookkeeping, report, started_unix: float) -
     none) and add their duration to ``job.durations``; a requested stop ends a
     move to ``{}``; a lost worker or a failed final check re-forms the job
     (``restart_after_fault``); reaching the target releases its CPUs
-    (``validation`` with ``target_reached``).
+    (``validation`` with ``target_reached``).  Each change of the runtime's
+    state is a ``state`` event.
     """
     out = []
+    for move in report.transitions:
+        if move.time <= job.state_time:
+            continue
+        job.state_time = move.time
+        out.append((move.time - started_unix, "state", {
+            "state": move.new.value, "old": move.old.value, "reason": move.reason, "verifying": move.verifying,
+            "at": move.time}))
     for ev in report.events:
         if ev.time <= job.src_time:
             continue
@@ -208,7 +216,7 @@ def job_view(job: JobBookkeeping, now: float, total_cpus: int, fallback_delay: f
     cluster of several node ``types`` the view carries the job's per-type
     goodput models (:func:`models_of`).
     """
-    if job.report is None or job.state.terminal or verifying(job):
+    if job.report is None or job.state.terminal or verifying(job) or job.cancelling:
         return None
     # Only a job whose workers exist holds its placement (one asked to stop, or not yet started, holds none).
     held = dict(job.placement) if job.state.holds_workers else {}
@@ -224,7 +232,7 @@ def job_view(job: JobBookkeeping, now: float, total_cpus: int, fallback_delay: f
         min_replicas=min(job.wl.min_replicas, cap), max_replicas=cap,
         submitted_replicas=job.wl.replicas, submitted_batch_size=job.wl.batch_size,
         goodput_model=model_of(report), restart_delay=delay, progress=float(report.progress),
-        attained_service=job.cpu_seconds, max_profiled_replicas=profiled, weight=job.wl.weight,
+        attained_service=job.cpu_seconds, max_profiled_replicas=profiled, weight=job.weight,
         goodput_models=None if types is None else models_of(report, types),
         fixed_batch_size=report.fixed_batch_size, batch_size=int(report.batch_size or 0),
     )

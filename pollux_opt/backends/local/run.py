@@ -135,7 +135,7 @@ def console_progress(policy: str, backend: RealBackend) -> Iterator[Callable[[fl
             alloc = ", ".join(f"{jid}:{k}" for jid, k in cpus.items())
             console.print(f"[{policy}] t={now:.0f}s done {done}/{total} alloc {alloc}", markup=False)
             return
-        table = Table(title=f"{policy} on {backend.workload.name}: {done}/{total} jobs done, "
+        table = Table(title=f"{policy} on {backend.source.name}: {done}/{total} jobs done, "
                             f"t = {now:.0f} s, {backend.cluster.total_cpus} CPUs", title_justify="left")
         for col in ("job", "state", "CPUs", "batch", "progress", "restarts"):
             table.add_column(col)

@@ -3,7 +3,7 @@
 whose supervisor calls its methods instead of writing to a pipe.
 
 :meth:`~ReplicaActor.serve` runs one assignment and streams its reports (a Ray
-streaming generator, which the supervisor ``ray.wait``\ s on);
+streaming generator, which the supervisor ``ray.wait`` waits on);
 :meth:`~ReplicaActor.command` hands a ``STOP`` or ``BATCH`` to the assignment
 it names by job id and generation (Ray may run a threaded actor's calls out
 of order: one that overtakes its ``serve`` waits for it; a ``serve`` drops the
