@@ -1,6 +1,7 @@
 """Optional dependencies (the package's extras), imported on first use.
 
-torch (``jobs``), Ray (``ray``), JAX (``evo``) and matplotlib (``plots``) stay
+torch (``jobs``), Ray (``ray``), JAX (``evo``), matplotlib (``plots``) and the
+service's web stack (``service``: FastAPI, uvicorn, httpx, prometheus_client) stay
 out of the core install; code that needs one imports it inside a function
 through :func:`require`, which raises :class:`MissingExtra` naming what to
 install.  The command line turns that into one line and exit status 2.
@@ -12,7 +13,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-__all__ = ["PLOTS_MISSING", "RAY_MISSING", "TORCH_MISSING", "MissingExtra", "check_installed", "require"]
+__all__ = ["PLOTS_MISSING", "RAY_MISSING", "SERVICE_MISSING", "TORCH_MISSING", "MissingExtra", "check_installed", "require"]
 
 #: The message of each missing extra: what needs it and how to install it.
 TORCH_MISSING = (
@@ -21,6 +22,7 @@ TORCH_MISSING = (
 )
 RAY_MISSING = "the Ray backend needs Ray: pip install 'pollux-opt[ray]'"
 PLOTS_MISSING = "plots need matplotlib: pip install 'pollux-opt[plots]'"
+SERVICE_MISSING = "the service and its client need their extra: pip install 'pollux-opt[service]'"
 
 
 class MissingExtra(ImportError):

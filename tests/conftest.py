@@ -231,3 +231,104 @@ def experiment():
 
     yield load
     sys.path.remove(folder)
+
+
+# ------------------------------------------------------------ a served state
+#: Seconds a ``pollux-opt serve`` subprocess gets to answer, and a job to end.
+SERVER_START_S, SERVER_JOB_S = 60.0, 300.0
+
+
+class ServerProcess:
+    """A ``pollux-opt serve`` subprocess on ``state`` and a free port (its own
+    process group, so that a SIGKILL ends its workers with it); ``args`` are
+    extra command-line arguments (e.g. ``--backend ray``)."""
+
+    def __init__(self, state: Path, port: int | None = None, args: tuple[str, ...] = ()) -> None:
+        import os
+        import socket
+
+        if port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        self.state, self.port, self.proc = Path(state), port, None
+        self.args = args or ("--cpus", str(min(2, os.cpu_count() or 1)))
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = self.state.parent / f"{self.state.name}-server.log"
+
+    def start(self) -> "ServerProcess":
+        import subprocess
+        import time
+
+        import httpx
+
+        cmd = [sys.executable, "-m", "pollux_opt", "serve", "--state", str(self.state), "--port", str(self.port),
+               "--interval", "5", *self.args]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + SERVER_START_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"server exited with {self.proc.returncode}: {self.log()}"
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"server did not answer within {SERVER_START_S} s: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def kill(self, sig: int) -> int:
+        """Send ``sig`` (SIGKILL: to the whole process group); the server's exit status."""
+        import os
+        import signal
+
+        if sig == signal.SIGKILL:
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=120)
+
+    def submit(self, job: dict) -> str:
+        import httpx
+
+        answer = httpx.post(f"{self.url}/api/v1/jobs", json=job, timeout=30.0)
+        assert answer.status_code in (200, 201), answer.text
+        return answer.json()["id"]
+
+    def job(self, job_id: str) -> dict:
+        import httpx
+
+        return httpx.get(f"{self.url}/api/v1/jobs/{job_id}", timeout=10.0).json()
+
+    def wait_state(self, job_id: str, states: set[str], limit: float = SERVER_JOB_S) -> dict:
+        """The job once its state is one of ``states`` (AssertionError after ``limit`` seconds)."""
+        import time
+
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job["state"] in states:
+                return job
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} not in {states} within {limit} s: {self.job(job_id)}\n{self.log()}")
+
+
+@pytest.fixture
+def serve_process():
+    """``start(state, port=None, args=())``: a :class:`ServerProcess` (not yet started); every one
+    still running at the test's end is stopped with SIGKILL."""
+    import signal
+
+    made: list[ServerProcess] = []
+
+    def make(state, port=None, args=()):
+        made.append(ServerProcess(state, port, tuple(args)))
+        return made[-1]
+
+    yield make
+    for server in made:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill(signal.SIGKILL)

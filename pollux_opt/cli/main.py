@@ -377,10 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", nargs="?", default="all", choices=["all", "policies", "jobs", "workloads"])
     p.set_defaults(handler=_cmd_list)
 
+    from pollux_opt.cli.service import add_service_parsers
     from pollux_opt.cli.simulate import add_profile_parser, add_simulate_parser
 
     add_simulate_parser(sub)
     add_profile_parser(sub)
+    add_service_parsers(sub)
     return parser
 
 

@@ -58,7 +58,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from solvers import InvalidProblem
 
@@ -179,12 +179,14 @@ class EventLog:
     before it).  With ``durable=False`` lines are
     flushed but fsynced once, on :meth:`close`: for logs that are rerun from
     scratch rather than resumed (a simulation), where an fsync per event is
-    most of the log's cost.
+    most of the log's cost.  ``on_emit`` is called with each event once it is
+    written (the service's index of the log).
     """
 
-    def __init__(self, path: str | os.PathLike, *, durable: bool = True, ordered: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, *, durable: bool = True, ordered: bool = True,
+                 on_emit: Callable[[dict], None] | None = None) -> None:
         self.path = Path(path)
-        self.durable, self.ordered = durable, ordered
+        self.durable, self.ordered, self.on_emit = durable, ordered, on_emit
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._last_t = -math.inf
         self._repair()
@@ -207,6 +209,8 @@ class EventLog:
         self._fh.flush()
         if self.durable:
             os.fsync(self._fh.fileno())
+        if self.on_emit is not None:
+            self.on_emit(event)
         return event
 
     def close(self) -> None:

@@ -169,12 +169,19 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
     workdir = Path(a.workdir)
     log_dir = workdir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(log_dir / f"worker-rank{a.rank}.log")
+    log_path = log_dir / f"worker-rank{a.rank}.log"
+    handler = logging.FileHandler(log_path)
     handler.setFormatter(logging.Formatter(f"%(asctime)s %(process)d gen{a.generation} %(levelname)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     writer = WriterLock(workdir)
+    # The job's own prints go to the same log (appended, a line at a time), so
+    # that its output is kept per job and rank across rescales and restarts.
+    prints = contextlib.ExitStack()
+    out = prints.enter_context(open(log_path, "a", buffering=1, encoding="utf-8", errors="replace"))
+    prints.enter_context(contextlib.redirect_stdout(out))
+    prints.enter_context(contextlib.redirect_stderr(out))
     try:
         if a.rank == 0 and not writer.acquire(WRITER_WAIT_S):
             logger.warning("another process still holds %s; writing checkpoints without it", writer.path)
@@ -205,6 +212,7 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
         writer.release()
         root.removeHandler(handler)
         handler.close()
+        prints.close()
 
 
 def prepare_parts(cache: PartsCache, job_id: str, spec_json: str, workdir: str, torch) -> None:

@@ -232,6 +232,7 @@ def test_a_raising_user_loop_fails_the_job_with_the_error_in_its_log(tmp_path, p
     assert "ValueError: deliberate failure in the user's loop at batch 10" in report.error
     log = (tmp_path / "job" / "logs" / "worker-rank0.log").read_text()
     assert "assignment failed" in log and "deliberate failure in the user's loop at batch 10" in log
+    assert "the user's own print before failing at batch 10" in log  # its stdout goes to its rank's log
     failed = [json.loads(line) for line in (tmp_path / "job" / "events.jsonl").read_text().splitlines()][-1]
     assert failed["kind"] == "failed" and "loop_jobs.py" in failed["details"]["traceback"]
 

@@ -3,10 +3,13 @@
 :class:`RealBackend` implements :class:`pollux_opt.scheduling.loop.Backend`
 over one :class:`~pollux_opt.backends.local.handle.JobHandle` per job (by
 default the runtime's ``ElasticJob``, sharing one warm ``WorkerPool``): it
-submits jobs as they arrive, reads what they report into the event log and the
-policy's views (:mod:`~pollux_opt.backends.local.polling`), and turns each
-decision into commands on CPUs, node types and cgroups
-(:mod:`~pollux_opt.backends.local.nodes`).  The loop decides every
+takes its jobs from a :class:`~pollux_opt.workloads.source.JobSource` (a
+workload's arrivals, or the service's open queue with its cancel and weight
+requests), reads what they report into the event log and the policy's views
+(:mod:`~pollux_opt.backends.local.polling`), and turns each decision into
+commands on CPUs, node types and cgroups (:mod:`~pollux_opt.backends.local.nodes`).
+It is one class past the usual module size because it is the one owner of
+each job's bookkeeping, which every one of these steps reads and moves.  The loop decides every
 ``interval`` seconds, and also as soon as a job arrives, finishes, fails or
 reaches its target (``advance`` returns early), so that freed CPUs are not
 left idle.  Each job picks its batch for its placement with its own goodput
@@ -183,7 +186,7 @@ class RealBackend:
             if not job.submitted or job.finished:
                 continue
             try:
-                job.handle = self._opener(self._workdir(job), self.pool)
+                job.handle = self._opener(self.job_dir(job.id), self.pool)
             except InvalidProblem:  # never created (killed between the submit event and creation)
                 try:
                     job.handle = self._create(job)
@@ -232,8 +235,9 @@ class RealBackend:
         return self._clock() - self.started_unix
 
     # ----------------------------------------------------------- submissions
-    def _workdir(self, job: JobBookkeeping) -> Path:
-        return self.run_dir / JOBS_DIR / safe_name("job id", job.id)
+    def job_dir(self, job_id: str) -> Path:
+        """The work directory of job ``job_id`` (checkpoints, ``logs/``): ``<run dir>/jobs/<id>``."""
+        return self.run_dir / JOBS_DIR / safe_name("job id", job_id)
 
     def _create(self, job: JobBookkeeping):
         from pollux_opt.runtime.report import RuntimeOptions
@@ -246,7 +250,7 @@ class RealBackend:
             options = RuntimeOptions(**fields)
         except TypeError as exc:
             raise InvalidProblem(f"unknown runtime option in {sorted(fields)}: {exc}") from exc
-        return self._factory(job.spec, self._workdir(job), job.id, options, self.pool)
+        return self._factory(job.spec, self.job_dir(job.id), job.id, options, self.pool)
 
     def _add_jobs(self) -> None:
         """Take the source's new jobs (each is submitted once its arrival is due).
@@ -272,14 +276,7 @@ class RealBackend:
         for job in self.jobs.values():
             if job.submitted or job.wl.arrival_s > now:
                 continue
-            self._emit(
-                "submit", now, job.id, kind=job.wl.kind, arrival_s=job.wl.arrival_s,
-                submitted_replicas=job.wl.replicas, submitted_batch_size=job.wl.batch_size,
-                max_replicas=None if job.spec is None else polling.max_replicas(job, self.cluster.total_cpus),
-                min_replicas=job.wl.min_replicas, weight=job.weight, fixed_batch_size=job.fixed_batch_size,
-                target=None if job.spec is None else job.spec.target,
-                metric=None if job.spec is None else job.spec.metric,
-            )
+            self._emit("submit", now, job.id, **polling.submit_fields(job, self.cluster.total_cpus))
             job.submit_at(now)
             try:
                 if job.invalid is not None:
@@ -288,6 +285,10 @@ class RealBackend:
             except InvalidProblem as exc:
                 self._finish_failed(job, now, f"could not create the job: {exc}")
             self._wake = True
+        self._take_requests(now)
+
+    def _take_requests(self, now: float) -> None:
+        """Apply the source's new requests (each once: the log records the last one applied)."""
         for request in self.source.requests(self._request_seq):
             self._request_seq = request.seq
             job = self.jobs.get(request.job_id)
@@ -360,7 +361,7 @@ class RealBackend:
             self._emit(etype, t, jid, **fields)
         for job in read:
             report = job.report
-            for fields in polling.checkpoint_events(job, self._workdir(job) / "checkpoints"):
+            for fields in polling.checkpoint_events(job, self.job_dir(job.id) / "checkpoints"):
                 self._emit("checkpoint", now, job.id, **fields)
             if report.metric is not None and report.metric != job.last_metric:
                 job.last_metric = report.metric

@@ -23,7 +23,7 @@ from pollux_opt.scheduling.loop import JobView
 
 __all__ = [
     "checkpoint_events", "complete_fields", "job_view", "max_replicas", "model_of",
-    "models_of", "report_fields", "translate_runtime_events", "verifying",
+    "models_of", "report_fields", "submit_fields", "translate_runtime_events", "verifying",
 ]
 
 def verifying(job: JobBookkeeping) -> bool:
@@ -39,6 +39,18 @@ def max_replicas(job: JobBookkeeping, total_cpus: int) -> int:
     fixed batch or, if None, the spec's largest)."""
     b = job.spec.max_batch_size if job.fixed_batch_size is None else job.fixed_batch_size
     return max(1, min(job.wl.max_replicas or total_cpus, total_cpus, b // job.spec.min_local_bsz))
+
+
+def submit_fields(job: JobBookkeeping, total_cpus: int) -> dict:
+    """Fields of the job's ``submit`` event (a job whose spec does not resolve has no limits nor target)."""
+    spec = job.spec
+    return {
+        "kind": job.wl.kind, "arrival_s": job.wl.arrival_s, "submitted_replicas": job.wl.replicas,
+        "submitted_batch_size": job.wl.batch_size, "min_replicas": job.wl.min_replicas, "weight": job.weight,
+        "max_replicas": None if spec is None else max_replicas(job, total_cpus),
+        "fixed_batch_size": job.fixed_batch_size, "target": None if spec is None else spec.target,
+        "metric": None if spec is None else spec.metric,
+    }
 
 
 def model_of(report):

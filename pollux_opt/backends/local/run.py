@@ -161,12 +161,16 @@ def run_workload(
     backend_kwargs: Mapping[str, Any] | None = None,
     repair: bool = False,
     backend_class: type = RealBackend,
+    service: Any = None,
 ) -> dict:
     """Run (or resume) one policy on one workload of real jobs; return the summary.
 
     A new run needs ``workload`` and ``policy``; if ``run_dir`` already holds a
     ``config.json`` the run resumes with that configuration (``workload`` and
     ``policy``, if given, must match it).  Writes ``summary.json`` at the end.
+    With ``service`` the jobs come from the service's open queue instead of a
+    workload (:func:`pollux_opt.service.server.serve`), and the run goes on
+    until a stop signal.
     In the main thread, SIGINT and SIGTERM stop the run with every job
     checkpointed (see the module docstring).
 
@@ -185,6 +189,8 @@ def run_workload(
         repair: first move the event log's unreadable lines aside
             (:func:`pollux_opt.records.events.repair_log`).
         backend_class: :class:`RealBackend` or a subclass of it (the Ray backend).
+        service: the service around the run (its job source, its index of the
+            event log and its HTTP server: :class:`pollux_opt.service.server.Service`).
 
     Raises:
         InvalidProblem: bad arguments, a mismatch with the stored run, an
@@ -205,44 +211,52 @@ def run_workload(
         if repair:
             repair_log(run_dir / EVENTS_FILE)
         cfg, resumed = open_run_config(run_dir, workload, policy, cluster=cluster, interval=interval,
-                                       pin_cpus=pin_cpus, runtime_options=runtime_options, cpu_quota=quotas)
-        _run(run_dir, cfg, resumed, signals, progress, backend_kwargs, backend_class)
+                                       pin_cpus=pin_cpus, runtime_options=runtime_options, cpu_quota=quotas,
+                                       open_queue=service is not None)
+        _run(run_dir, cfg, resumed, signals, progress, backend_kwargs, backend_class, service)
         summary = summarize(read_events(run_dir / EVENTS_FILE))
-        summary["workload"] = cfg["workload"]["name"]
+        summary["workload"] = cfg["workload"]["name"] if cfg["workload"] else "service"
         atomic_write_json(run_dir / SUMMARY_FILE, summary)
     return summary
 
 
 def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress: bool,
-         backend_kwargs: Mapping[str, Any] | None, backend_class: type = RealBackend) -> None:
+         backend_kwargs: Mapping[str, Any] | None, backend_class: type = RealBackend, service: Any = None) -> None:
     """The run of ``cfg`` in ``run_dir`` until every job has finished or a stop signal
-    came, with the console view if ``progress``."""
+    came, with the console view if ``progress``: the jobs of its workload, or of
+    ``service``'s open queue while it serves."""
     from pollux_opt.scheduling.loop import run as loop
     from pollux_opt.scheduling.policies import make_policy
 
-    workload = Workload.from_json(cfg["workload"])
     cluster = cluster_from_json(cfg["cluster"])
     pol = make_policy(cfg["policy"])
     # An unreadable log is refused before anything is appended to it.
     history = read_events(run_dir / EVENTS_FILE) if (run_dir / EVENTS_FILE).exists() else []
-    events = EventLog(run_dir / EVENTS_FILE)
+    if service is None:
+        # The backend reads the workload as a ClosedSource that sleeps with its own (injectable) sleep.
+        source, on_emit, serving = Workload.from_json(cfg["workload"]), None, contextlib.nullcontext
+    else:
+        source = service.attach(run_dir, cfg, history)
+        on_emit, serving = service.index_event, service.serving
+    events = EventLog(run_dir / EVENTS_FILE, on_emit=on_emit)
     backend = None
     graceful = True
     try:
         history.append(events.emit(
             "run_start", time.time() - cfg["started_unix"], None, policy=pol.name, resumed=resumed,
-            workload=workload.name, cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes),
+            workload=source.name, cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes),
             cluster=cfg["cluster"], interval_s=cfg["interval_s"]))
         extra = dict(backend_kwargs or {})
         if cfg.get("cpu_quota"):
             extra["cpu_quota"] = cfg["cpu_quota"]
         backend = backend_class(
-            run_dir, workload, cluster, events, fixed_batch=pol.fixed_batch,
+            run_dir, source, cluster, events, fixed_batch=pol.fixed_batch,
             started_unix=cfg["started_unix"], pin_cpus=cfg["pin_cpus"],
             runtime_options=cfg["runtime_options"], should_stop=signals.requested, history=history, **extra,
         )
         try:
-            with console_progress(pol.name, backend) if progress else contextlib.nullcontext() as update:
+            view = console_progress(pol.name, backend) if progress else contextlib.nullcontext()
+            with serving(backend), view as update:
                 loop(backend, pol, backend.cluster, events, interval=cfg["interval_s"], progress=update)
         except RunStopping:
             graceful = False  # the jobs are stopped below (or, on a second signal, ended at once)

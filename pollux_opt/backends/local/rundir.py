@@ -96,17 +96,20 @@ def open_run_config(
     pin_cpus: bool,
     runtime_options: Mapping[str, Any] | None,
     cpu_quota: Mapping[str, float] | None = None,
+    open_queue: bool = False,
 ) -> tuple[dict, bool]:
     """The run's configuration and whether it resumes an earlier run.
 
     A directory with a ``config.json`` resumes: ``workload`` and ``policy``, if
-    given, must match it.  Otherwise both are required and a new
+    given, must match it.  Otherwise both are required (a service's run,
+    ``open_queue``, has no workload: its ``"workload"`` is null) and a new
     ``config.json`` is written from the arguments (``cluster`` None: this
     machine, one node), stamped with the current Unix time as the run's start;
     ``cpu_quota`` (``{node type: fraction}`` of the throttled types) only where there is one.
 
     Raises:
-        InvalidProblem: a mismatch with the stored run, a new run without a
+        InvalidProblem: a mismatch with the stored run (a service's state for a
+            workload run or the other way round included), a new run without a
             workload or policy, an unknown policy, or a bad interval.
     """
     from pollux_opt.scheduling.policies import make_policy
@@ -114,20 +117,26 @@ def open_run_config(
     run_dir = Path(run_dir)
     if (run_dir / CONFIG_FILE).exists():
         cfg = load_run_config(run_dir)
+        if open_queue != (cfg["workload"] is None):
+            held, use = (("a workload run", "pollux-opt run --out") if cfg["workload"] is not None
+                         else ("a service's state", "pollux-opt serve --state"))
+            raise InvalidProblem(f"run directory {str(run_dir)!r} holds {held}; resume it with {use} "
+                                 f"{str(run_dir)!r}, or use another directory")
         if policy is not None and policy != cfg["policy"]:
             raise InvalidProblem(f"run directory {str(run_dir)!r} holds a {cfg['policy']!r} run, not {policy!r}")
         if workload is not None and workload.to_json() != cfg["workload"]:
             raise InvalidProblem(f"run directory {str(run_dir)!r} holds a different workload "
                                  f"({cfg['workload']['name']!r}); use another directory")
         return cfg, True
-    if workload is None or policy is None:
+    if (workload is None and not open_queue) or policy is None:
         raise InvalidProblem(f"run directory {str(run_dir)!r} is new: give a workload and a policy")
     make_policy(policy)  # an unknown name, or a policy that needs the simulator, is refused here
-    workload.check()  # unknown kinds, or a submitted batch no policy could run, before anything is written
+    if workload is not None:
+        workload.check()  # unknown kinds, or a submitted batch no policy could run, before anything is written
     check("interval", interval, ROUND_INTERVAL)
     cluster = cluster or default_cluster()
     cfg = {
-        "version": CONFIG_VERSION, "policy": policy, "workload": workload.to_json(),
+        "version": CONFIG_VERSION, "policy": policy, "workload": None if workload is None else workload.to_json(),
         "cluster": cluster_to_json(cluster), "interval_s": float(interval), "pin_cpus": bool(pin_cpus),
         "runtime_options": dict(runtime_options or {}), "started_unix": time.time(),
     }

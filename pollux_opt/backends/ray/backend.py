@@ -150,8 +150,9 @@ class RayBackend(RealBackend):
         self._node_ids = frozenset()  # every node Ray has now is new to the pool
         self._refresh_nodes()
 
-    def _workdir(self, job: JobBookkeeping) -> Path:
-        return self._workdirs / JOBS_DIR / safe_name("job id", job.id)
+    def job_dir(self, job_id: str) -> Path:
+        """The work directory of job ``job_id``, under the shared checkpoint directory."""
+        return self._workdirs / JOBS_DIR / safe_name("job id", job_id)
 
     # ------------------------------------------------------------ the nodes
     def current_cluster(self) -> Cluster:
@@ -194,7 +195,7 @@ class RayBackend(RealBackend):
             job.handle.close()
         finally:
             pool.uncancel(job.id)
-        job.handle = self._opener(self._workdir(job), self.pool)
+        job.handle = self._opener(self.job_dir(job.id), self.pool)
         job.hold(now, {})
         self._pinning.release(job.id)
         job.change_t, job.report_t = now, math.nan
@@ -268,11 +269,12 @@ def run_ray_workload(
     progress: bool = True,
     backend_kwargs: Mapping[str, Any] | None = None,
     repair: bool = False,
+    service: Any = None,
 ) -> dict:
     """Run (or resume) one policy on one workload on a Ray cluster; return the summary.
 
     Args:
-        run_dir, workload, policy, interval, runtime_options, progress, repair:
+        run_dir, workload, policy, interval, runtime_options, progress, repair, service:
             as for :func:`~pollux_opt.backends.local.run.run_workload`.
         address: the Ray cluster (None: start a local Ray instance for the run).
         checkpoint_dir: a directory every Ray node sees at the same path (a
@@ -296,7 +298,7 @@ def run_ray_workload(
         kwargs = {"nodes": nodes, "checkpoint_dir": ckpt, **dict(backend_kwargs or {})}
         return run_workload(run_dir, workload, policy, cluster=cluster, interval=interval, pin_cpus=False,
                             runtime_options=runtime_options, progress=progress, backend_kwargs=kwargs,
-                            repair=repair, backend_class=RayBackend)
+                            repair=repair, backend_class=RayBackend, service=service)
     finally:
         if started:
             ray.shutdown()

@@ -7,7 +7,7 @@ worker processes import this file by its path.  The job's ``config``
 * ``samples``: dataset size (default 512); ``epochs``: the loop's epochs;
 * ``trace_dir``: append ``epoch idx idx ...`` per micro-batch to a file there;
 * ``schedule``: ``"batch"`` (a LambdaLR stepped per batch) or ``"epoch"``;
-* ``raise_at_batch``: raise ValueError at that batch; ``diverge_at_batch``:
+* ``raise_at_batch``: print a line, then raise ValueError at that batch; ``diverge_at_batch``:
   from that batch on report a loss 1e9 higher (the gradient is unchanged);
 * ``num_workers``: DataLoader worker processes; ``delay_s``: sleep per batch.
 """
@@ -72,6 +72,7 @@ def main() -> None:
                 trace.write(f"{epoch} {' '.join(str(i) for i in idx.tolist())}\n")
                 trace.flush()
             if cfg.get("raise_at_batch") is not None and counts["batches"] >= cfg["raise_at_batch"]:
+                print(f"the user's own print before failing at batch {counts['batches']}")
                 raise ValueError(f"deliberate failure in the user's loop at batch {counts['batches']}")
             if cfg.get("delay_s"):
                 time.sleep(cfg["delay_s"])
