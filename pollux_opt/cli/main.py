@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from solvers import InvalidProblem
+from pollux_opt.cli.options import cluster_from_args
 from pollux_opt.extras import MissingExtra
 
 __all__ = ["main", "build_parser"]
@@ -164,7 +165,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pollux_opt.workloads import load_workload
 
     workload = load_workload(args.workload, quick=args.quick, import_dir=args.import_dir) if args.workload else None
-    cluster = _cluster(args)
+    cluster = cluster_from_args(args)
     interval = args.interval if args.interval is not None else _default_interval(args.quick)
     if args.backend == "ray":
         summary = _run_on_ray(args, workload, cluster, interval)
@@ -187,26 +188,6 @@ def _run_on_ray(args: argparse.Namespace, workload, cluster, interval: float) ->
     return run_ray_workload(args.out, workload, args.policy, address=args.ray_address,
                             checkpoint_dir=args.checkpoint_dir, interval=interval, progress=not args.quiet,
                             repair=args.repair_log)
-
-
-def _cluster(args: argparse.Namespace):
-    """The cluster ``--cluster`` describes (a :class:`~pollux_opt.model.cluster_types.ClusterTypes`,
-    checked against this machine's CPUs) or ``--nodes`` / ``--cpus`` ask for (0 is
-    an error, not "unset"); None if none of them."""
-    from pollux_opt.backends.local import default_cluster
-
-    if getattr(args, "cluster", None) is not None:
-        from pollux_opt.backends.local.nodes import typed_cluster
-        from pollux_opt.model.cluster_types import load_cluster_types
-
-        if args.nodes is not None or args.cpus is not None:
-            raise InvalidProblem("--cluster describes the nodes: give it without --nodes and --cpus")
-        types = load_cluster_types(args.cluster)
-        typed_cluster(types)  # more CPUs than this process may use is refused before anything runs
-        return types
-    if args.nodes is None and args.cpus is None:
-        return None
-    return default_cluster(1 if args.nodes is None else args.nodes, args.cpus)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -283,7 +264,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pollux_opt.backends.local import run_demo
 
-    cluster = _cluster(args)
+    cluster = cluster_from_args(args)
     summaries = run_demo(args.out, args.workload, quick=args.quick, interval=args.interval,
                          policies=tuple(args.policies), cluster=cluster, progress=not args.quiet,
                          import_dir=args.import_dir)

@@ -20,6 +20,8 @@ from typing import Any
 
 from solvers import InvalidProblem
 
+from pollux_opt.cli.options import cluster_from_args
+
 
 __all__ = ["add_service_parsers", "job_entry", "job_lines", "jobs_table"]
 
@@ -151,7 +153,6 @@ def _add_query_parsers(sub) -> None:
 # ----------------------------------------------------------------- handlers
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Run the service until SIGINT or SIGTERM (:func:`pollux_opt.service.server.serve`)."""
-    from pollux_opt.cli.main import _cluster
 
     if args.backend == "ray":
         if args.cluster is not None or args.nodes is not None or args.cpus is not None:
@@ -159,7 +160,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                  "Ray's nodes")
     elif args.ray_address is not None or args.checkpoint_dir is not None:
         raise InvalidProblem("--ray-address and --checkpoint-dir need --backend ray")
-    cluster = _cluster(args)
+    cluster = cluster_from_args(args)
     from pollux_opt.service.server import serve  # its web stack is imported, or refused, when it serves
 
     options = {"cancel_grace_s": args.cancel_grace} if args.cancel_grace is not None else {}

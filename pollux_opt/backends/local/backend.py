@@ -42,7 +42,7 @@ import numpy as np
 
 from solvers import InvalidProblem
 
-from pollux_opt.backends.local import polling
+import pollux_opt.backends.local.polling as polling
 from pollux_opt.backends.local.handle import (
     STOP_GRACE_S, JobBookkeeping, JobFactory, JobOpener, elastic_factory, elastic_opener, stop_jobs,
 )

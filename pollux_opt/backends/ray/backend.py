@@ -52,7 +52,7 @@ from pollux_opt.workloads.job import Workload
 
 __all__ = [
     "NODE_ID_CHARS", "RAY_CONFIG_FILE", "NodeInfo", "RayBackend", "RayNodes", "connect",
-    "run_ray_workload", "shared_workdir_root",
+    "recorded_checkpoint_dir", "run_ray_workload", "shared_workdir_root",
 ]
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ def _refused_token(exc: BaseException, auth_error: type) -> bool:
     return False
 
 
-def _checkpoint_dir(run_dir: Path, checkpoint_dir: str | os.PathLike | None) -> str | None:
+def recorded_checkpoint_dir(run_dir: Path, checkpoint_dir: str | os.PathLike | None) -> str | None:
     """The run's checkpoint directory: the one recorded in ``ray.json`` (which a
     different ``checkpoint_dir`` may not contradict), else ``checkpoint_dir`` (recorded)."""
     path = run_dir / RAY_CONFIG_FILE
@@ -288,7 +288,7 @@ def run_ray_workload(
         ImportError: Ray is not installed.
     """
     run_dir = Path(run_dir)
-    ckpt = _checkpoint_dir(run_dir, checkpoint_dir)
+    ckpt = recorded_checkpoint_dir(run_dir, checkpoint_dir)
     ray, started = connect(address)
     try:
         nodes = RayNodes(ray)

@@ -12,7 +12,7 @@ from pollux_opt import InvalidProblem
 from pollux_opt.backends.ray.backend import RayBackend, shared_workdir_root
 from pollux_opt.backends.ray.actors import interface_of
 from pollux_opt.backends.ray.backend import RayNodes
-from pollux_opt.backends.ray.backend import _checkpoint_dir
+from pollux_opt.backends.ray.backend import recorded_checkpoint_dir
 from pollux_opt.records.events import EventLog, read_events
 from pollux_opt.scheduling.loop import Decision, DecisionStatus
 from pollux_opt.workloads import Workload, WorkloadJob
@@ -114,10 +114,10 @@ def test_work_directories_go_under_the_shared_checkpoint_directory_one_folder_pe
 
 def test_a_resumed_run_keeps_its_checkpoint_directory(tmp_path):
     run = tmp_path / "run"
-    assert _checkpoint_dir(run, tmp_path / "ck") == str((tmp_path / "ck").resolve())
-    assert _checkpoint_dir(run, None) == str((tmp_path / "ck").resolve())
+    assert recorded_checkpoint_dir(run, tmp_path / "ck") == str((tmp_path / "ck").resolve())
+    assert recorded_checkpoint_dir(run, None) == str((tmp_path / "ck").resolve())
     with pytest.raises(InvalidProblem, match="keeps its checkpoints in .*ck', not checkpoint_dir=.*other"):
-        _checkpoint_dir(run, tmp_path / "other")
+        recorded_checkpoint_dir(run, tmp_path / "other")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads interface addresses with a Linux ioctl")
