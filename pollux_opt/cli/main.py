@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from solvers import InvalidProblem
-from pollux_opt.cli.options import cluster_from_args
+from pollux_opt.cli.options import add_backend_args, add_cluster_args, cluster_from_args
 from pollux_opt.extras import MissingExtra
 
 __all__ = ["main", "build_parser"]
@@ -310,24 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run directory (config.json, events.jsonl, summary.json)")
     p.add_argument("--interval", type=float, help="seconds between scheduling rounds (default 30; 10 with --quick)")
     p.add_argument("--quick", action="store_true", help="use the workload's quick variant")
-    p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
-    p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
-    p.add_argument("--cluster", metavar="FILE|PRESET",
-                   help="node types instead of --nodes/--cpus: a JSON description (as for simulate) or a "
-                        "preset, e.g. local-hetero (one fast and one slow node of one CPU each; a type's "
-                        "cpu_quota < 1 throttles its nodes with cgroup CPU quotas, which need root)")
+    add_cluster_args(p)
     p.add_argument("--quiet", action="store_true", help="no live progress table")
     p.add_argument("--import", dest="import_dir", metavar="DIR",
                    help="directory the workload file's user jobs ('entry') are imported from (default: the file's)")
     p.add_argument("--repair-log", action="store_true",
                    help="move unreadable lines of the run's events.jsonl to events.jsonl.rejected, then resume")
-    p.add_argument("--backend", choices=("local", "ray"), default="local",
-                   help="where the jobs run: this machine (default) or the nodes of a Ray cluster")
-    p.add_argument("--ray-address", metavar="ADDR",
-                   help="Ray cluster to use with --backend ray, e.g. HOST:6379 (default: start a local Ray instance)")
-    p.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="with --backend ray: a directory every node sees at the same path (shared file system) "
-                        "for the jobs' checkpoints and logs (default: --out)")
+    add_backend_args(p, "--out")
     p.set_defaults(handler=_cmd_run)
 
     p = sub.add_parser("compare", help="print a side-by-side table of run summaries")
@@ -343,12 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="quick variant, 10 s rounds (about 2-3 minutes on 2 cores)")
     p.add_argument("--out", default="demo-out", help="output directory (default: demo-out)")
     p.add_argument("--interval", type=float, help="seconds between rounds (default 30; 10 with --quick)")
-    p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
-    p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
-    p.add_argument("--cluster", metavar="FILE|PRESET",
-                   help="node types instead of --nodes/--cpus: a JSON description (as for simulate) or a "
-                        "preset, e.g. local-hetero (one fast and one slow node of one CPU each; a type's "
-                        "cpu_quota < 1 throttles its nodes with cgroup CPU quotas, which need root)")
+    add_cluster_args(p)
     p.add_argument("--quiet", action="store_true", help="no live progress table")
     p.add_argument("--import", dest="import_dir", metavar="DIR",
                    help="directory the workload file's user jobs ('entry') are imported from (default: the file's)")

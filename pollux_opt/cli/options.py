@@ -6,7 +6,28 @@ import argparse
 
 from solvers import InvalidProblem
 
-__all__ = ["cluster_from_args"]
+__all__ = ["add_backend_args", "add_cluster_args", "cluster_from_args"]
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """``--nodes``, ``--cpus`` and ``--cluster``: this machine's CPUs as nodes (read by :func:`cluster_from_args`)."""
+    p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
+    p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
+    p.add_argument("--cluster", metavar="FILE|PRESET",
+                   help="node types instead of --nodes/--cpus: a JSON description (as for simulate) or a "
+                        "preset, e.g. local-hetero (one fast and one slow node of one CPU each; a type's "
+                        "cpu_quota < 1 throttles its nodes with cgroup CPU quotas, which need root)")
+
+
+def add_backend_args(p: argparse.ArgumentParser, run_dir_flag: str) -> None:
+    """``--backend``, ``--ray-address`` and ``--checkpoint-dir`` (whose default is ``run_dir_flag``'s directory)."""
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="where the jobs run: this machine (default) or the nodes of a Ray cluster")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="Ray cluster to use with --backend ray, e.g. HOST:6379 (default: start a local Ray instance)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="with --backend ray: a directory every node sees at the same path (shared file system) "
+                        f"for the jobs' checkpoints and logs (default: {run_dir_flag})")
 
 
 def cluster_from_args(args: argparse.Namespace):

@@ -20,7 +20,7 @@ from typing import Any
 
 from solvers import InvalidProblem
 
-from pollux_opt.cli.options import cluster_from_args
+from pollux_opt.cli.options import add_backend_args, add_cluster_args, cluster_from_args
 
 
 __all__ = ["add_service_parsers", "job_entry", "job_lines", "jobs_table"]
@@ -66,17 +66,8 @@ def _add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="run the scheduler as a service: jobs come and go through its HTTP API")
     p.add_argument("--state", required=True, metavar="DIR",
                    help="state directory (service.db, events.jsonl, jobs/ID/logs); an existing one resumes")
-    p.add_argument("--backend", choices=("local", "ray"), default="local",
-                   help="where the jobs run: this machine (default) or the nodes of a Ray cluster")
-    p.add_argument("--ray-address", metavar="ADDR",
-                   help="Ray cluster to use with --backend ray, e.g. HOST:6379 (default: start a local Ray instance)")
-    p.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="with --backend ray: a directory every node sees at the same path (shared file system) "
-                        "for the jobs' checkpoints and logs (default: --state)")
-    p.add_argument("--cluster", metavar="PRESET|FILE",
-                   help="node types instead of --nodes/--cpus: a preset (e.g. local-hetero) or a JSON description")
-    p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
-    p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
+    add_backend_args(p, "--state")
+    add_cluster_args(p)
     p.add_argument("--policy", help=f"scheduling policy of a new state directory: {', '.join(policy_names())} "
                                     "(default: pollux; a resumed one keeps its own)")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="S",
