@@ -20,13 +20,13 @@ each adding a section when present: ``solver_comparison.csv``
 ``solver_speed.csv`` (``solver_speed.py``), ``ray_*.csv`` (``ray_cluster.py``;
 ``ray_fidelity.csv``: ``sim_fidelity.py`` on its Ray runs), ``user_jobs.csv``
 (``user_jobs.py``), ``fuzz.csv`` (``fuzz_instances.py``), ``kills.csv``
-(``kill_runs.py``) and ``fair_jct.csv``,
+(``kill_runs.py``), ``service.csv`` (``service_targets.py``) and ``fair_jct.csv``,
 ``fair_jct_estimator.csv`` (``fair_jct.py``, ``fair_jct_estimator.py``).
 The ``*_quick.csv`` files are smoke runs and are not reported.  The simulation
 sections (comparison, sensitivity, scale, solvers, allocator speed) are in
 ``results_sim.py``, the sections on real jobs in ``results_real.py``,
 fair-jct's in ``results_fair_jct.py``, the heterogeneous cluster's in
-``results_typed.py``, the simulation's speed (``encode_speed.csv``,
+``results_typed.py``, the service's in ``results_service.py``, the simulation's speed (``encode_speed.csv``,
 ``fit_speed.csv``: ``encode_speed.py``, ``fit_speed.py``) in
 ``results_sim_speed.py``, the shared formatting in ``results_format.py``.
 """
@@ -70,6 +70,7 @@ from results_sim import (  # noqa: E402
     solvers_section,
     speed_section,
 )
+from results_service import service_section  # noqa: E402
 from results_sim_speed import sim_speed_section  # noqa: E402
 from results_real import (  # noqa: E402
     fidelity_section,
@@ -100,6 +101,7 @@ HEADLINE_END = "<!-- /results:headline -->"
 SOURCES = {
     "sim_compare.csv": "sim_compare.py", "sim_compare_means.csv": "sim_compare.py",
     "sim_sensitivity.csv": "sim_sensitivity.py", "sim_scale.csv": "sim_scale.py",
+    "service.csv": "service_targets.py",
 }
 REQUIRED_COLUMNS = {
     "sim_compare.csv": ["workload", "policy", "jobs", "completed", "avg_jct_s", "p99_jct_s", "makespan_s",
@@ -144,6 +146,7 @@ OPTIONAL_COLUMNS = {
     "fair_jct_speed.csv": ["code", "policy", "wall_s", "cpu_s", "solve_s", "highs_mip_s", "fit_s", "encode_s",
                            "policy_jobs_s", "work_rates_s", "solve_calls", "highs_mip_calls", "fit_calls",
                            "work_rates_calls", "identical_jobs_csv"],
+    "service.csv": ["target", "metric", "value", "unit", "limit", "passed", "n", "machine"],
 }
 @dataclass(frozen=True)
 class Results:
@@ -173,6 +176,7 @@ class Results:
     encode_speed: pd.DataFrame | None = None
     fit_speed: pd.DataFrame | None = None
     fair_jct_speed: pd.DataFrame | None = None
+    service: pd.DataFrame | None = None
 
 
 def _read(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -242,6 +246,7 @@ def load_results(results_dir: Path) -> Results:
         encode_speed=tables["encode_speed.csv"],
         fit_speed=tables["fit_speed.csv"],
         fair_jct_speed=tables["fair_jct_speed.csv"],
+        service=tables["service.csv"],
     )
 
 
@@ -332,6 +337,7 @@ def render_doc(results: Results) -> str:
         *user_jobs_section(results),
         *fuzz_section(results),
         *kills_section(results),
+        *service_section(results),
         "## Solver benchmarks",
         "",
         "The allocator's own timings (build + solve per instance, the Pollux reference scheduler's recorded "

@@ -41,9 +41,10 @@ class JobTrack:
         submit: time of its first ``submit`` event (nan before it).
         end: time of its ``complete``, ``failed`` or ``cancelled`` event (nan before it).
         state: its :class:`~pollux_opt.lifecycle.JobState` as its events tell
-            it: ``queued`` until it holds CPUs, ``running`` while it does (or
-            while its final checkpoint is re-checked), the runtime's own state
-            from each ``state`` event (``rescaling`` while it moves), and
+            it: ``queued`` while it holds no CPUs, ``rescaling`` from a move
+            onto CPUs until its end, ``running`` while it trains (or while its
+            final checkpoint is re-checked), the runtime's own state from each
+            ``state`` event, and
             ``succeeded``, ``failed`` or ``cancelled`` on its ``complete``,
             ``failed`` or ``cancelled`` event.
         weight: its priority (its ``submit`` event's, then each ``weight`` event's).
@@ -164,7 +165,9 @@ class JobTrack:
                 self.state = JobState(event["state"])
         elif etype in PLACEMENT_EVENTS:
             self.hold(t, event.get("placement"), event.get("cpus"))
-            self.state = JobState.RUNNING if self.held else JobState.QUEUED
+            # Ordered onto CPUs, its workers form (rescaling) until a move's end says they train.
+            moving = JobState.RUNNING if etype == "rescale_end" else JobState.RESCALING
+            self.state = moving if self.held else JobState.QUEUED
             self.started = True
             if etype in RESTART_EVENTS and self.held:
                 self.restarts += 1

@@ -77,10 +77,16 @@ class Service:
         """Fold an event the run just wrote into the index."""
         self.index.apply(event)
 
+    def close(self) -> None:
+        """Close the database (once the run has written its last event)."""
+        for part in (self.source, self.index, self.store):
+            if part is not None:
+                part.close()
+
     @contextlib.contextmanager
     def serving(self, backend) -> Iterator[None]:
         """Serve the HTTP API for the ``with`` block (``backend``: the run's, for
-        its jobs' work directories); close the database at its end."""
+        its jobs' work directories)."""
         uvicorn = require("uvicorn", SERVICE_MISSING)
         from pollux_opt.service.app import make_app
 
@@ -104,9 +110,6 @@ class Service:
         finally:
             server.should_exit = True
             thread.join(HTTP_STOP_S)
-            for part in (self.source, self.index, self.store):
-                if part is not None:
-                    part.close()
 
 
 def serve(

@@ -30,6 +30,12 @@ def start_event(job_id: str, placement: dict, t: float = 2.0) -> dict:
     return {"t": t, "job_id": job_id, "type": "start", "placement": placement}
 
 
+def running_event(job_id: str, t: float = 2.5) -> dict:
+    """The runtime's move to ``running``: its workers train."""
+    return {"t": t, "job_id": job_id, "type": "state", "state": "running", "old": "rescaling",
+            "reason": "workers resumed: start", "at": t}
+
+
 def report_event(job_id: str, t: float = 3.0, **fields) -> dict:
     return {"t": t, "job_id": job_id, "type": "report", **fields}
 
@@ -45,9 +51,9 @@ def submitted(client, job: dict = DIGITS) -> str:
 
 
 def running(api, client, placement=None) -> str:
-    """A submitted job the loop started on ``placement``."""
+    """A submitted job the loop started on ``placement``, its workers training."""
     job_id = submitted(client)
-    api.play(submit_event(job_id), start_event(job_id, placement or {"n0": 2}))
+    api.play(submit_event(job_id), start_event(job_id, placement or {"n0": 2}), running_event(job_id))
     return job_id
 
 
@@ -164,8 +170,10 @@ def test_jobs_are_listed_oldest_first_and_filtered_by_state(api):
              start_event(second, {"n1": 1}), end_event(second))
     assert [j["id"] for j in client.get("/api/v1/jobs").json()] == [first, second, third]
     states = {s: [j["id"] for j in client.get("/api/v1/jobs", params={"state": s}).json()]
-              for s in ("queued", "running", "succeeded", "failed")}
-    assert states == {"queued": [third], "running": [first], "succeeded": [second], "failed": []}
+              for s in ("queued", "rescaling", "running", "succeeded", "failed")}
+    assert states == {"queued": [third], "rescaling": [first], "running": [], "succeeded": [second], "failed": []}
+    api.play(running_event(first))  # its workers formed and train
+    assert [j["id"] for j in client.get("/api/v1/jobs", params={"state": "running"}).json()] == [first]
 
 
 def test_an_unknown_state_filter_is_a_422_naming_it_and_the_known_states(api):
@@ -178,11 +186,12 @@ def test_a_job_shows_its_transitions_numbers_and_remaining_seconds(api):
     client = api.client()
     job_id = submitted(client, {**DIGITS, "spec": {"progress_target": 100.0}})
     assert client.get(f"/api/v1/jobs/{job_id}").json()["eta_s"] is None  # no goodput measured yet
-    api.play(submit_event(job_id), start_event(job_id, {"n0": 2}),
+    api.play(submit_event(job_id), start_event(job_id, {"n0": 2}), running_event(job_id),
              report_event(job_id, goodput=64.0, goodput_base=32.0, progress=40.0, batch_size=64, step=10))
     job = client.get(f"/api/v1/jobs/{job_id}").json()
     assert (job["state"], job["replicas"], job["batch_size"], job["speedup"]) == ("running", 2, 64, 2.0)
-    assert [(m["old"], m["new"]) for m in job["transitions"]] == [(None, "queued"), ("queued", "running")]
+    assert [(m["old"], m["new"], m["reason"]) for m in job["transitions"]] == [
+        (None, "queued", "submit"), ("queued", "rescaling", "start"), ("rescaling", "running", "workers resumed: start")]
     assert job["eta_s"] == pytest.approx((100.0 - 40.0) * 32 / 64.0)
 
 

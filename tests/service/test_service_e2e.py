@@ -70,10 +70,16 @@ def test_a_job_submitted_watched_reweighted_and_cancelled_over_http(tmp_path, se
         cluster = httpx.get(f"{server.url}/api/v1/cluster", timeout=10).json()
         assert cluster["last_round"] is not None and not cluster["holders"]
         assert running["state"] in ("running", "rescaling", "succeeded") and first_replica_s < START_LIMIT_S
+        held = server.submit(LONG)
+        server.wait_state(held, {"running"})
     finally:
-        status = server.kill(signal.SIGTERM)
-    assert status in (0, 128 + signal.SIGTERM), server.log()
+        status = server.kill(signal.SIGTERM)  # checkpoints and stops the job holding CPUs
+    assert status == 128 + signal.SIGTERM, server.log()
+    assert "Traceback" not in server.log()
     _index_agrees_with_log(tmp_path / "state")
+    store = Store(tmp_path / "state" / DB_FILE)
+    assert store.job(held)["state"] == "queued"  # stopped with a checkpoint: it resumes with the next server
+    store.close()
     events = read_events(tmp_path / "state" / "events.jsonl")
     assert Counter(e["type"] for e in events if e["job_id"] == long)["cancelled"] == 1
 

@@ -272,6 +272,8 @@ def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress
         if backend is not None:
             backend.close(graceful=graceful and not backend.finished())
         events.close()
+        if service is not None:
+            service.close()  # after the last event: the stop's are indexed too
 
 
 def _check_policies(policies: tuple[str, ...]) -> None:

@@ -1,0 +1,102 @@
+"""The service's section of ``docs/results.md`` (:mod:`results_doc` renders it):
+``pollux-opt serve`` measured against its targets by
+``experiments/service_targets.py`` (``service.csv``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from results_format import machine_note, md_table, missing
+
+if TYPE_CHECKING:
+    from results_doc import Results
+
+#: How each measurement was made, by a phrase of its ``target`` (the counts in the targets vary with the run).
+HOW = {
+    "submit to first replica": "a server on 2 CPUs whose rounds come every 30 s, so that only the wake-up on a "
+                               "submission starts a job at once; quick `synth-regress` jobs submitted one after "
+                               "another (each once the one before ended), timed from just before the POST to the "
+                               "job's `running` transition: its first replica formed and training",
+    "submissions from": "threads submitting as fast as they can, each with its own HTTP client, to a server on 2 "
+                        "CPUs where two `digits-cnn` jobs train, while one more thread polls `GET /api/v1/jobs`; "
+                        "a job is lost if its acknowledged id is missing from the job list afterwards",
+    "queued jobs": "the server's scheduling round on a simulated 16 x 4-CPU cluster, in one process with stand-in "
+                   "jobs that hold their CPUs without training, once served (the queue in `service.db`) and once "
+                   "as a closed workload of the same jobs; the decision is the policy's time, the whole round "
+                   "also reads the jobs and applies the placement; means over the rounds after the first",
+    "SIGKILLs of the server": "real jobs of mixed kinds on 2 CPUs, the server's whole process group (its training "
+                              "workers too) killed with SIGKILL at seeded random moments and restarted at once on "
+                              "the same state, some kills while a submission was in flight (retried with its "
+                              "idempotency key); a job is lost unless it ended succeeded and verified, run twice if "
+                              "the log has two `submit` or `complete` events for it; a kill also kills each rank 0, "
+                              "which may repeat the steps since its last checkpoint (at most "
+                              "`checkpoint_interval_s` of training), and a step repeated otherwise or beyond that "
+                              "is lost",
+}
+#: Metrics whose limit is a floor (every other limit is a ceiling).
+AT_LEAST = frozenset({"accepted"})
+
+
+def _value(v, unit: str) -> str:
+    if missing(v):
+        return "-"
+    v = float(v)
+    if unit == "s":
+        return f"{v:.3f} s" if v < 10 else f"{v:.1f} s"
+    if unit == "ms":
+        return f"{v:.1f} ms"
+    if unit == "x":
+        return f"{v:.2f} x"
+    return f"{v:.0f} {unit}"
+
+
+def _met(passed) -> str:
+    if missing(passed) or str(passed) == "":
+        return ""
+    return "yes" if str(passed) == "True" else "**no**"
+
+
+def _how(target: str) -> str:
+    return next((how for phrase, how in HOW.items() if phrase in target), "")
+
+
+def _cold_start(df) -> list[str]:
+    """A sentence on the first (cold worker pool) start against the others, where both were measured."""
+    first = df[df.metric == "first (fresh server)"]
+    others = df[df.metric == "median of the others"]
+    if first.empty or others.empty:
+        return []
+    a, b = float(first.value.iloc[0]), float(others.value.iloc[0])
+    verdict = "about the same as" if abs(a - b) <= max(0.1, 0.25 * b) else ("slower than" if a > b else "faster than")
+    return [f"The first job, submitted to a freshly started server (its worker pool and the job's code not yet "
+            f"loaded), reached `running` in "
+            f"{_value(a, 's')}: {verdict} the median of the others ({_value(b, 's')}).", ""]
+
+
+def service_section(results: Results) -> list[str]:
+    """The targets of ``service.csv`` as a table (measured, limit, met), each measurement explained."""
+    df = results.service
+    if df is None:
+        return []
+    rows = []
+    for r in df.itertuples():
+        limit = "-" if missing(r.limit) or str(r.limit) == "" else (
+            f"{'>=' if r.metric in AT_LEAST else '<='} {_value(r.limit, r.unit)}")
+        rows.append([str(r.target), str(r.metric), _value(r.value, r.unit), limit, _met(r.passed),
+                     "" if missing(r.n) else f"{float(r.n):.0f}"])
+    targets = list(dict.fromkeys(df.target))
+    how = [f"* **{t}**: {_how(t)}." for t in targets if _how(t)]
+    return [
+        "## The service",
+        "",
+        "`experiments/service_targets.py`: `pollux-opt serve` (see [`docs/service.md`](service.md)) as a "
+        "subprocess on this machine, driven over HTTP, except the rounds with many queued jobs, measured in one "
+        f"process.{machine_note(df)}",
+        "",
+        *how,
+        "",
+        *md_table(["target", "figure", "measured", "limit", "met", "n"], rows,
+                  [False, False, True, True, False, True]),
+        "",
+        *_cold_start(df),
+    ]
