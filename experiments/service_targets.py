@@ -34,7 +34,6 @@ import random
 import shutil
 import signal
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -391,8 +390,6 @@ def queued_rounds(out: Path, sizes: Sizes) -> list[dict]:
             run_workload(run_dir, policy="pollux", **call, **kwargs)
         except RunInterrupted:
             pass
-        except sqlite3.ProgrammingError as exc:  # the served run's stop, after the timed rounds, hit its closed index
-            log.warning("%s run: its stop failed after the timed rounds: %s", mode, exc)
         rounds = _allocations(run_dir)[1:]  # the first round starts every job it places: left out
         counts[mode] = len(rounds)
         means[mode] = {k: statistics.fmean(e[k] for e in rounds) for k in ("solver_s", "overhead_s")}
