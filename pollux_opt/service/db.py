@@ -111,16 +111,31 @@ def _loads(text: str | None, default: Any) -> Any:
 class Store:
     """The API's side: it records submissions and requests and reads the index.
 
-    Thread-safe (one connection behind a lock).
+    Thread-safe: one writing connection behind a lock, one reading connection per thread.
     """
 
     def __init__(self, path: str | Path) -> None:
+        self.path = path
         self._conn = connect(path, durable=True)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the writer's
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's read connection: readers never wait for the writer's lock
+        (WAL: each query reads the last committed state)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = connect(self.path, durable=False)
+            with self._lock:
+                self._readers.append(conn)
+        return conn
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            for conn in self._readers:
+                conn.close()
 
     # ------------------------------------------------------------- inputs
     def submit(self, job: Mapping[str, Any], name: str | None, idem_key: str | None = None) -> tuple[str, bool]:
@@ -158,9 +173,8 @@ class Store:
         rows = self._select("WHERE s.id = ?", (job_id,))
         if not rows:
             return None
-        with self._lock:
-            moves = self._conn.execute(
-                "SELECT t, old, new, reason FROM transitions WHERE job_id = ? ORDER BY n", (job_id,)).fetchall()
+        moves = self._reader().execute(
+            "SELECT t, old, new, reason FROM transitions WHERE job_id = ? ORDER BY n", (job_id,)).fetchall()
         return {**rows[0], "transitions": [dict(m) for m in moves]}
 
     def jobs(self, state: str | None = None) -> list[dict]:
@@ -170,30 +184,26 @@ class Store:
         return self._select("WHERE COALESCE(j.state, 'queued') = ?", (state,))
 
     def _select(self, where: str, args: tuple) -> list[dict]:
-        with self._lock:
-            rows = self._conn.execute(
-                f"SELECT s.id, s.name, s.job, s.submitted_unix, {_JOB_COLUMNS} FROM submissions s "
-                f"LEFT JOIN jobs j ON j.id = s.id {where} ORDER BY s.seq", args).fetchall()
+        rows = self._reader().execute(
+            f"SELECT s.id, s.name, s.job, s.submitted_unix, {_JOB_COLUMNS} FROM submissions s "
+            f"LEFT JOIN jobs j ON j.id = s.id {where} ORDER BY s.seq", args).fetchall()
         return [_job_row(row) for row in rows]
 
     def counts(self) -> dict[str, int]:
         """Jobs by state (every state of the lifecycle, 0 where none)."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT COALESCE(j.state, 'queued') AS state, COUNT(*) AS n FROM submissions s "
-                "LEFT JOIN jobs j ON j.id = s.id GROUP BY 1").fetchall()
+        rows = self._reader().execute(
+            "SELECT COALESCE(j.state, 'queued') AS state, COUNT(*) AS n FROM submissions s "
+            "LEFT JOIN jobs j ON j.id = s.id GROUP BY 1").fetchall()
         return {**{s.value: 0 for s in JobState}, **{r["state"]: int(r["n"]) for r in rows}}
 
     def last_round(self) -> dict | None:
         """The newest allocation round (``t``, ``objective``, ``solver_s``, ``status``, ``placement``)."""
-        with self._lock:
-            row = self._conn.execute("SELECT * FROM rounds ORDER BY n DESC LIMIT 1").fetchone()
+        row = self._reader().execute("SELECT * FROM rounds ORDER BY n DESC LIMIT 1").fetchone()
         return None if row is None else {**dict(row), "placement": json.loads(row["placement"])}
 
     def values(self, sql: str, args: tuple = ()) -> list[float]:
         """The first column of a read-only query (the metrics' histograms)."""
-        with self._lock:
-            return [r[0] for r in self._conn.execute(sql, args).fetchall() if r[0] is not None]
+        return [r[0] for r in self._reader().execute(sql, args).fetchall() if r[0] is not None]
 
 
 def _job_row(row: sqlite3.Row) -> dict:
