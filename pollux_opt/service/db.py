@@ -231,6 +231,7 @@ class EventIndex:
         self._conn = connect(path, durable=False)
         self.started_unix = float(started_unix)
         self._tracks: dict[str, JobTrack] = {}
+        self._starts: dict[str, float] = {}  # Unix time each job first held CPUs
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -240,6 +241,7 @@ class EventIndex:
         """Empty the index and fold ``events`` (the whole log) into it, in one transaction."""
         with self._lock:
             self._tracks.clear()
+            self._starts.clear()
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 for table in _INDEX_TABLES:
@@ -274,8 +276,9 @@ class EventIndex:
                   "restarts": track.restarts, "submit_t": self._unix(track.submit), "end_t": self._unix(track.end),
                   "metric": _finite(track.last_metric), "final_metric": _finite(track.final_metric),
                   "verified": int(track.verified)}
-        first = next((s for s, held in track.replicas if held > 0), math.nan)
-        fields["start_t"] = self._unix(first)
+        if track.held and job_id not in self._starts:  # its first placement onto CPUs
+            self._starts[job_id] = t
+        fields["start_t"] = self._starts.get(job_id)
         if etype == "report":
             fields.update({k: _finite(event.get(k)) for k in (
                 "batch_size", "local_bsz", "accum_steps", "goodput", "goodput_base", "progress", "step")})
