@@ -37,7 +37,7 @@ from pollux_opt.model.job import WEIGHT
 from pollux_opt.service.db import Store
 from pollux_opt.service import tail
 from pollux_opt.service.metrics import cpu_holders, service_registry
-from pollux_opt.workloads.job import Workload, WorkloadJob, builtin_spec
+from pollux_opt.workloads.job import Workload, WorkloadJob
 
 __all__ = ["API", "MAX_BODY_BYTES", "make_app"]
 
@@ -173,22 +173,23 @@ def _add_job_routes(app: FastAPI, ctx: _Context) -> None:
         if key is not None and not 0 < len(key) <= IDEM_KEY_MAX_CHARS:
             raise InvalidProblem(f"header Idempotency-Key must have 1 to {IDEM_KEY_MAX_CHARS} characters, "
                                  f"got {shown(key)}")
-        fields = _job_fields(body, server_modules=ctx.server_modules)
-        job_id, created = ctx.store.submit(fields, body.name, idem_key=key)
+        fields, spec = _job_fields(body, server_modules=ctx.server_modules)
+        job_id, created = ctx.store.submit(fields, body.name, idem_key=key, progress_target=spec.progress_target,
+                                           init_batch_size=spec.init_batch_size)
         if created:
             ctx.notify()
         return JSONResponse({"id": job_id}, status_code=201 if created else 200)
 
     @app.get(f"{API}/jobs")
-    def list_jobs(state: str | None = None) -> JSONResponse:
+    def list_jobs(state: str | None = None) -> Response:
         if state is not None and state not in _STATES:
             raise ApiError(422, f"query.state must be one of {', '.join(_STATES)}, got {shown(state)}")
-        # Already JSON-safe: answered as it is, without FastAPI's per-field encoding (most of a long list's time).
-        return JSONResponse([_with_eta(job) for job in ctx.store.jobs(state)])
+        # The database's JSON text as it is: no per-job decoding and encoding (most of a long list's time).
+        return Response(ctx.store.jobs_json(state), media_type="application/json")
 
     @app.get(f"{API}/jobs/{{job_id}}")
     def get_job(job_id: str) -> dict:
-        return _with_eta(ctx.job(job_id))
+        return ctx.job(job_id)
 
     @app.post(f"{API}/jobs/{{job_id}}/cancel", status_code=202)
     def cancel(job_id: str) -> dict:
@@ -206,9 +207,10 @@ def _add_job_routes(app: FastAPI, ctx: _Context) -> None:
         return {"id": job["id"], "request": seq, "weight": weight}
 
 
-def _job_fields(body: JobIn, *, server_modules: frozenset[str] = frozenset()) -> dict:
+def _job_fields(body: JobIn, *, server_modules: frozenset[str] = frozenset()) -> tuple[dict, Any]:
     """The stored fields of the submission ``body`` (``WorkloadJob.to_json()``
-    without ``id`` and ``arrival_s``), once it checks as a workload file's job does.
+    without ``id`` and ``arrival_s``) and its resolved
+    :class:`~pollux_opt.runtime.spec.JobSpec`, once it checks as a workload file's job does.
 
     ``server_modules``: top-level modules loaded when the service started; an
     entry must not name one loaded from elsewhere (importing the entry would replace it).
@@ -231,8 +233,9 @@ def _job_fields(body: JobIn, *, server_modules: frozenset[str] = frozenset()) ->
         else:
             fields.update(_entry_fields(body.entry, body.import_dir, server_modules))
         job = WorkloadJob.from_json({**fields, "id": _PROBE_ID, "arrival_s": 0.0, "batch_size": body.batch_size or 1})
+        spec = _resolve(job)
         if body.batch_size is None:
-            job = replace(job, batch_size=_resolve(job).init_batch_size)
+            job = replace(job, batch_size=spec.init_batch_size)
         Workload(_PROBE_ID, (job,)).check()
     except InvalidProblem:
         raise
@@ -240,7 +243,7 @@ def _job_fields(body: JobIn, *, server_modules: frozenset[str] = frozenset()) ->
         raise InvalidProblem(f"workload job {_PROBE_ID!r}: bad field: {type(exc).__name__}: {exc}") from None
     out = job.to_json()
     del out["id"], out["arrival_s"]
-    return out
+    return out, spec
 
 
 def _entry_fields(entry: str, import_dir: str | None, server_modules: frozenset[str]) -> dict:
@@ -288,22 +291,6 @@ def _check_json(value: Any) -> None:
             todo.extend((f"{where}.{k}" if k.isidentifier() else f"{where}[{shown(k)}]", x) for k, x in v.items())
         elif isinstance(v, list):
             todo.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
-
-
-def _with_eta(job: dict) -> dict:
-    """``job`` with ``eta_s``: seconds to its ``progress_target`` at its goodput (None where unknown)."""
-    fields = dict(job.get("spec") or {})
-    if job.get("entry") is None:
-        try:
-            base = builtin_spec(job["kind"])
-            fields = {"progress_target": base.progress_target, "init_batch_size": base.init_batch_size, **fields}
-        except InvalidProblem:
-            pass
-    target, m0, goodput = fields.get("progress_target"), fields.get("init_batch_size"), job.get("goodput")
-    eta = None
-    if target is not None and m0 is not None and goodput and goodput > 0 and not JobState(job["state"]).terminal:
-        eta = max(float(target) - float(job.get("progress") or 0.0), 0.0) * float(m0) / float(goodput)
-    return {**job, "eta_s": eta}
 
 
 # ------------------------------------------------------------------ logs and events

@@ -49,7 +49,9 @@ CREATE TABLE IF NOT EXISTS submissions (
     name TEXT,
     job TEXT NOT NULL,              -- WorkloadJob.to_json() without id and arrival_s
     submitted_unix REAL NOT NULL,
-    idem_key TEXT UNIQUE            -- the client's Idempotency-Key (a retried POST gets the same job)
+    idem_key TEXT UNIQUE,           -- the client's Idempotency-Key (a retried POST gets the same job)
+    progress_target REAL,           -- the job's resolved spec's (M0-equivalent iterations; NULL: not set) ...
+    init_batch_size INTEGER         -- ... and M0 (samples): a running job's eta_s
 );
 CREATE TABLE IF NOT EXISTS requests (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -82,11 +84,29 @@ CREATE TABLE IF NOT EXISTS rounds (
     t REAL NOT NULL, objective REAL, solver_s REAL, status TEXT, placement TEXT NOT NULL
 );
 """
-#: The ``jobs`` columns clients see (all but the id).
-_JOB_COLUMNS = ", ".join(f"j.{c}" for c in (
-    "state", "reason", "submit_t", "start_t", "end_t", "weight", "cancelling", "placement", "replicas", "nodes",
-    "batch_size", "local_bsz", "accum_steps", "goodput", "goodput_base", "progress", "step", "restarts", "metric",
-    "final_metric", "verified"))
+#: Terminal states, as SQL values (a job in one has no eta).
+_TERMINAL = ", ".join(f"'{s.value}'" for s in JobState if s.terminal)
+#: A job as clients see it: (key, SQL value over ``submissions s LEFT JOIN jobs j``).  Built by SQLite so that a
+#: long list costs the API no Python per job (and no GIL while SQLite works).
+_JOB_FIELDS = (
+    ("id", "s.id"), ("name", "s.name"), ("entry", "json_extract(s.job, '$.entry')"),
+    ("kind", "json_extract(s.job, '$.kind')"), ("spec", "json(COALESCE(json_extract(s.job, '$.spec'), '{}'))"),
+    ("submitted_unix", "s.submitted_unix"), ("state", f"COALESCE(j.state, '{JobState.QUEUED.value}')"),
+    ("reason", "j.reason"), ("submit_t", "j.submit_t"), ("start_t", "j.start_t"), ("end_t", "j.end_t"),
+    ("weight", "COALESCE(j.weight, json_extract(s.job, '$.weight'), 1.0)"),
+    ("cancelling", "json(CASE WHEN j.cancelling THEN 'true' ELSE 'false' END)"),
+    ("placement", "json(COALESCE(j.placement, '{}'))"), ("replicas", "COALESCE(j.replicas, 0)"),
+    ("nodes", "COALESCE(j.nodes, 0)"), ("batch_size", "j.batch_size"), ("local_bsz", "j.local_bsz"),
+    ("accum_steps", "j.accum_steps"), ("goodput", "j.goodput"), ("goodput_base", "j.goodput_base"),
+    ("speedup", "CASE WHEN j.goodput_base THEN j.goodput / j.goodput_base END"),  # vs one replica at M0
+    ("progress", "j.progress"), ("step", "j.step"), ("restarts", "COALESCE(j.restarts, 0)"),
+    ("metric", "j.metric"), ("final_metric", "j.final_metric"),
+    ("verified", "json(CASE WHEN j.verified THEN 'true' ELSE 'false' END)"),
+    # seconds to progress_target at the job's goodput: (target - progress) * M0 / goodput, samples / (samples/s)
+    ("eta_s", f"CASE WHEN j.goodput > 0 AND j.state NOT IN ({_TERMINAL}) THEN "
+              "max(s.progress_target - COALESCE(j.progress, 0), 0) * s.init_batch_size / j.goodput END"),
+)
+_JOB_JSON = "json_object(" + ", ".join(f"'{key}', {value}" for key, value in _JOB_FIELDS) + ")"
 #: The index's tables, emptied before a rebuild.
 _INDEX_TABLES = ("jobs", "transitions", "rounds")
 
@@ -102,10 +122,6 @@ def connect(path: str | Path, *, durable: bool) -> sqlite3.Connection:
     conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
     conn.executescript(_SCHEMA)
     return conn
-
-
-def _loads(text: str | None, default: Any) -> Any:
-    return default if text is None else json.loads(text)
 
 
 class Store:
@@ -138,10 +154,12 @@ class Store:
                 conn.close()
 
     # ------------------------------------------------------------- inputs
-    def submit(self, job: Mapping[str, Any], name: str | None, idem_key: str | None = None) -> tuple[str, bool]:
+    def submit(self, job: Mapping[str, Any], name: str | None, idem_key: str | None = None, *,
+               progress_target: float | None = None, init_batch_size: int | None = None) -> tuple[str, bool]:
         """Record a submission (``job``: a workload job's fields without ``id``
         and ``arrival_s``, already checked); returns ``(job id, created)`` once
-        it is on disk.  A key already used returns that submission's id and False."""
+        it is on disk.  A key already used returns that submission's id and False.
+        ``progress_target`` and ``init_batch_size``: the job's resolved spec's (its ``eta_s``)."""
         with self._lock:
             if idem_key is not None:
                 row = self._conn.execute("SELECT id FROM submissions WHERE idem_key = ?", (idem_key,)).fetchone()
@@ -152,8 +170,10 @@ class Store:
                 seq = self._conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM submissions").fetchone()[0]
                 job_id = str(seq)
                 self._conn.execute(
-                    "INSERT INTO submissions (seq, id, name, job, submitted_unix, idem_key) VALUES (?, ?, ?, ?, ?, ?)",
-                    (seq, job_id, name, json.dumps(jsonable(dict(job))), time.time(), idem_key))
+                    "INSERT INTO submissions (seq, id, name, job, submitted_unix, idem_key, progress_target, "
+                    "init_batch_size) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (seq, job_id, name, json.dumps(jsonable(dict(job))), time.time(), idem_key, progress_target,
+                     init_batch_size))
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -170,24 +190,28 @@ class Store:
     # ------------------------------------------------------------- queries
     def job(self, job_id: str) -> dict | None:
         """One job as :meth:`jobs` shows it, with its ``transitions``; None if unknown."""
-        rows = self._select("WHERE s.id = ?", (job_id,))
-        if not rows:
+        row = self._reader().execute(f"SELECT {_JOB_JSON} FROM submissions s LEFT JOIN jobs j ON j.id = s.id "
+                                     f"WHERE s.id = ?", (job_id,)).fetchone()
+        if row is None:
             return None
         moves = self._reader().execute(
             "SELECT t, old, new, reason FROM transitions WHERE job_id = ? ORDER BY n", (job_id,)).fetchall()
-        return {**rows[0], "transitions": [dict(m) for m in moves]}
+        return {**json.loads(row[0]), "transitions": [dict(m) for m in moves]}
 
     def jobs(self, state: str | None = None) -> list[dict]:
         """Every job, oldest first (only those in ``state`` if given)."""
-        if state is None:
-            return self._select("", ())
-        return self._select("WHERE COALESCE(j.state, 'queued') = ?", (state,))
+        return json.loads(self.jobs_json(state))
 
-    def _select(self, where: str, args: tuple) -> list[dict]:
-        rows = self._reader().execute(
-            f"SELECT s.id, s.name, s.job, s.submitted_unix, {_JOB_COLUMNS} FROM submissions s "
-            f"LEFT JOIN jobs j ON j.id = s.id {where} ORDER BY s.seq", args).fetchall()
-        return [_job_row(row) for row in rows]
+    def jobs_json(self, state: str | None = None) -> str:
+        """:meth:`jobs` as JSON text (the API's answer, with no decoding on the way).
+
+        One row from SQLite, not one per job: the reading thread releases and
+        retakes the GIL at each row, and under load each retake waits."""
+        where, args = ("", ()) if state is None else (f"WHERE COALESCE(j.state, '{JobState.QUEUED.value}') = ?", (state,))
+        # The subquery's order reaches the aggregate (an aggregate over an ordered subquery is not flattened).
+        return self._reader().execute(
+            f"SELECT json_group_array(json(job)) FROM (SELECT {_JOB_JSON} AS job FROM submissions s "
+            f"LEFT JOIN jobs j ON j.id = s.id {where} ORDER BY s.seq)", args).fetchone()[0]
 
     def counts(self) -> dict[str, int]:
         """Jobs by state (every state of the lifecycle, 0 where none)."""
@@ -204,22 +228,6 @@ class Store:
     def values(self, sql: str, args: tuple = ()) -> list[float]:
         """The first column of a read-only query (the metrics' histograms)."""
         return [r[0] for r in self._reader().execute(sql, args).fetchall() if r[0] is not None]
-
-
-def _job_row(row: sqlite3.Row) -> dict:
-    """A job's fields for clients (``row``: a submission joined with its index row, if any)."""
-    d = dict(row)
-    job = json.loads(d.pop("job"))
-    d["entry"], d["kind"], d["spec"] = job.get("entry"), job.get("kind"), job.get("spec", {})
-    d["state"] = d.get("state") or JobState.QUEUED.value
-    d["placement"] = _loads(d.get("placement"), {})
-    d["weight"] = job.get("weight", 1.0) if d.get("weight") is None else d["weight"]
-    for key in ("cancelling", "verified"):
-        d[key] = bool(d.get(key))
-    d["replicas"], d["nodes"], d["restarts"] = (int(d.get(k) or 0) for k in ("replicas", "nodes", "restarts"))
-    goodput, base = d.get("goodput"), d.get("goodput_base")
-    d["speedup"] = goodput / base if goodput is not None and base else None
-    return d
 
 
 class EventIndex:

@@ -176,6 +176,24 @@ def test_jobs_are_listed_oldest_first_and_filtered_by_state(api):
     assert [j["id"] for j in client.get("/api/v1/jobs", params={"state": "running"}).json()] == [first]
 
 
+def test_the_list_shows_each_job_as_its_own_page_does_in_submission_order(api):
+    client = api.client()
+    ids = [submitted(client, {**DIGITS, "spec": {"progress_target": 100.0}}) for _ in range(40)]
+    events = []
+    for k, job_id in enumerate(reversed(ids[::3])):  # the loop takes them newest first
+        events += [submit_event(job_id), start_event(job_id, {"n0": 1}), running_event(job_id),
+                   report_event(job_id, goodput=8.0 + k, goodput_base=4.0, progress=float(k), batch_size=32)]
+    api.play(*events, end_event(ids[3]))
+    listed = client.get("/api/v1/jobs").json()
+    assert [j["id"] for j in listed] == ids
+    pages = [client.get(f"/api/v1/jobs/{job_id}").json() for job_id in ids]
+    assert listed == [{k: v for k, v in page.items() if k != "transitions"} for page in pages]
+    by_id = {j["id"]: j for j in listed}
+    assert by_id[ids[3]]["state"] == "succeeded" and by_id[ids[3]]["eta_s"] is None  # ended: nothing remains
+    assert by_id[ids[0]]["eta_s"] == pytest.approx((100.0 - 13.0) * 32 / (8.0 + 13))  # the last one taken
+    assert by_id[ids[1]]["eta_s"] is None and by_id[ids[1]]["state"] == "queued"
+
+
 def test_an_unknown_state_filter_is_a_422_naming_it_and_the_known_states(api):
     answer = api.client().get("/api/v1/jobs", params={"state": "sleeping"})
     assert answer.status_code == 422
