@@ -78,6 +78,8 @@ _MODULES: set[str] = {BUILTIN_JOBS_MODULE}
 _lock = threading.Lock()
 #: Serialises changes to ``sys.path`` and ``sys.modules`` by :func:`import_from`.
 _import_lock = threading.Lock()
+#: Top-level modules :func:`import_from` imported (jobs' code): the only ones it replaces; guarded by ``_import_lock``.
+_job_modules: set[str] = set()
 #: A dotted module name, as a workload's ``imports`` lists them.
 _MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -139,19 +141,31 @@ def check_declared_builder(path: Any, *, where: str) -> None:
 
 
 def import_from(module: str, directory: str) -> Any:
-    """Import ``module`` with ``directory`` first on ``sys.path``; a module of that
-    name imported from elsewhere before (another job's ``train.py`` in a warm
-    worker) is imported afresh."""
+    """Import ``module`` with ``directory`` first on ``sys.path``.  A module of
+    that name a job imported from elsewhere before (another job's ``train.py``
+    in a warm worker) is imported afresh; one the process loaded itself (a
+    library, pollux-opt, a service's own code) is never replaced.
+
+    Raises:
+        InvalidProblem: ``module``'s top-level name is a module this process
+            loaded from elsewhere, not for a job.
+    """
     with _import_lock:
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
         top = module.split(".")[0]
         loaded = sys.modules.get(top)
         origin = getattr(loaded, "__file__", None)
         if loaded is not None and (origin is None or not Path(origin).resolve().is_relative_to(directory)):
+            if top not in _job_modules:
+                raise InvalidProblem(f"module {top!r} is loaded in this process from {origin or 'its built-ins'}: "
+                                     f"importing the job's module from {directory} would replace it; rename the "
+                                     f"job's module")
             for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
                 del sys.modules[name]
-        return importlib.import_module(module)
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        imported = importlib.import_module(module)
+        _job_modules.add(top)
+        return imported
 
 
 _BUILDER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

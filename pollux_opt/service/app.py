@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -97,7 +96,6 @@ class _Context:
     state_dir: Path
     notify: Callable[[], None]
     workdir: Callable[[str], Path]
-    server_modules: frozenset[str]
 
     def job(self, job_id: str) -> dict:
         job = self.store.job(job_id)
@@ -131,8 +129,7 @@ def make_app(store: Store, *, state_dir: Path, notify: Callable[[], None], clust
     state_dir = Path(state_dir)
     nodes = tuple(dict(n) for n in (cluster["nodes"] if isinstance(cluster, Mapping) else cluster))
     ctx = _Context(store=store, state_dir=state_dir, notify=notify,
-                   workdir=workdir or (lambda job_id: state_dir / "jobs" / job_id),
-                   server_modules=frozenset(name.partition(".")[0] for name in list(sys.modules)))
+                   workdir=workdir or (lambda job_id: state_dir / "jobs" / job_id))
     if registry is None:
         registry = service_registry(store, sum(int(n["cpus"]) for n in nodes))
     # No redirect of a path with a trailing slash: every answer is the API's JSON.
@@ -173,7 +170,7 @@ def _add_job_routes(app: FastAPI, ctx: _Context) -> None:
         if key is not None and not 0 < len(key) <= IDEM_KEY_MAX_CHARS:
             raise InvalidProblem(f"header Idempotency-Key must have 1 to {IDEM_KEY_MAX_CHARS} characters, "
                                  f"got {shown(key)}")
-        fields, spec = _job_fields(body, server_modules=ctx.server_modules)
+        fields, spec = _job_fields(body)
         job_id, created = ctx.store.submit(fields, body.name, idem_key=key, progress_target=spec.progress_target,
                                            init_batch_size=spec.init_batch_size)
         if created:
@@ -207,13 +204,10 @@ def _add_job_routes(app: FastAPI, ctx: _Context) -> None:
         return {"id": job["id"], "request": seq, "weight": weight}
 
 
-def _job_fields(body: JobIn, *, server_modules: frozenset[str] = frozenset()) -> tuple[dict, Any]:
+def _job_fields(body: JobIn) -> tuple[dict, Any]:
     """The stored fields of the submission ``body`` (``WorkloadJob.to_json()``
     without ``id`` and ``arrival_s``) and its resolved
     :class:`~pollux_opt.runtime.spec.JobSpec`, once it checks as a workload file's job does.
-
-    ``server_modules``: top-level modules loaded when the service started; an
-    entry must not name one loaded from elsewhere (importing the entry would replace it).
 
     Raises:
         InvalidProblem: a bad entry, kind, spec or batch size (the message names the field and value).
@@ -231,7 +225,7 @@ def _job_fields(body: JobIn, *, server_modules: frozenset[str] = frozenset()) ->
         if body.entry is None:
             fields["kind"] = body.kind
         else:
-            fields.update(_entry_fields(body.entry, body.import_dir, server_modules))
+            fields.update(_entry_fields(body.entry, body.import_dir))
         job = WorkloadJob.from_json({**fields, "id": _PROBE_ID, "arrival_s": 0.0, "batch_size": body.batch_size or 1})
         spec = _resolve(job)
         if body.batch_size is None:
@@ -246,7 +240,7 @@ def _job_fields(body: JobIn, *, server_modules: frozenset[str] = frozenset()) ->
     return out, spec
 
 
-def _entry_fields(entry: str, import_dir: str | None, server_modules: frozenset[str]) -> dict:
+def _entry_fields(entry: str, import_dir: str | None) -> dict:
     """``entry``, ``import_dir`` and ``kind`` (the name of the entry's module) of an entry's job."""
     target = entry.rpartition(":")[0]
     script = target.endswith(".py")
@@ -256,11 +250,6 @@ def _entry_fields(entry: str, import_dir: str | None, server_modules: frozenset[
                                  f"absolute path")
         import_dir = os.path.dirname(target)
     module = Path(target).stem if script else target.partition(".")[0]
-    directory = Path(os.path.dirname(os.path.join(import_dir, target)) if script else import_dir).resolve()
-    origin = getattr(sys.modules.get(module), "__file__", None)
-    if module in server_modules and (origin is None or not Path(origin).resolve().is_relative_to(directory)):
-        raise InvalidProblem(f"entry {shown(entry)}: the service has module {module!r} loaded from elsewhere "
-                             f"(importing the entry would replace it); rename the job's module")
     kind = re.sub(r"[^A-Za-z0-9._-]", "-", module).lstrip("._-") or "entry"
     return {"entry": entry, "import_dir": import_dir, "kind": kind}
 

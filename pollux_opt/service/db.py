@@ -35,7 +35,7 @@ from pollux_opt.records.replay import JobTrack
 from pollux_opt.workloads.job import WorkloadJob
 from pollux_opt.workloads.source import Request
 
-__all__ = ["DB_FILE", "EventIndex", "OpenSource", "Store", "connect"]
+__all__ = ["DB_FILE", "EventIndex", "OpenSource", "Store", "connect", "connect_reader"]
 
 #: The database's file in the state directory.
 DB_FILE = "service.db"
@@ -124,6 +124,15 @@ def connect(path: str | Path, *, durable: bool) -> sqlite3.Connection:
     return conn
 
 
+def connect_reader(path: str | Path) -> sqlite3.Connection:
+    """A read-only connection to the database at ``path`` (made by :func:`connect`
+    first): queries only, no schema or settings to write."""
+    conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
+                           isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
 class Store:
     """The API's side: it records submissions and requests and reads the index.
 
@@ -142,7 +151,7 @@ class Store:
         (WAL: each query reads the last committed state)."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = connect(self.path, durable=False)
+            conn = self._local.conn = connect_reader(self.path)
             with self._lock:
                 self._readers.append(conn)
         return conn

@@ -192,3 +192,24 @@ def test_workload_names_become_safe_file_names():
     with pytest.raises(InvalidProblem, match=r"workload name must be letters, digits, .*got '\.\./x'"):
         Workload.from_json({**_workload(), "name": "../x"})
 
+
+
+def test_a_jobs_module_replaces_another_jobs_of_its_name_but_never_the_processes_own(tmp_path, monkeypatch):
+    from pollux_opt.runtime.spec import import_from
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    name = f"job_module_{tmp_path.name.replace('-', '_')}"
+    for i in (1, 2):
+        folder = tmp_path / f"job{i}"
+        folder.mkdir()
+        (folder / f"{name}.py").write_text(f"VERSION = {i}\n")
+        (folder / "numpy.py").write_text("raise AssertionError('imported')\n")
+    try:
+        assert import_from(name, str(tmp_path / "job1")).VERSION == 1
+        assert import_from(name, str(tmp_path / "job2")).VERSION == 2  # another job's module of that name: afresh
+        numpy = sys.modules["numpy"]
+        with pytest.raises(InvalidProblem, match=r"module 'numpy' is loaded in this process .* rename the job's"):
+            import_from("numpy", str(tmp_path / "job1"))
+        assert sys.modules["numpy"] is numpy
+    finally:
+        sys.modules.pop(name, None)

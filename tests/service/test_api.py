@@ -92,19 +92,19 @@ def test_a_users_script_entry_is_checked_by_importing_it(api, tmp_path):
     assert missing.status_code == 400 and "no function 'absent'" in error(missing)
 
 
-def test_an_entry_may_not_replace_a_module_the_service_has_loaded_from_elsewhere(api, tmp_path):
+def test_an_entry_may_replace_another_jobs_module_of_its_name_but_not_the_services_own(api, tmp_path):
     first, other = tmp_path / "first", tmp_path / "other"
     for folder in (first, other):
         folder.mkdir()
         (folder / "user_loaded_module.py").write_text("def main():\n    pass\n")
     body = {"entry": f"{first / 'user_loaded_module.py'}:main", "spec": SCRIPT_SPEC}
-    assert api.client().post("/api/v1/jobs", json=body).status_code == 201
-    restarted = api.client()  # a service started after the module was imported (a resumed job's)
-    assert restarted.post("/api/v1/jobs", json=body).status_code == 201  # the same file: nothing is replaced
-    clash = restarted.post("/api/v1/jobs", json={**body, "entry": f"{other / 'user_loaded_module.py'}:main"})
-    assert clash.status_code == 400 and "rename the job's module" in error(clash)
-    own = restarted.post("/api/v1/jobs", json={**body, "entry": "pollux_opt.elastic:run", "import_dir": str(other)})
-    assert own.status_code == 400 and "module 'pollux_opt'" in error(own)
+    client = api.client()
+    assert client.post("/api/v1/jobs", json=body).status_code == 201
+    assert client.post("/api/v1/jobs", json=body).status_code == 201  # the same file: nothing is replaced
+    again = client.post("/api/v1/jobs", json={**body, "entry": f"{other / 'user_loaded_module.py'}:main"})
+    assert again.status_code == 201  # another job's module of that name is imported afresh, as in a warm worker
+    own = client.post("/api/v1/jobs", json={**body, "entry": "pollux_opt.elastic:run", "import_dir": str(other)})
+    assert own.status_code == 400 and "module 'pollux_opt'" in error(own) and "rename the job's module" in error(own)
 
 
 def test_the_example_digits_script_can_be_submitted(api):
