@@ -7,7 +7,8 @@ for an ``Idempotency-Key`` seen before); ``GET /api/v1/jobs[?state=S]`` and
 scheduler loop applies (409 once the job ended); ``GET /api/v1/jobs/{id}/logs``
 reads or follows a worker's log from a byte offset; ``GET /api/v1/cluster``,
 ``GET /api/v1/events`` (server-sent events of the event log), ``GET /healthz``
-(no token needed) and ``GET /metrics`` (Prometheus).  Every error is JSON
+and the dashboard at ``/`` (its files under ``/static/``; no token needed for
+these: they hold no data) and ``GET /metrics`` (Prometheus).  Every error is JSON
 ``{"error": message}``.  A submission is checked as a workload file's job is,
 importing the job's module: the trust model of a workload file (``docs/service.md``).
 """
@@ -23,7 +24,8 @@ from typing import Any, Callable, Mapping
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from solvers import MAX_REPLICAS, WEIGHT_RANGE, InvalidProblem
@@ -44,6 +46,10 @@ log = logging.getLogger(__name__)
 
 #: The API's path prefix.
 API = "/api/v1"
+#: The dashboard's files (``/`` and ``/static/...``): public, as they hold no data (the page sends the token).
+STATIC_DIR = Path(__file__).with_name("static")
+#: Paths answered without the token: the health check and the dashboard's files.
+PUBLIC_PATHS, PUBLIC_PREFIX = frozenset({"/healthz", "/"}), "/static/"
 #: Largest request body, bytes: a job entry is a few hundred bytes; this bounds what a client makes the server parse.
 MAX_BODY_BYTES = 64 * 1024
 #: Longest job name and Idempotency-Key, characters.
@@ -122,7 +128,7 @@ def make_app(store: Store, *, state_dir: Path, notify: Callable[[], None], clust
         cluster: the cluster's nodes as ``cluster_to_json`` gives them (a list of
             ``{"id", "cpus", "type"?}``), or a dict with them under ``"nodes"``.
         workdir: a job's work directory from its id (default ``state_dir/jobs/<id>``).
-        token: the bearer token every route but ``/healthz`` needs (None: none).
+        token: the bearer token every route but the public ones (``PUBLIC_PATHS``) needs (None: none).
         max_body_bytes: largest request body, bytes (413 above).
         registry: the Prometheus registry ``/metrics`` shows (default: the store's metrics).
     """
@@ -142,6 +148,12 @@ def make_app(store: Store, *, state_dir: Path, notify: Callable[[], None], clust
     @app.get("/healthz")
     def healthz() -> dict:
         return {"status": "ok"}
+
+    @app.get("/")
+    def dashboard() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -374,7 +386,9 @@ class _Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or ())
-        if self.expected is not None and scope.get("path") != "/healthz" and not hmac.compare_digest(
+        path = scope.get("path", "")
+        public = path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIX)
+        if self.expected is not None and not public and not hmac.compare_digest(
                 headers.get(b"authorization", b""), self.expected):
             response = _error(401, "missing or wrong bearer token (header Authorization: Bearer <token>)",
                               {"WWW-Authenticate": "Bearer"})
