@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import re
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -37,6 +38,7 @@ from pollux_opt.model.domains import check, shown
 from pollux_opt.model.job import WEIGHT
 from pollux_opt.service.db import Store
 from pollux_opt.service import tail
+from pollux_opt.service.charts import CHARTS, chart_series, render_svg
 from pollux_opt.service.metrics import cpu_holders, service_registry
 from pollux_opt.workloads.job import Workload, WorkloadJob
 
@@ -50,6 +52,8 @@ API = "/api/v1"
 STATIC_DIR = Path(__file__).with_name("static")
 #: Paths answered without the token: the health check and the dashboard's files.
 PUBLIC_PATHS, PUBLIC_PREFIX = frozenset({"/healthz", "/"}), "/static/"
+#: Largest offset of a viewer's time zone from UTC, seconds (UTC+14).
+MAX_TZ_OFFSET_S = 14 * 3600
 #: Largest request body, bytes: a job entry is a few hundred bytes; this bounds what a client makes the server parse.
 MAX_BODY_BYTES = 64 * 1024
 #: Longest job name and Idempotency-Key, characters.
@@ -149,11 +153,7 @@ def make_app(store: Store, *, state_dir: Path, notify: Callable[[], None], clust
     def healthz() -> dict:
         return {"status": "ok"}
 
-    @app.get("/")
-    def dashboard() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
-
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    _add_dashboard_routes(app, store, nodes)
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -172,6 +172,26 @@ def make_app(store: Store, *, state_dir: Path, notify: Callable[[], None], clust
 
     app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes)
     return app
+
+
+# ------------------------------------------------------------------ dashboard
+def _add_dashboard_routes(app: FastAPI, store: Store, nodes: tuple[dict, ...]) -> None:
+    """The page at ``/``, its files under ``/static/`` and its charts (SVG drawn here, :mod:`~.charts`)."""
+    @app.get("/")
+    def dashboard() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get(f"{API}/charts/{{name}}")
+    def chart(name: str, tz: int = Query(0, ge=-MAX_TZ_OFFSET_S, le=MAX_TZ_OFFSET_S)) -> Response:
+        if name not in CHARTS:
+            raise ApiError(404, f"no chart {shown(name)}: the charts are {', '.join(CHARTS)}")
+        series = chart_series(name, store.history(), total_cpus=sum(int(n["cpus"]) for n in nodes))
+        now = time.time()
+        start = min((s.xs[0] for s in series if s.xs), default=now - 60.0)
+        return Response(render_svg(name, series, start=start, end=now, tz_offset_s=tz),
+                        media_type="image/svg+xml", headers={"Cache-Control": "no-cache"})
 
 
 # ------------------------------------------------------------------ jobs

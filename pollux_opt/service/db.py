@@ -11,7 +11,8 @@ workload run.  The database holds two kinds of tables:
   open queue the scheduler loop reads (:class:`OpenSource`).
 * **an index of the event log**, for queries: ``jobs`` (each job's state and
   latest numbers), ``transitions`` (every state change with its time and
-  reason) and ``rounds`` (each allocation round).  Only the scheduler loop
+  reason), ``rounds`` (each allocation round) and ``reports`` (each running
+  job's periodic goodput and batch size).  Only the scheduler loop
   writes them, from each event right after it is appended to the log
   (:class:`EventIndex`), and they are rebuilt from the log at every start, so
   that the index never disagrees with the log, a crash between the two included.
@@ -83,6 +84,11 @@ CREATE TABLE IF NOT EXISTS rounds (
     n INTEGER PRIMARY KEY AUTOINCREMENT,
     t REAL NOT NULL, objective REAL, solver_s REAL, status TEXT, placement TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS reports (  -- each running job's periodic measurements
+    n INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL, t REAL NOT NULL, goodput REAL, batch_size INTEGER, replicas INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reports_by_job ON reports (job_id);
 """
 #: Terminal states, as SQL values (a job in one has no eta).
 _TERMINAL = ", ".join(f"'{s.value}'" for s in JobState if s.terminal)
@@ -108,7 +114,7 @@ _JOB_FIELDS = (
 )
 _JOB_JSON = "json_object(" + ", ".join(f"'{key}', {value}" for key, value in _JOB_FIELDS) + ")"
 #: The index's tables, emptied before a rebuild.
-_INDEX_TABLES = ("jobs", "transitions", "rounds")
+_INDEX_TABLES = ("jobs", "transitions", "rounds", "reports")
 
 
 def connect(path: str | Path, *, durable: bool) -> sqlite3.Connection:
@@ -234,6 +240,23 @@ class Store:
         row = self._reader().execute("SELECT * FROM rounds ORDER BY n DESC LIMIT 1").fetchone()
         return None if row is None else {**dict(row), "placement": json.loads(row["placement"])}
 
+    def history(self, since: float = 0.0) -> dict[str, list[dict]]:
+        """What happened from Unix time ``since`` on, oldest first: ``rounds``
+        (``t``, ``solver_s``, ``objective``, ``placement``), ``transitions``
+        (``job_id``, ``t``, ``new``) and ``reports`` (``job_id``, ``t``,
+        ``goodput``, ``batch_size``, ``replicas``)."""
+        reader = self._reader()
+        rounds = reader.execute("SELECT t, solver_s, objective, placement FROM rounds WHERE t >= ? ORDER BY n",
+                                (since,)).fetchall()
+        return {
+            "rounds": [{**dict(r), "placement": json.loads(r["placement"])} for r in rounds],
+            "transitions": [dict(r) for r in reader.execute(
+                "SELECT job_id, t, new FROM transitions WHERE t >= ? ORDER BY n", (since,)).fetchall()],
+            "reports": [dict(r) for r in reader.execute(
+                "SELECT job_id, t, goodput, batch_size, replicas FROM reports WHERE t >= ? ORDER BY n",
+                (since,)).fetchall()],
+        }
+
     def values(self, sql: str, args: tuple = ()) -> list[float]:
         """The first column of a read-only query (the metrics' histograms)."""
         return [r[0] for r in self._reader().execute(sql, args).fetchall() if r[0] is not None]
@@ -299,6 +322,8 @@ class EventIndex:
         if etype == "report":
             fields.update({k: _finite(event.get(k)) for k in (
                 "batch_size", "local_bsz", "accum_steps", "goodput", "goodput_base", "progress", "step")})
+            self._conn.execute("INSERT INTO reports (job_id, t, goodput, batch_size, replicas) VALUES (?, ?, ?, ?, ?)",
+                               (job_id, t, fields["goodput"], fields["batch_size"], track.held))
         elif event.get("progress") is not None:
             fields["progress"] = _finite(event["progress"])
         if track.state is not old:

@@ -379,17 +379,34 @@ def test_metrics_follow_the_store_and_a_jobs_series_end_with_it(api):
 
 
 # ------------------------------------------------------------------ guard rails
-def test_a_token_is_needed_everywhere_but_healthz(api):
+def test_a_token_is_needed_everywhere_but_healthz_and_the_dashboards_files(api):
     client = api.client(token="s3cret")
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
         for method, path in (("GET", "/api/v1/jobs"), ("POST", "/api/v1/jobs"), ("GET", "/metrics"),
-                             ("GET", "/no/such/route")):
+                             ("GET", "/api/v1/charts/jobs"), ("GET", "/no/such/route")):
             answer = client.request(method, path, headers=headers)
             assert answer.status_code == 401 and "bearer token" in error(answer)
     assert client.get("/healthz").status_code == 200
+    page = client.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"] and "<table" in page.text
+    assert client.get("/static/dashboard.js").status_code == 200  # the page's files hold no data
     good = {"Authorization": "Bearer s3cret"}
     assert client.get("/api/v1/jobs", headers=good).status_code == 200
     assert client.post("/api/v1/jobs", json=DIGITS, headers=good).status_code == 201
+
+
+def test_charts_are_svg_drawn_from_the_index_and_an_unknown_one_is_a_404(api):
+    client = api.client()
+    job_id = running(api, client)
+    api.play({"t": 2.0, "type": "allocation", "placement": {job_id: {"n0": 2}}, "objective": 1.0, "solver_s": 0.02},
+             report_event(job_id, goodput=64.0, batch_size=64))
+    for name in ("allocations", "goodput", "utilisation", "jobs", "decisions"):
+        answer = client.get(f"/api/v1/charts/{name}", params={"tz": -18000})
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("image/svg+xml")
+        assert 'class="series"' in answer.text, name
+    unknown = client.get("/api/v1/charts/cpu-temperature")
+    assert unknown.status_code == 404 and "'cpu-temperature'" in error(unknown) and "allocations" in error(unknown)
+    assert client.get("/api/v1/charts/jobs", params={"tz": 10**6}).status_code == 422
 
 
 def test_a_body_over_the_limit_is_a_413_whether_its_length_is_declared_or_not(api):

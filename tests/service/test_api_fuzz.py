@@ -22,7 +22,8 @@ METHODS = ("GET", "POST", "PATCH", "PUT", "DELETE", "OPTIONS", "HEAD")
 ODD_IDS = ("1", "2", "0", "-1", "../x", "..%2F..%2Fetc", "%2e%2e", "%00", "a%00b", "%ff", "%ED%A0%80", "x" * 5000,
            "1;DROP TABLE jobs", " 1", "1/", "%2F")
 ROUTES = ("/api/v1/jobs", "/api/v1/jobs/{id}", "/api/v1/jobs/{id}/cancel", "/api/v1/jobs/{id}/logs",
-          "/api/v1/cluster", "/api/v1/events", "/metrics", "/healthz", "/api/v1/openapi.json", "/{id}", "/api/v1/{id}")
+          "/api/v1/cluster", "/api/v1/events", "/metrics", "/healthz", "/api/v1/openapi.json", "/{id}", "/api/v1/{id}",
+          "/", "/static/{id}", "/static/dashboard.js", "/api/v1/charts/{id}", "/api/v1/charts/jobs")
 NUMBERS = st.one_of(st.integers(), st.integers(min_value=10**15, max_value=10**400), st.floats(),
                     st.sampled_from([0, -1, 1e-7, 1e6, 1e7, 2**63]))
 SCALARS = st.one_of(st.none(), st.booleans(), NUMBERS, st.text(max_size=30),

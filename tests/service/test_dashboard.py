@@ -32,6 +32,8 @@ QUICK = {"kind": "synth-regress", "replicas": 1, "batch_size": 32, "name": "quic
 #: ... and one that would train for many minutes: the one to cancel from the page.
 LONG = {"kind": "digits-cnn", "replicas": 1, "batch_size": 32, "name": "long",
         "spec": {"target": 0.999, "eval_every": 50}}
+#: The charts the page shows (every one must draw).
+CHARTS_SHOWN = {"allocations", "goodput", "utilisation", "jobs", "decisions"}
 #: Seconds the page may take to show what the server did (jobs start and end within a minute on 2 CPUs).
 WAIT_S = 120.0
 #: Records, in the page, when each job's row first showed each state (seconds, Unix time).
@@ -78,6 +80,13 @@ def holders(browser) -> list[str]:
     return browser.execute_script("return [...document.querySelectorAll('#cluster rect')].map(r => r.dataset.job)")
 
 
+def charts_drawn(browser) -> set[str]:
+    """The charts on the page that draw at least one series."""
+    return set(browser.execute_script(
+        "return [...document.querySelectorAll('figure[data-chart]')]"
+        ".filter(f => f.querySelector('.series')).map(f => f.dataset.chart)"))
+
+
 def click_action(browser, job_id: str, label: str) -> None:
     """Click the ``label`` button of ``job_id``'s row (again if an event redrew the row meanwhile)."""
     for _ in range(10):
@@ -111,6 +120,7 @@ def test_the_page_follows_jobs_live_draws_the_cluster_and_cancels_from_a_row(tmp
     wait_for(browser, lambda: long in holders(browser), "the cluster view shows the long job's CPU")
     assert len(holders(browser)) == 2  # every CPU of the cluster, held or free
     assert "allocated" in browser.find_element(By.ID, "cluster-summary").text
+    wait_for(browser, lambda: charts_drawn(browser) == CHARTS_SHOWN, "every chart draws a series")
     click_action(browser, long, "cancel")
     browser.switch_to.alert.accept()
     wait_for(browser, lambda: server.job(long)["state"] == "cancelled", "the job is cancelled in the API")

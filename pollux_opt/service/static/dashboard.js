@@ -7,10 +7,13 @@ const STATES = ["queued", "running", "rescaling", "succeeded", "failed", "cancel
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const REFRESH_MS = 100;      // most frequent redraw: a burst of events is one refresh
 const RECONNECT_MS = 1000;   // wait before following the event stream again
+const CHARTS_MS = 2000;      // most frequent redraw of the charts (the server draws them)
+const CHARTS_EVERY_MS = 15000;  // and at least this often: their time axis runs on to now
 const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
                  "#9c755f", "#bab0ac"];  // Tableau 10
 
-const view = { jobs: [], cluster: null, sortKey: "id", sortDir: 1, lastEventId: null, refreshTimer: null };
+const view = { jobs: [], cluster: null, sortKey: "id", sortDir: 1, lastEventId: null, refreshTimer: null,
+               chartsTimer: null };
 
 function token() { return sessionStorage.getItem("pollux-opt-token"); }
 
@@ -214,6 +217,21 @@ async function refresh() {
 
 function scheduleRefresh() {
   if (view.refreshTimer === null) view.refreshTimer = setTimeout(refresh, REFRESH_MS);
+  if (view.chartsTimer === null) view.chartsTimer = setTimeout(refreshCharts, CHARTS_MS);
+}
+
+// The charts come drawn (SVG) by the server from its own data; the viewer's time zone goes with the request.
+async function refreshCharts() {
+  view.chartsTimer = null;
+  const tz = -new Date().getTimezoneOffset() * 60;
+  await Promise.all([...document.querySelectorAll("figure[data-chart]")].map(async figure => {
+    try {
+      const answer = await api(`api/v1/charts/${figure.dataset.chart}?tz=${tz}`);
+      if (answer.ok) figure.innerHTML = await answer.text();
+    } catch (err) {
+      if (!(err instanceof Unauthorized)) setStatus("error", `cannot read the server: ${err.message}`);
+    }
+  }));
 }
 
 // Server-sent events read with fetch (EventSource cannot send a token), resumed
@@ -225,7 +243,7 @@ async function follow() {
       const answer = await api("api/v1/events", { headers });
       if (!answer.ok) throw new Error(`${answer.status}`);
       setStatus("live", "live");
-      await refresh();  // what happened while not following
+      await Promise.all([refresh(), refreshCharts()]);  // what happened while not following
       const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
       let buffer = "";
       for (;;) {
@@ -267,6 +285,7 @@ function start() {
     follow();
   });
   setInterval(tickTimes, 1000);
+  setInterval(() => { if (view.chartsTimer === null) refreshCharts(); }, CHARTS_EVERY_MS);
   follow();
 }
 

@@ -1,0 +1,66 @@
+"""The dashboard's charts: their series from a history, and the SVG drawn from them."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from pollux_opt.service.charts import CHARTS, chart_series, render_svg
+
+HISTORY = {
+    "rounds": [{"t": 100.0, "solver_s": 0.01, "objective": 1.0, "placement": {"1": {"n0": 2}}},
+               {"t": 160.0, "solver_s": 0.03, "objective": 1.5, "placement": {"1": {"n0": 1}, "2": {"n1": 3}}}],
+    "transitions": [{"job_id": "1", "t": 90.0, "new": "queued"}, {"job_id": "2", "t": 95.0, "new": "queued"},
+                    {"job_id": "1", "t": 100.0, "new": "rescaling"}, {"job_id": "1", "t": 105.0, "new": "running"},
+                    {"job_id": "2", "t": 160.0, "new": "rescaling"}, {"job_id": "1", "t": 200.0, "new": "succeeded"}],
+    "reports": [{"job_id": "1", "t": 110.0, "goodput": 50.0, "batch_size": 64, "replicas": 2},
+                {"job_id": "2", "t": 170.0, "goodput": 20.0, "batch_size": 32, "replicas": 3}],
+}
+
+
+def values(series) -> dict[str, list[tuple[float, float]]]:
+    return {s.label: list(zip(s.xs, s.ys)) for s in series}
+
+
+def test_each_chart_folds_the_history_into_step_series():
+    assert values(chart_series("allocations", HISTORY, total_cpus=8)) == {
+        "job 1": [(100.0, 2.0), (160.0, 1.0)], "job 2": [(100.0, 0.0), (160.0, 3.0)]}
+    assert values(chart_series("utilisation", HISTORY, total_cpus=8)) == {"allocated": [(100.0, 25.0), (160.0, 50.0)]}
+    assert values(chart_series("decisions", HISTORY, total_cpus=8)) == {"decision": [(100.0, 10.0), (160.0, 30.0)]}
+    counts = values(chart_series("jobs", HISTORY, total_cpus=8))
+    assert counts["queued"] == [(90.0, 1), (95.0, 2), (100.0, 1), (105.0, 1), (160.0, 0), (200.0, 0)]
+    assert counts["running"] == [(90.0, 0), (95.0, 0), (100.0, 1), (105.0, 1), (160.0, 2), (200.0, 1)]
+    goodput = dict(values(chart_series("goodput", HISTORY, total_cpus=8))["cluster"])
+    assert (goodput[110.0], goodput[170.0], goodput[200.0]) == (50.0, 70.0, 20.0)  # the ended job stops counting
+
+
+@pytest.mark.parametrize("name", sorted(CHARTS))
+def test_every_chart_is_an_svg_with_its_unit_and_a_shape_per_series(name):
+    series = chart_series(name, HISTORY, total_cpus=8)
+    svg = render_svg(name, series, start=90.0, end=260.0, tz_offset_s=3600)
+    root = ET.fromstring(svg)  # well-formed
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert CHARTS[name][1] in texts and "local time" in texts
+    shapes = [e for e in root.iter() if e.get("class") == "series"]
+    assert len(shapes) == len(series) and all(e.get("points") for e in shapes)
+
+
+def test_an_empty_history_draws_axes_and_says_so():
+    svg = render_svg("goodput", chart_series("goodput", {}, total_cpus=4), start=0.0, end=60.0)
+    assert "nothing yet" in svg and 'class="series"' not in svg
+
+
+def test_labels_are_escaped():
+    from pollux_opt.service.charts import Series
+
+    svg = render_svg("jobs", [Series("<b>&", (0.0,), (1.0,))], start=0.0, end=10.0)
+    ET.fromstring(svg)
+    assert "<b>&" not in svg and "&lt;b&gt;&amp;" in svg
+
+
+def test_the_x_axis_is_in_the_viewers_time_zone():
+    series = chart_series("utilisation", HISTORY, total_cpus=8)
+    utc = render_svg("utilisation", series, start=0.0, end=3600.0 * 4, tz_offset_s=0)
+    plus_two = render_svg("utilisation", series, start=0.0, end=3600.0 * 4, tz_offset_s=7200)
+    assert ">00:00<" in utc and ">02:00<" in plus_two and ">00:00<" not in plus_two
