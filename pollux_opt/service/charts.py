@@ -99,7 +99,7 @@ def _cluster_goodput(reports: Sequence[Mapping], transitions: Sequence[Mapping])
 
 
 # ------------------------------------------------------------------ drawing
-def _nice_max(value: float) -> float:
+def _nice_step(value: float) -> float:
     """The smallest of 1, 2, 2.5, 5 times a power of ten at or above ``value`` (1 if nothing to show)."""
     if value <= 0 or not math.isfinite(value):
         return 1.0
@@ -112,7 +112,11 @@ def _clock(t: float, step: float, tz_offset_s: float) -> str:
 
 
 def _number(v: float) -> str:
-    return f"{v:.0f}" if abs(v) >= 10 or v == int(v) else f"{v:.1f}"
+    """``v`` in at most four characters or so: 0.5, 12, 250k, 1.5M."""
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= factor:
+            return f"{v / factor:g}{suffix}"
+    return f"{v:g}"
 
 
 def render_svg(name: str, series: Sequence[Series], *, start: float, end: float, tz_offset_s: float = 0.0,
@@ -128,7 +132,11 @@ def render_svg(name: str, series: Sequence[Series], *, start: float, end: float,
     end = max(end, start + 1.0)
     totals = _stack(series) if stacked else None
     peak = max([y for s in (totals or series) for y in s.ys] or [0.0])
-    ymax = _nice_max(peak)
+    ystep = _nice_step(peak / Y_TICKS)
+    if name == "jobs" or stacked:  # whole jobs and CPUs
+        ystep = max(1.0, math.ceil(ystep))
+    ticks = max(1, math.ceil(peak / ystep))
+    ymax = ystep * ticks
 
     def px(t: float) -> float:
         return left + w * (min(max(t, start), end) - start) / (end - start)
@@ -142,11 +150,12 @@ def render_svg(name: str, series: Sequence[Series], *, start: float, end: float,
     step = next((s for s in TIME_STEPS_S if (end - start) / s <= X_TICKS), TIME_STEPS_S[-1])
     for tick in range(int(math.ceil((start + tz_offset_s) / step)), int((end + tz_offset_s) // step) + 1):
         t = tick * step - tz_offset_s
+        anchor = "end" if px(t) > left + w - 24 else "start" if px(t) < left + 24 else "middle"  # in the frame
         out.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top}" y2="{top + h}" stroke="#e3e7eb"/>'
-                   f'<text x="{px(t):.1f}" y="{top + h + 14}" text-anchor="middle">'
+                   f'<text x="{px(t):.1f}" y="{top + h + 14}" text-anchor="{anchor}">'
                    f"{_clock(t, step, tz_offset_s)}</text>")
-    for k in range(Y_TICKS + 1):
-        v = ymax * k / Y_TICKS
+    for k in range(ticks + 1):
+        v = ystep * k
         out.append(f'<line x1="{left}" x2="{left + w}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#e3e7eb"/>'
                    f'<text x="{left - 4}" y="{py(v) + 4:.1f}" text-anchor="end">{_number(v)}</text>')
     out.append(f'<text x="12" y="{top + h / 2:.0f}" transform="rotate(-90 12 {top + h / 2:.0f})" '

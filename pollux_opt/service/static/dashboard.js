@@ -172,8 +172,10 @@ function renderCluster() {
     `${c.allocated_cpus} of ${c.total_cpus} CPUs allocated, ${c.free_cpus} free${last}`;
   const svg = document.getElementById("cluster");
   const widest = Math.max(1, ...c.nodes.map(n => n.cpus));
-  svg.setAttribute("viewBox", `0 0 ${LABEL_PX + widest * (CPU_PX + GAP_PX)} ${c.nodes.length * ROW_PX}`);
-  svg.setAttribute("height", String(c.nodes.length * ROW_PX));
+  const width = LABEL_PX + widest * (CPU_PX + GAP_PX), height = c.nodes.length * ROW_PX;
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("width", String(width));
+  svg.setAttribute("height", String(height));
   const shapes = [];
   c.nodes.forEach((node, row) => {
     const y = row * ROW_PX;
