@@ -5,7 +5,8 @@ A server on this machine's CPUs (``service_targets.Server``) gets the demo
 workload's jobs (``mixed``, quick variant by default) at their arrival times;
 headless Chromium (Debian's ``chromium`` and ``chromium-driver``, through
 Selenium) photographs the page at 1280 x 800 once a third and once two thirds
-of the jobs have ended, and on a narrow window at the end::
+of the jobs have ended, and at the end one job's panel and the page on a
+narrow window::
 
     python experiments/dashboard_screenshots.py --out docs/img
 """
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(3.0)  # the page's charts redraw every few seconds
                     page.save_screenshot(str(args.out / shots.pop(count)))
                     log.info("%d of %d jobs ended: screenshot taken", ended, len(jobs))
+            page.find_element("css selector", "#jobs tbody tr td.id button").click()  # the first job's panel
+            time.sleep(3.0)
+            page.save_screenshot(str(args.out / "dashboard-job.png"))
             narrow = browser(NARROW)
             try:
                 narrow.get(server.url.replace("/api/v1", "/"))

@@ -38,7 +38,7 @@ from pollux_opt.model.domains import check, shown
 from pollux_opt.model.job import WEIGHT
 from pollux_opt.service.db import Store
 from pollux_opt.service import tail
-from pollux_opt.service.charts import CHARTS, chart_series, render_svg
+from pollux_opt.service.charts import CHARTS, JOB_CHARTS, chart_series, render_svg
 from pollux_opt.service.metrics import cpu_holders, service_registry
 from pollux_opt.workloads.job import Workload, WorkloadJob
 
@@ -184,10 +184,16 @@ def _add_dashboard_routes(app: FastAPI, store: Store, nodes: tuple[dict, ...]) -
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.get(f"{API}/charts/{{name}}")
-    def chart(name: str, tz: int = Query(0, ge=-MAX_TZ_OFFSET_S, le=MAX_TZ_OFFSET_S)) -> Response:
+    def chart(name: str, tz: int = Query(0, ge=-MAX_TZ_OFFSET_S, le=MAX_TZ_OFFSET_S),
+              job: str | None = None) -> Response:
         if name not in CHARTS:
             raise ApiError(404, f"no chart {shown(name)}: the charts are {', '.join(CHARTS)}")
-        series = chart_series(name, store.history(), total_cpus=sum(int(n["cpus"]) for n in nodes))
+        if job is not None:
+            if name not in JOB_CHARTS:
+                raise ApiError(422, f"query.job applies to the charts {', '.join(JOB_CHARTS)}, not {shown(name)}")
+            if store.job(job) is None:
+                raise ApiError(404, f"no job {shown(job)}")
+        series = chart_series(name, store.history(), total_cpus=sum(int(n["cpus"]) for n in nodes), job=job)
         now = time.time()
         start = min((s.xs[0] for s in series if s.xs), default=now - 60.0)
         return Response(render_svg(name, series, start=start, end=now, tz_offset_s=tz),

@@ -16,7 +16,7 @@ from xml.sax.saxutils import escape
 
 from pollux_opt.lifecycle import JobState
 
-__all__ = ["CHARTS", "Series", "chart_series", "render_svg"]
+__all__ = ["CHARTS", "JOB_CHARTS", "Series", "chart_series", "for_job", "render_svg"]
 
 #: The charts, by name: their title and y axis label (with its unit).
 CHARTS = {
@@ -25,7 +25,10 @@ CHARTS = {
     "utilisation": ("CPUs allocated", "% of the cluster"),
     "jobs": ("jobs queued and running", "jobs"),
     "decisions": ("each round's decision time", "ms"),
+    "batch": ("each job's total batch size", "samples"),
 }
+#: The charts that can show one job (``for_job``).
+JOB_CHARTS = ("allocations", "goodput", "batch")
 #: Colours of the series, in order (Tableau 10); the page colours jobs in the same order.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
@@ -48,8 +51,12 @@ class Series:
     ys: tuple[float, ...]
 
 
-def chart_series(name: str, history: Mapping[str, Sequence[Mapping]], *, total_cpus: int) -> list[Series]:
-    """The series of chart ``name`` (a key of :data:`CHARTS`) from a history."""
+def chart_series(name: str, history: Mapping[str, Sequence[Mapping]], *, total_cpus: int,
+                 job: str | None = None) -> list[Series]:
+    """The series of chart ``name`` (a key of :data:`CHARTS`) from a history
+    (of job ``job`` alone if given: one of :data:`JOB_CHARTS`)."""
+    if job is not None:
+        history = for_job(history, job)
     rounds, transitions = history.get("rounds", []), history.get("transitions", [])
     if name == "allocations":
         jobs = list(dict.fromkeys(j for r in rounds for j in r["placement"]))
@@ -65,8 +72,25 @@ def chart_series(name: str, history: Mapping[str, Sequence[Mapping]], *, total_c
     if name == "jobs":
         return _job_counts(transitions)
     if name == "goodput":
-        return [_cluster_goodput(history.get("reports", []), transitions)]
+        return [_cluster_goodput(history.get("reports", []), transitions, "cluster" if job is None else f"job {job}")]
+    if name == "batch":
+        reports = [r for r in history.get("reports", []) if r.get("batch_size") is not None]
+        jobs = list(dict.fromkeys(r["job_id"] for r in reports))
+        return [Series(f"job {j}", tuple(r["t"] for r in reports if r["job_id"] == j),
+                       tuple(float(r["batch_size"]) for r in reports if r["job_id"] == j)) for j in jobs]
     raise KeyError(name)
+
+
+def for_job(history: Mapping[str, Sequence[Mapping]], job_id: str) -> dict[str, list[dict]]:
+    """The part of ``history`` about job ``job_id``: its transitions and
+    reports, and the rounds from the first that placed it on (its placement alone)."""
+    rounds = list(history.get("rounds", []))
+    first = next((i for i, r in enumerate(rounds) if r["placement"].get(job_id)), len(rounds))
+    return {
+        "rounds": [{**r, "placement": {job_id: r["placement"].get(job_id, {})}} for r in rounds[first:]],
+        "transitions": [m for m in history.get("transitions", []) if m["job_id"] == job_id],
+        "reports": [r for r in history.get("reports", []) if r["job_id"] == job_id],
+    }
 
 
 def _job_counts(transitions: Sequence[Mapping]) -> list[Series]:
@@ -81,7 +105,7 @@ def _job_counts(transitions: Sequence[Mapping]) -> list[Series]:
     return [Series("queued", tuple(xs), tuple(queued)), Series("running", tuple(xs), tuple(running))]
 
 
-def _cluster_goodput(reports: Sequence[Mapping], transitions: Sequence[Mapping]) -> Series:
+def _cluster_goodput(reports: Sequence[Mapping], transitions: Sequence[Mapping], label: str) -> Series:
     """The sum of each running job's last reported goodput, after each report
     or state change (a job that stops running stops counting)."""
     moments = sorted([(r["t"], 0, r) for r in reports] + [(m["t"], 1, m) for m in transitions],
@@ -95,7 +119,7 @@ def _cluster_goodput(reports: Sequence[Mapping], transitions: Sequence[Mapping])
             last.pop(item["job_id"], None)
         xs.append(t)
         ys.append(sum(last.values()))
-    return Series("cluster", tuple(xs), tuple(ys))
+    return Series(label, tuple(xs), tuple(ys))
 
 
 # ------------------------------------------------------------------ drawing

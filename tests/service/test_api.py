@@ -400,10 +400,15 @@ def test_charts_are_svg_drawn_from_the_index_and_an_unknown_one_is_a_404(api):
     job_id = running(api, client)
     api.play({"t": 2.0, "type": "allocation", "placement": {job_id: {"n0": 2}}, "objective": 1.0, "solver_s": 0.02},
              report_event(job_id, goodput=64.0, batch_size=64))
-    for name in ("allocations", "goodput", "utilisation", "jobs", "decisions"):
+    for name in ("allocations", "goodput", "utilisation", "jobs", "decisions", "batch"):
         answer = client.get(f"/api/v1/charts/{name}", params={"tz": -18000})
         assert answer.status_code == 200 and answer.headers["content-type"].startswith("image/svg+xml")
         assert 'class="series"' in answer.text, name
+    mine = client.get("/api/v1/charts/batch", params={"job": job_id})
+    assert mine.status_code == 200 and f"job {job_id}" in mine.text
+    assert f"job {job_id}" in client.get("/api/v1/charts/goodput", params={"job": job_id}).text
+    assert client.get("/api/v1/charts/batch", params={"job": "99"}).status_code == 404
+    assert "query.job" in error(client.get("/api/v1/charts/decisions", params={"job": job_id}))
     unknown = client.get("/api/v1/charts/cpu-temperature")
     assert unknown.status_code == 404 and "'cpu-temperature'" in error(unknown) and "allocations" in error(unknown)
     assert client.get("/api/v1/charts/jobs", params={"tz": 10**6}).status_code == 422

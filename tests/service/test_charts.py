@@ -31,6 +31,7 @@ def test_each_chart_folds_the_history_into_step_series():
     counts = values(chart_series("jobs", HISTORY, total_cpus=8))
     assert counts["queued"] == [(90.0, 1), (95.0, 2), (100.0, 1), (105.0, 1), (160.0, 0), (200.0, 0)]
     assert counts["running"] == [(90.0, 0), (95.0, 0), (100.0, 1), (105.0, 1), (160.0, 2), (200.0, 1)]
+    assert values(chart_series("batch", HISTORY, total_cpus=8)) == {"job 1": [(110.0, 64.0)], "job 2": [(170.0, 32.0)]}
     goodput = dict(values(chart_series("goodput", HISTORY, total_cpus=8))["cluster"])
     assert (goodput[110.0], goodput[170.0], goodput[200.0]) == (50.0, 70.0, 20.0)  # the ended job stops counting
 
@@ -64,3 +65,13 @@ def test_the_x_axis_is_in_the_viewers_time_zone():
     utc = render_svg("utilisation", series, start=0.0, end=3600.0 * 4, tz_offset_s=0)
     plus_two = render_svg("utilisation", series, start=0.0, end=3600.0 * 4, tz_offset_s=7200)
     assert ">00:00<" in utc and ">02:00<" in plus_two and ">00:00<" not in plus_two
+
+
+def test_one_jobs_history_holds_its_own_moves_from_its_first_placement_on():
+    from pollux_opt.service.charts import for_job
+
+    mine = for_job(HISTORY, "2")
+    assert [r["placement"] for r in mine["rounds"]] == [{"2": {"n1": 3}}]
+    assert {m["job_id"] for m in mine["transitions"] + mine["reports"]} == {"2"}
+    assert values(chart_series("allocations", for_job(HISTORY, "1"), total_cpus=8)) == {
+        "job 1": [(100.0, 2.0), (160.0, 1.0)]}

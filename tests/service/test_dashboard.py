@@ -33,7 +33,9 @@ QUICK = {"kind": "synth-regress", "replicas": 1, "batch_size": 32, "name": "quic
 LONG = {"kind": "digits-cnn", "replicas": 1, "batch_size": 32, "name": "long",
         "spec": {"target": 0.999, "eval_every": 50}}
 #: The charts the page shows (every one must draw).
-CHARTS_SHOWN = {"allocations", "goodput", "utilisation", "jobs", "decisions"}
+CHARTS_SHOWN = {"allocations", "goodput", "utilisation", "jobs", "decisions", "batch"}
+#: The charts of one job's panel.
+JOB_CHARTS_SHOWN = {"allocations", "goodput", "batch"}
 #: Seconds the page may take to show what the server did (jobs start and end within a minute on 2 CPUs).
 WAIT_S = 120.0
 #: Records, in the page, when each job's row first showed each state (seconds, Unix time).
@@ -84,6 +86,13 @@ def charts_drawn(browser) -> set[str]:
     """The charts on the page that draw at least one series."""
     return set(browser.execute_script(
         "return [...document.querySelectorAll('figure[data-chart]')]"
+        ".filter(f => f.dataset.job === undefined && f.querySelector('.series')).map(f => f.dataset.chart)"))
+
+
+def job_charts_drawn(browser) -> set[str]:
+    """The charts of the job panel that draw at least one series."""
+    return set(browser.execute_script(
+        "return [...document.querySelectorAll('#job-panel figure[data-chart]')]"
         ".filter(f => f.querySelector('.series')).map(f => f.dataset.chart)"))
 
 
@@ -121,6 +130,10 @@ def test_the_page_follows_jobs_live_draws_the_cluster_and_cancels_from_a_row(tmp
     assert len(holders(browser)) == 2  # every CPU of the cluster, held or free
     assert "allocated" in browser.find_element(By.ID, "cluster-summary").text
     wait_for(browser, lambda: charts_drawn(browser) == CHARTS_SHOWN, "every chart draws a series")
+    click_action(browser, long, long)  # its id opens the job's panel
+    wait_for(browser, lambda: browser.find_element(By.ID, "job-log").text.strip(), "the job's log shows")
+    wait_for(browser, lambda: job_charts_drawn(browser) == JOB_CHARTS_SHOWN, "the job's charts draw")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#job-transitions tbody tr")) >= 3  # queued, rescaling, ...
     click_action(browser, long, "cancel")
     browser.switch_to.alert.accept()
     wait_for(browser, lambda: server.job(long)["state"] == "cancelled", "the job is cancelled in the API")

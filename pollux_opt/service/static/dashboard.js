@@ -9,11 +9,12 @@ const REFRESH_MS = 100;      // most frequent redraw: a burst of events is one r
 const RECONNECT_MS = 1000;   // wait before following the event stream again
 const CHARTS_MS = 2000;      // most frequent redraw of the charts (the server draws them)
 const CHARTS_EVERY_MS = 15000;  // and at least this often: their time axis runs on to now
+const LOG_KEEP_CHARS = 64 * 1024;  // the tail of a job's log the page keeps
 const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
                  "#9c755f", "#bab0ac"];  // Tableau 10
 
 const view = { jobs: [], cluster: null, sortKey: "id", sortDir: 1, lastEventId: null, refreshTimer: null,
-               chartsTimer: null };
+               chartsTimer: null, jobId: null, logAbort: null };
 
 function token() { return sessionStorage.getItem("pollux-opt-token"); }
 
@@ -109,7 +110,9 @@ function renderJobs() {
     const batch = job.batch_size === null ? "-" :
       `${job.batch_size}${job.accum_steps > 1 ? ` (x${job.accum_steps})` : ""}`;
     const progress = job.progress === null ? "-" : num(job.progress, 0);
-    tr.append(cell(job.id), cell(job.name ?? job.kind), cell(job.cancelling && !TERMINAL.has(job.state) ?
+    const idCell = cell("", "id");
+    idCell.append(actionButton(job.id, () => openJob(job.id)));
+    tr.append(idCell, cell(job.name ?? job.kind), cell(job.cancelling && !TERMINAL.has(job.state) ?
               `${job.state} (cancelling)` : job.state, "state"), cell(num(job.weight, 2), "num"),
               cell(String(job.replicas), "num"), cell(String(job.nodes), "num"), cell(batch, "num"),
               cell(num(job.goodput), "num"), cell(num(job.speedup, 2), "num"), cell(progress, "num"),
@@ -203,6 +206,61 @@ function renderCluster() {
   }));
 }
 
+// ---------------------------------------------------------------- one job
+async function openJob(jobId) {
+  if (view.logAbort) view.logAbort.abort();
+  view.jobId = jobId;
+  const panel = document.getElementById("job-panel");
+  panel.hidden = false;
+  document.getElementById("job-log").textContent = "";
+  await Promise.all([renderJob(), refreshCharts()]);
+  panel.scrollIntoView();
+  followLog(jobId);
+}
+
+function closeJob() {
+  if (view.logAbort) view.logAbort.abort();
+  view.jobId = null;
+  document.getElementById("job-panel").hidden = true;
+}
+
+async function renderJob() {
+  if (view.jobId === null) return;
+  try {
+    const job = await apiJson(`api/v1/jobs/${encodeURIComponent(view.jobId)}`);
+    document.getElementById("job-title").textContent =
+      `Job ${job.id}: ${job.name ?? job.kind} (${job.state}; ${job.entry ?? job.kind})`;
+    document.querySelector("#job-transitions tbody").replaceChildren(...job.transitions.map(m => {
+      const tr = document.createElement("tr");
+      tr.append(cell(new Date(m.t * 1000).toLocaleTimeString()), cell(m.old ?? "-"), cell(m.new), cell(m.reason ?? ""));
+      return tr;
+    }));
+  } catch (err) {
+    if (!(err instanceof Unauthorized)) setStatus("error", `cannot read job ${view.jobId}: ${err.message}`);
+  }
+}
+
+// Rank 0's log from its start, followed until the job ends (or another job is opened).
+async function followLog(jobId) {
+  const abort = view.logAbort = new AbortController();
+  const pre = document.getElementById("job-log");
+  try {
+    const answer = await api(`api/v1/jobs/${encodeURIComponent(jobId)}/logs?rank=0&follow=true`,
+                             { signal: abort.signal });
+    if (!answer.ok) return;
+    const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      const text = pre.textContent + value;
+      pre.textContent = text.length > LOG_KEEP_CHARS ? text.slice(-LOG_KEEP_CHARS) : text;
+      pre.scrollTop = pre.scrollHeight;
+    }
+  } catch (err) {
+    if (err.name !== "AbortError" && !(err instanceof Unauthorized)) pre.append(`\n[log: ${err.message}]`);
+  }
+}
+
 // ---------------------------------------------------------------- refresh and live events
 async function refresh() {
   view.refreshTimer = null;
@@ -212,6 +270,7 @@ async function refresh() {
     view.cluster = cluster;
     renderJobs();
     renderCluster();
+    await renderJob();
   } catch (err) {
     if (!(err instanceof Unauthorized)) setStatus("error", `cannot read the server: ${err.message}`);
   }
@@ -226,9 +285,12 @@ function scheduleRefresh() {
 async function refreshCharts() {
   view.chartsTimer = null;
   const tz = -new Date().getTimezoneOffset() * 60;
-  await Promise.all([...document.querySelectorAll("figure[data-chart]")].map(async figure => {
+  const figures = [...document.querySelectorAll("figure[data-chart]")]
+    .filter(f => f.dataset.job === undefined || view.jobId !== null);
+  await Promise.all(figures.map(async figure => {
+    const job = figure.dataset.job === undefined ? "" : `&job=${encodeURIComponent(view.jobId)}`;
     try {
-      const answer = await api(`api/v1/charts/${figure.dataset.chart}?tz=${tz}`);
+      const answer = await api(`api/v1/charts/${figure.dataset.chart}?tz=${tz}${job}`);
       if (answer.ok) figure.innerHTML = await answer.text();
     } catch (err) {
       if (!(err instanceof Unauthorized)) setStatus("error", `cannot read the server: ${err.message}`);
@@ -280,6 +342,7 @@ function start() {
     });
   }
   document.getElementById("state-filter").addEventListener("change", renderJobs);
+  document.getElementById("job-close").addEventListener("click", closeJob);
   document.getElementById("token-form").addEventListener("submit", event => {
     event.preventDefault();
     sessionStorage.setItem("pollux-opt-token", document.getElementById("token").value);
