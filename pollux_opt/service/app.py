@@ -18,15 +18,13 @@ import logging
 import math
 import os
 import re
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
-from fastapi.staticfiles import StaticFiles
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from solvers import MAX_REPLICAS, WEIGHT_RANGE, InvalidProblem
@@ -38,7 +36,8 @@ from pollux_opt.model.domains import check, shown
 from pollux_opt.model.job import WEIGHT
 from pollux_opt.service.db import Store
 from pollux_opt.service import tail
-from pollux_opt.service.charts import CHARTS, JOB_CHARTS, chart_series, render_svg
+from pollux_opt.service.dashboard import add_dashboard_routes
+from pollux_opt.service.errors import ApiError
 from pollux_opt.service.metrics import cpu_holders, service_registry
 from pollux_opt.workloads.job import Workload, WorkloadJob
 
@@ -48,12 +47,8 @@ log = logging.getLogger(__name__)
 
 #: The API's path prefix.
 API = "/api/v1"
-#: The dashboard's files (``/`` and ``/static/...``): public, as they hold no data (the page sends the token).
-STATIC_DIR = Path(__file__).with_name("static")
 #: Paths answered without the token: the health check and the dashboard's files.
 PUBLIC_PATHS, PUBLIC_PREFIX = frozenset({"/healthz", "/"}), "/static/"
-#: Largest offset of a viewer's time zone from UTC, seconds (UTC+14).
-MAX_TZ_OFFSET_S = 14 * 3600
 #: Largest request body, bytes: a job entry is a few hundred bytes; this bounds what a client makes the server parse.
 MAX_BODY_BYTES = 64 * 1024
 #: Longest job name and Idempotency-Key, characters.
@@ -88,14 +83,6 @@ class WeightIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     weight: float = Field(**_WEIGHT_BOUNDS)
-
-
-class ApiError(Exception):
-    """An answer other than 2xx: HTTP ``status`` and the message of its ``{"error"}`` body."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 @dataclass(frozen=True)
@@ -153,7 +140,7 @@ def make_app(store: Store, *, state_dir: Path, notify: Callable[[], None], clust
     def healthz() -> dict:
         return {"status": "ok"}
 
-    _add_dashboard_routes(app, store, nodes)
+    add_dashboard_routes(app, store, nodes, api=API)
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -172,32 +159,6 @@ def make_app(store: Store, *, state_dir: Path, notify: Callable[[], None], clust
 
     app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes)
     return app
-
-
-# ------------------------------------------------------------------ dashboard
-def _add_dashboard_routes(app: FastAPI, store: Store, nodes: tuple[dict, ...]) -> None:
-    """The page at ``/``, its files under ``/static/`` and its charts (SVG drawn here, :mod:`~.charts`)."""
-    @app.get("/")
-    def dashboard() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
-
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-
-    @app.get(f"{API}/charts/{{name}}")
-    def chart(name: str, tz: int = Query(0, ge=-MAX_TZ_OFFSET_S, le=MAX_TZ_OFFSET_S),
-              job: str | None = None) -> Response:
-        if name not in CHARTS:
-            raise ApiError(404, f"no chart {shown(name)}: the charts are {', '.join(CHARTS)}")
-        if job is not None:
-            if name not in JOB_CHARTS:
-                raise ApiError(422, f"query.job applies to the charts {', '.join(JOB_CHARTS)}, not {shown(name)}")
-            if store.job(job) is None:
-                raise ApiError(404, f"no job {shown(job)}")
-        series = chart_series(name, store.history(), total_cpus=sum(int(n["cpus"]) for n in nodes), job=job)
-        now = time.time()
-        start = min((s.xs[0] for s in series if s.xs), default=now - 60.0)
-        return Response(render_svg(name, series, start=start, end=now, tz_offset_s=tz),
-                        media_type="image/svg+xml", headers={"Cache-Control": "no-cache"})
 
 
 # ------------------------------------------------------------------ jobs
