@@ -23,6 +23,7 @@ from typing import Sequence
 from solvers import InvalidProblem
 from pollux_opt.cli.options import add_backend_args, add_cluster_args, cluster_from_args
 from pollux_opt.extras import MissingExtra
+from pollux_opt.service.client import DEFAULT_PORT as DEMO_DASHBOARD_PORT
 
 __all__ = ["main", "build_parser"]
 
@@ -267,10 +268,34 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
     summaries = run_demo(args.out, args.workload, quick=args.quick, interval=args.interval,
                          policies=tuple(args.policies), cluster=cluster, progress=not args.quiet,
-                         import_dir=args.import_dir)
+                         import_dir=args.import_dir, service=_demo_dashboard(args.port))
     _print_table(summaries)
     print(f"plots and comparison.json in {args.out}")
     return 0
+
+
+def _demo_dashboard(port: int | None):
+    """What makes the service serving the dashboard of each of the demo's runs
+    on this machine's ``port`` (None: none, said why unless ``port`` is None)."""
+    if port is None:
+        return None
+    from pollux_opt.extras import SERVICE_MISSING, MissingExtra, require
+
+    try:
+        require("fastapi", SERVICE_MISSING)
+        require("uvicorn", SERVICE_MISSING)
+    except MissingExtra:
+        print("the live dashboard needs the service extra (pip install 'pollux-opt[service]'): the demo runs "
+              "without it", file=sys.stderr)
+        return None
+    from pollux_opt.service.server import DEFAULT_HOST, Service, port_taken
+
+    if port_taken(DEFAULT_HOST, port):
+        print(f"port {port} is taken: the demo runs without its dashboard (choose another with --port)",
+              file=sys.stderr)
+        return None
+    print(f"dashboard: http://{DEFAULT_HOST}:{port}/ (while the demo runs)")
+    return lambda: Service(host=DEFAULT_HOST, port=port, token=None, open_queue=False)
 
 
 def _version() -> str:
@@ -336,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live progress table")
     p.add_argument("--import", dest="import_dir", metavar="DIR",
                    help="directory the workload file's user jobs ('entry') are imported from (default: the file's)")
+    p.add_argument("--port", type=int, default=DEMO_DASHBOARD_PORT,
+                   help=f"port of the live dashboard on 127.0.0.1 (default {DEMO_DASHBOARD_PORT})")
+    p.add_argument("--no-dashboard", dest="port", action="store_const", const=None, help="no live dashboard")
     p.set_defaults(handler=_cmd_demo)
 
     p = sub.add_parser("list", help="list the registered policies, job kinds and workload sets")

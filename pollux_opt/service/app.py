@@ -91,8 +91,14 @@ class _Context:
 
     store: Store
     state_dir: Path
-    notify: Callable[[], None]
+    notify: Callable[[], None] | None
     workdir: Callable[[str], Path]
+
+    def accepting(self) -> None:
+        """Refuse a submission or request where the run only watches its workload."""
+        if self.notify is None:
+            raise ApiError(409, "this run's jobs come from its workload file: submitting, cancelling and changing "
+                                "weights need a service (pollux-opt serve)")
 
     def job(self, job_id: str) -> dict:
         job = self.store.job(job_id)
@@ -107,7 +113,7 @@ class _Context:
         return job
 
 
-def make_app(store: Store, *, state_dir: Path, notify: Callable[[], None], cluster: Any,
+def make_app(store: Store, *, state_dir: Path, notify: Callable[[], None] | None, cluster: Any,
              workdir: Callable[[str], Path] | None = None, token: str | None = None,
              max_body_bytes: int = MAX_BODY_BYTES, registry: CollectorRegistry | None = None) -> FastAPI:
     """The API over ``store`` (see the module docstring).
@@ -115,7 +121,9 @@ def make_app(store: Store, *, state_dir: Path, notify: Callable[[], None], clust
     Args:
         store: the service's database.
         state_dir: the state directory (its ``events.jsonl`` is streamed).
-        notify: called after a submission or request is committed (wakes the scheduler loop).
+        notify: called after a submission or request is committed (wakes the scheduler loop);
+            None: the run's jobs come from its workload, and the API only watches it (409 for
+            submissions, cancels and weights).
         cluster: the cluster's nodes as ``cluster_to_json`` gives them (a list of
             ``{"id", "cpus", "type"?}``), or a dict with them under ``"nodes"``.
         workdir: a job's work directory from its id (default ``state_dir/jobs/<id>``).
@@ -154,7 +162,7 @@ def make_app(store: Store, *, state_dir: Path, notify: Callable[[], None], clust
         last = store.last_round()
         return {"nodes": [{"id": n["id"], "cpus": n["cpus"], "type": n.get("type")} for n in nodes],
                 "total_cpus": total, "allocated_cpus": allocated, "free_cpus": max(total - allocated, 0),
-                "holders": holders,
+                "holders": holders, "open_queue": ctx.notify is not None,
                 "last_round": None if last is None else {k: last[k] for k in ("t", "objective", "solver_s", "status")}}
 
     app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes)
@@ -169,6 +177,7 @@ def _add_job_routes(app: FastAPI, ctx: _Context) -> None:
         if key is not None and not 0 < len(key) <= IDEM_KEY_MAX_CHARS:
             raise InvalidProblem(f"header Idempotency-Key must have 1 to {IDEM_KEY_MAX_CHARS} characters, "
                                  f"got {shown(key)}")
+        ctx.accepting()
         fields, spec = _job_fields(body)
         job_id, created = ctx.store.submit(fields, body.name, idem_key=key, progress_target=spec.progress_target,
                                            init_batch_size=spec.init_batch_size)
@@ -189,6 +198,7 @@ def _add_job_routes(app: FastAPI, ctx: _Context) -> None:
 
     @app.post(f"{API}/jobs/{{job_id}}/cancel", status_code=202)
     def cancel(job_id: str) -> dict:
+        ctx.accepting()
         job = ctx.live_job(job_id)
         seq = ctx.store.request(job["id"], "cancel")
         ctx.notify()
@@ -197,6 +207,7 @@ def _add_job_routes(app: FastAPI, ctx: _Context) -> None:
     @app.patch(f"{API}/jobs/{{job_id}}")
     def set_weight(job_id: str, body: WeightIn) -> dict:
         weight = check("weight", body.weight, WEIGHT)
+        ctx.accepting()
         job = ctx.live_job(job_id)
         seq = ctx.store.request(job["id"], "weight", weight=weight)
         ctx.notify()
@@ -305,6 +316,8 @@ def _add_stream_routes(app: FastAPI, ctx: _Context) -> None:
                 raise ApiError(422, f"header Last-Event-ID must be a byte offset (an event's id), "
                                     f"got {shown(last_event_id)}")
             start = int(last_event_id)
+            if start > tail.size(path):  # an id of another run's log (a demo's next run): this one's from its start
+                start = 0
         else:
             start = tail.size(path) if offset is None else offset
         return StreamingResponse(tail.event_stream(path, start), media_type="text/event-stream",

@@ -8,7 +8,9 @@ workload run.  The database holds two kinds of tables:
   and submission time) and ``requests`` (cancel, a new weight).  Only the API
   writes them, only by inserting rows, and a submission is committed (with
   ``synchronous=FULL``: on disk) before the client gets its id.  They are the
-  open queue the scheduler loop reads (:class:`OpenSource`).
+  open queue the scheduler loop reads (:class:`OpenSource`).  In a run of a
+  workload, which the API only watches, the index adds each job's
+  ``submissions`` row from its ``submit`` event instead.
 * **an index of the event log**, for queries: ``jobs`` (each job's state and
   latest numbers), ``transitions`` (every state change with its time and
   reason), ``rounds`` (each allocation round) and ``reports`` (each running
@@ -308,6 +310,10 @@ class EventIndex:
         job_id = event.get("job_id")
         if job_id is None:
             return
+        if etype == "submit":  # a workload's job (a submission's row is there already: kept as it is)
+            self._conn.execute("INSERT OR IGNORE INTO submissions (id, job, submitted_unix) VALUES (?, ?, ?)",
+                               (job_id, json.dumps({"kind": event.get("kind"), "weight": event.get("weight", 1.0)}),
+                                t))
         track = self._tracks.setdefault(job_id, JobTrack(id=job_id))
         old = track.state if track.submitted else None
         track.apply(event)

@@ -22,6 +22,7 @@ import contextlib
 import gc
 import logging
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -36,8 +37,9 @@ from pollux_opt.extras import SERVICE_MISSING, require
 from pollux_opt.model.domains import Integer, Real, check
 from pollux_opt.service.client import DEFAULT_HOST, DEFAULT_PORT, token_in_file
 from pollux_opt.service.db import DB_FILE, EventIndex, OpenSource, Store
+from pollux_opt.workloads.job import Workload
 
-__all__ = ["LOOPBACK_HOSTS", "Service", "serve"]
+__all__ = ["LOOPBACK_HOSTS", "Service", "port_taken", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -51,26 +53,45 @@ _PORT = Integer(ge=1, le=65535)
 _GRACE = Real(ge=0, unit="seconds")
 
 
+def port_taken(host: str, port: int) -> bool:
+    """True if something listens on ``host:port`` already (a server could not bind it)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 class Service:
     """The service around one run (see the module docstring): what
     ``run_workload(service=...)`` calls to attach its queue and index, and to
-    serve the API while its loop runs."""
+    serve the API while its loop runs.
 
-    def __init__(self, *, host: str, port: int, token: str | None) -> None:
-        self.host, self.port, self.token = host, port, token
+    ``open_queue``: the run's jobs come from the API's submissions (``pollux-opt
+    serve``); otherwise from the run's workload, and the API and dashboard only
+    watch it (``pollux-opt demo``): submissions and requests are refused.
+    """
+
+    def __init__(self, *, host: str, port: int, token: str | None, open_queue: bool = True) -> None:
+        self.host, self.port, self.token, self.open_queue = host, port, token, open_queue
         self.store: Store | None = None
         self.index: EventIndex | None = None
         self.source: OpenSource | None = None
         self.url = f"http://{host}:{port}"
 
-    def attach(self, run_dir: Path, cfg: Mapping, history: list[dict]) -> OpenSource:
+    def attach(self, run_dir: Path, cfg: Mapping, history: list[dict]):
         """Open the database of ``run_dir``, rebuild its index from ``history``
-        (the whole event log) and return the open queue the backend takes its jobs from."""
+        (the whole event log) and return the source the backend takes its jobs
+        from: the open queue, or the run's workload."""
         path = Path(run_dir) / DB_FILE
         self.run_dir, self.cluster = Path(run_dir), list(cfg["cluster"])
         self.store = Store(path)
         self.index = EventIndex(path, cfg["started_unix"])
         self.index.rebuild(history)
+        if not self.open_queue:
+            return Workload.from_json(cfg["workload"])
         self.source = OpenSource(path, cfg["started_unix"])
         return self.source
 
@@ -91,8 +112,8 @@ class Service:
         uvicorn = require("uvicorn", SERVICE_MISSING)
         from pollux_opt.service.app import make_app
 
-        app = make_app(self.store, state_dir=self.run_dir, notify=self.source.notify, cluster=self.cluster,
-                       workdir=backend.job_dir, token=self.token)
+        app = make_app(self.store, state_dir=self.run_dir, cluster=self.cluster, workdir=backend.job_dir,
+                       token=self.token, notify=self.source.notify if self.source is not None else None)
         # Open streams (a followed log, the event stream) end with the server rather than hold it up.
         config = uvicorn.Config(app, host=self.host, port=self.port, lifespan="off", access_log=False,
                                 log_level="warning", log_config=None, timeout_graceful_shutdown=HTTP_STOP_S / 2)
@@ -116,6 +137,7 @@ class Service:
         finally:
             server.should_exit = True
             thread.join(HTTP_STOP_S)
+            gc.unfreeze()  # back to the collector: a demo serves one run after another in one process
 
 
 def serve(

@@ -212,7 +212,7 @@ def run_workload(
             repair_log(run_dir / EVENTS_FILE)
         cfg, resumed = open_run_config(run_dir, workload, policy, cluster=cluster, interval=interval,
                                        pin_cpus=pin_cpus, runtime_options=runtime_options, cpu_quota=quotas,
-                                       open_queue=service is not None)
+                                       open_queue=service is not None and service.open_queue)
         _run(run_dir, cfg, resumed, signals, progress, backend_kwargs, backend_class, service)
         summary = summarize(read_events(run_dir / EVENTS_FILE))
         summary["workload"] = cfg["workload"]["name"] if cfg["workload"] else "service"
@@ -301,9 +301,12 @@ def run_demo(
     cluster: Cluster | ClusterTypes | None = None,
     progress: bool = True,
     import_dir: str | os.PathLike | None = None,
+    service: Callable[[], Any] | None = None,
 ) -> dict[str, dict]:
     """Run ``workload`` under each policy one after another into ``out_dir/<policy>``,
     then write ``out_dir/comparison.json`` and the plots; return policy -> summary.
+    ``service``: makes the service that watches each run (its API and
+    dashboard, :class:`pollux_opt.service.server.Service` with ``open_queue=False``).
 
     A policy whose run directory already exists is resumed (a finished one
     just has its summary recomputed).  ``interval`` defaults to
@@ -324,7 +327,7 @@ def run_demo(
         existing = (run_dir / CONFIG_FILE).exists()
         summaries[name] = run_workload(
             run_dir, None if existing else wl, None if existing else name,
-            cluster=cluster, interval=interval, progress=progress,
+            cluster=cluster, interval=interval, progress=progress, service=None if service is None else service(),
         )
     runs = {name: read_events(out / name / EVENTS_FILE) for name in policies}
     plot_all(runs, summaries, out)

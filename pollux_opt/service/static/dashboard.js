@@ -118,7 +118,7 @@ function renderJobs() {
               cell(num(job.goodput), "num"), cell(num(job.speedup, 2), "num"), cell(progress, "num"),
               cell(duration(job.eta_s), "num"), cell(String(job.restarts), "num"), cell(duration(jct(job)), "num jct"));
     const actions = document.createElement("td");
-    if (!TERMINAL.has(job.state) && !job.cancelling) {
+    if (!TERMINAL.has(job.state) && !job.cancelling && view.cluster?.open_queue !== false) {
       actions.append(actionButton("cancel", () => cancelJob(job)), " ", actionButton("weight", () => setWeight(job)));
     }
     tr.append(actions);
