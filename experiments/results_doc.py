@@ -20,7 +20,8 @@ each adding a section when present: ``solver_comparison.csv``
 ``solver_speed.csv`` (``solver_speed.py``), ``ray_*.csv`` (``ray_cluster.py``;
 ``ray_fidelity.csv``: ``sim_fidelity.py`` on its Ray runs), ``user_jobs.csv``
 (``user_jobs.py``), ``fuzz.csv`` (``fuzz_instances.py``), ``kills.csv``
-(``kill_runs.py``), ``service.csv`` (``service_targets.py``) and ``fair_jct.csv``,
+(``kill_runs.py``), ``service.csv`` (``service_targets.py``), ``dashboard.csv``
+(``dashboard_targets.py``) and ``fair_jct.csv``,
 ``fair_jct_estimator.csv`` (``fair_jct.py``, ``fair_jct_estimator.py``).
 The ``*_quick.csv`` files are smoke runs and are not reported.  The simulation
 sections (comparison, sensitivity, scale, solvers, allocator speed) are in
@@ -70,7 +71,7 @@ from results_sim import (  # noqa: E402
     solvers_section,
     speed_section,
 )
-from results_service import service_section  # noqa: E402
+from results_service import dashboard_section, service_section  # noqa: E402
 from results_sim_speed import sim_speed_section  # noqa: E402
 from results_real import (  # noqa: E402
     fidelity_section,
@@ -101,7 +102,7 @@ HEADLINE_END = "<!-- /results:headline -->"
 SOURCES = {
     "sim_compare.csv": "sim_compare.py", "sim_compare_means.csv": "sim_compare.py",
     "sim_sensitivity.csv": "sim_sensitivity.py", "sim_scale.csv": "sim_scale.py",
-    "service.csv": "service_targets.py",
+    "service.csv": "service_targets.py", "dashboard.csv": "dashboard_targets.py",
 }
 REQUIRED_COLUMNS = {
     "sim_compare.csv": ["workload", "policy", "jobs", "completed", "avg_jct_s", "p99_jct_s", "makespan_s",
@@ -147,6 +148,7 @@ OPTIONAL_COLUMNS = {
                            "policy_jobs_s", "work_rates_s", "solve_calls", "highs_mip_calls", "fit_calls",
                            "work_rates_calls", "identical_jobs_csv"],
     "service.csv": ["target", "metric", "value", "unit", "limit", "passed", "n", "machine"],
+    "dashboard.csv": ["target", "metric", "value", "unit", "limit", "passed", "n", "machine"],
 }
 @dataclass(frozen=True)
 class Results:
@@ -177,6 +179,7 @@ class Results:
     fit_speed: pd.DataFrame | None = None
     fair_jct_speed: pd.DataFrame | None = None
     service: pd.DataFrame | None = None
+    dashboard: pd.DataFrame | None = None
 
 
 def _read(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -247,6 +250,7 @@ def load_results(results_dir: Path) -> Results:
         fit_speed=tables["fit_speed.csv"],
         fair_jct_speed=tables["fair_jct_speed.csv"],
         service=tables["service.csv"],
+        dashboard=tables["dashboard.csv"],
     )
 
 
@@ -338,6 +342,7 @@ def render_doc(results: Results) -> str:
         *fuzz_section(results),
         *kills_section(results),
         *service_section(results),
+        *dashboard_section(results),
         "## Solver benchmarks",
         "",
         "The allocator's own timings (build + solve per instance, the Pollux reference scheduler's recorded "

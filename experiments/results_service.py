@@ -1,6 +1,7 @@
-"""The service's section of ``docs/results.md`` (:mod:`results_doc` renders it):
-``pollux-opt serve`` measured against its targets by
-``experiments/service_targets.py`` (``service.csv``)."""
+"""The service's and the dashboard's sections of ``docs/results.md``
+(:mod:`results_doc` renders them): ``pollux-opt serve`` measured against its
+targets by ``experiments/service_targets.py`` (``service.csv``), its dashboard
+by ``experiments/dashboard_targets.py`` (``dashboard.csv``)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,17 @@ HOW = {
                               "`checkpoint_interval_s` of training), and a step repeated otherwise or beyond that "
                               "is lost",
 }
+#: How each of the dashboard's measurements was made, by a phrase of its ``target``.
+DASHBOARD_HOW = {
+    "page load": "`pollux-opt serve` on 2 CPUs and the page in headless Chromium at 1280 x 800: the first load is "
+                 "the browser's navigation timing over reloads; quick jobs submitted one after another, each "
+                 "timed from its `succeeded` transition (the server's clock) to its row showing it (the page's, "
+                 "the same machine's)",
+    "timeline": "the API in the measuring process over a made-up state (jobs arriving over the hours on a 16 x "
+                "4-CPU cluster, a round a minute, each running job's report a minute), the page loaded until its "
+                "table and every chart drew, then scrolled to the bottom and back in 120 steps, one an animation "
+                "frame, every frame's time taken with `requestAnimationFrame`",
+}
 #: Metrics whose limit is a floor, by their first word (every other limit is a ceiling).
 AT_LEAST = frozenset({"accepted"})
 
@@ -56,10 +68,6 @@ def _met(passed) -> str:
     if missing(passed) or str(passed) == "":
         return ""
     return "yes" if str(passed) == "True" else "**no**"
-
-
-def _how(target: str) -> str:
-    return next((how for phrase, how in HOW.items() if phrase in target), "")
 
 
 def _cold_start(df) -> list[str]:
@@ -90,19 +98,33 @@ def _floor(df) -> list[str]:
             f"`GET /api/v1/jobs` one of {_value(a, 'ms')}: {verdict}.", ""]
 
 
-def service_section(results: Results) -> list[str]:
-    """The targets of ``service.csv`` as a table (measured, limit, met), each measurement explained."""
-    df = results.service
-    if df is None:
-        return []
+def _targets_table(df) -> list[str]:
+    """The rows of a targets CSV as a table: measured, limit, met."""
     rows = []
     for r in df.itertuples():
         limit = "-" if missing(r.limit) or str(r.limit) == "" else (
             f"{'>=' if str(r.metric).split()[0] in AT_LEAST else '<='} {_value(r.limit, r.unit)}")
         rows.append([str(r.target), str(r.metric), _value(r.value, r.unit), limit, _met(r.passed),
                      "" if missing(r.n) else f"{float(r.n):.0f}"])
-    targets = list(dict.fromkeys(df.target))
-    how = [f"* **{t}**: {_how(t)}." for t in targets if _how(t)]
+    return md_table(["target", "figure", "measured", "limit", "met", "n"], rows,
+                    [False, False, True, True, False, True])
+
+
+def _how_lines(df, how: dict[str, str]) -> list[str]:
+    """A bullet on how each target of ``df`` was measured (``how``: by a phrase of the target)."""
+    lines = []
+    for target in dict.fromkeys(df.target):
+        text = next((text for phrase, text in how.items() if phrase in target), None)
+        if text is not None:
+            lines.append(f"* **{target}**: {text}.")
+    return lines
+
+
+def service_section(results: Results) -> list[str]:
+    """The targets of ``service.csv`` as a table (measured, limit, met), each measurement explained."""
+    df = results.service
+    if df is None:
+        return []
     return [
         "## The service",
         "",
@@ -110,11 +132,28 @@ def service_section(results: Results) -> list[str]:
         "subprocess on this machine, driven over HTTP, except the rounds with many queued jobs, measured in one "
         f"process.{machine_note(df)}",
         "",
-        *how,
+        *_how_lines(df, HOW),
         "",
-        *md_table(["target", "figure", "measured", "limit", "met", "n"], rows,
-                  [False, False, True, True, False, True]),
+        *_targets_table(df),
         "",
         *_cold_start(df),
         *_floor(df),
+    ]
+
+
+def dashboard_section(results: Results) -> list[str]:
+    """The targets of ``dashboard.csv`` as a table, each measurement explained."""
+    df = results.dashboard
+    if df is None:
+        return []
+    return [
+        "## The dashboard",
+        "",
+        "`experiments/dashboard_targets.py`: the page of [`docs/dashboard.md`](dashboard.md) in headless "
+        f"Chromium (Debian's `chromium` and `chromium-driver`, through Selenium).{machine_note(df)}",
+        "",
+        *_how_lines(df, DASHBOARD_HOW),
+        "",
+        *_targets_table(df),
+        "",
     ]

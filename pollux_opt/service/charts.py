@@ -32,7 +32,11 @@ JOB_CHARTS = ("allocations", "goodput", "batch")
 #: Colours of the series, in order (Tableau 10); the page colours jobs in the same order.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
-#: Most series named in a chart's legend (the allocation chart may stack hundreds of jobs).
+#: Most series a chart draws: the allocation chart stacks the jobs that held
+#: the most CPU-seconds and the others together, the batch chart the jobs that
+#: reported last (hundreds of series would make a page that no longer scrolls smoothly).
+SERIES_MAX = 10
+#: Most series named in a chart's legend.
 LEGEND_MAX = 8
 #: Candidate x tick spacings, seconds: the first giving at most ``X_TICKS`` ticks is used.
 TIME_STEPS_S = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
@@ -60,8 +64,14 @@ def chart_series(name: str, history: Mapping[str, Sequence[Mapping]], *, total_c
     rounds, transitions = history.get("rounds", []), history.get("transitions", [])
     if name == "allocations":
         jobs = list(dict.fromkeys(j for r in rounds for j in r["placement"]))
-        return [Series(f"job {j}", tuple(r["t"] for r in rounds),
-                       tuple(float(sum(r["placement"].get(j, {}).values())) for r in rounds)) for j in jobs]
+        times = tuple(r["t"] for r in rounds)
+        cpus = {j: [float(sum(r["placement"].get(j, {}).values())) for r in rounds] for j in jobs}
+        kept = sorted(jobs, key=lambda j: -sum(cpus[j]))[:SERIES_MAX - 1] if len(jobs) > SERIES_MAX else jobs
+        out = [Series(f"job {j}", times, tuple(cpus[j])) for j in jobs if j in kept]
+        rest = [j for j in jobs if j not in set(kept)]
+        if rest:  # the jobs that held the fewest CPU-seconds, together
+            out.append(Series(f"{len(rest)} other jobs", times, tuple(map(sum, zip(*(cpus[j] for j in rest))))))
+        return out
     if name == "utilisation":
         return [Series("allocated", tuple(r["t"] for r in rounds),
                        tuple(100.0 * sum(sum(p.values()) for p in r["placement"].values()) / max(total_cpus, 1)
@@ -74,10 +84,13 @@ def chart_series(name: str, history: Mapping[str, Sequence[Mapping]], *, total_c
     if name == "goodput":
         return [_cluster_goodput(history.get("reports", []), transitions, "cluster" if job is None else f"job {job}")]
     if name == "batch":
-        reports = [r for r in history.get("reports", []) if r.get("batch_size") is not None]
-        jobs = list(dict.fromkeys(r["job_id"] for r in reports))
-        return [Series(f"job {j}", tuple(r["t"] for r in reports if r["job_id"] == j),
-                       tuple(float(r["batch_size"]) for r in reports if r["job_id"] == j)) for j in jobs]
+        by_job: dict[str, list[Mapping]] = {}
+        for r in history.get("reports", []):
+            if r.get("batch_size") is not None:
+                by_job.setdefault(r["job_id"], []).append(r)
+        latest = sorted(by_job, key=lambda j: by_job[j][-1]["t"])[-SERIES_MAX:]  # the most recently reporting
+        return [Series(f"job {j}", tuple(r["t"] for r in by_job[j]), tuple(float(r["batch_size"]) for r in by_job[j]))
+                for j in by_job if j in set(latest)]
     raise KeyError(name)
 
 

@@ -75,3 +75,21 @@ def test_one_jobs_history_holds_its_own_moves_from_its_first_placement_on():
     assert {m["job_id"] for m in mine["transitions"] + mine["reports"]} == {"2"}
     assert values(chart_series("allocations", for_job(HISTORY, "1"), total_cpus=8)) == {
         "job 1": [(100.0, 2.0), (160.0, 1.0)]}
+
+
+def test_many_jobs_are_drawn_as_the_largest_ones_and_the_others_together():
+    from pollux_opt.service.charts import SERIES_MAX
+
+    jobs = [str(i) for i in range(3 * SERIES_MAX)]
+    rounds = [{"t": float(t), "placement": {j: {"n0": 1 + (int(j) == t)} for j in jobs}} for t in range(5)]
+    reports = [{"job_id": j, "t": float(t + int(j)), "batch_size": 32, "goodput": 1.0, "replicas": 1}
+               for t in range(3) for j in jobs]
+    history = {"rounds": rounds, "transitions": [], "reports": reports}
+    stacked = chart_series("allocations", history, total_cpus=10**4)
+    assert len(stacked) == SERIES_MAX and stacked[-1].label == f"{3 * SERIES_MAX - SERIES_MAX + 1} other jobs"
+    # jobs 0-4 held 2 CPUs in one round, the others never: the first SERIES_MAX - 1 by CPU-seconds, in order
+    assert [s.label for s in stacked[:-1]] == [f"job {j}" for j in range(SERIES_MAX - 1)]
+    totals = [sum(s.ys[t] for s in stacked) for t in range(5)]
+    assert totals == [float(3 * SERIES_MAX + 1)] * 5  # nothing lost in the sum
+    batch = chart_series("batch", history, total_cpus=10**4)
+    assert {s.label for s in batch} == {f"job {j}" for j in jobs[-SERIES_MAX:]}  # the last to report
