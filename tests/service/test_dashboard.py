@@ -164,3 +164,22 @@ def test_with_a_token_set_the_page_asks_for_it_and_shows_nothing_without_it(tmp_
     box.submit()
     wait_for(browser, lambda: set(rows(browser)) == {answer.json()["id"]}, "with the token the jobs show")
     wait_for(browser, lambda: status.get_attribute("data-state") == "live", "and the page follows the events")
+
+
+def test_the_page_says_when_the_server_is_gone_and_follows_it_again_after_a_restart(tmp_path, serve_process,
+                                                                                     browser):
+    import signal
+
+    first = serve_process(tmp_path / "state").start()
+    before = first.submit(QUICK)
+    browser.get(f"{first.url}/")
+    browser.execute_script(WATCH_ROWS)
+    status = browser.find_element(By.ID, "status")
+    wait_for(browser, lambda: rows(browser).get(before) == "succeeded", "the first server's job")
+    assert first.kill(signal.SIGTERM) in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
+    wait_for(browser, lambda: status.get_attribute("data-state") != "live", "the page sees the server gone")
+    second = serve_process(tmp_path / "state", port=first.port).start()
+    wait_for(browser, lambda: status.get_attribute("data-state") == "live", "the page follows the new server")
+    after = second.submit(QUICK)
+    wait_for(browser, lambda: rows(browser).get(after) == "succeeded", "a job of the restarted server")
+    assert rows(browser)[before] == "succeeded" and browser.execute_script("return window.notReloaded") is True
