@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 from xml.sax.saxutils import escape
 
+import numpy as np
+
 from pollux_opt.lifecycle import JobState
 
-__all__ = ["CHARTS", "JOB_CHARTS", "Series", "chart_series", "for_job", "render_svg"]
+__all__ = ["CHARTS", "JOB_CHARTS", "JOB_ONLY", "Series", "chart_series", "for_job", "render_svg"]
 
 #: The charts, by name: their title and y axis label (with its unit).
 CHARTS = {
@@ -26,9 +28,17 @@ CHARTS = {
     "jobs": ("jobs queued and running", "jobs"),
     "decisions": ("each round's decision time", "ms"),
     "batch": ("each job's total batch size", "samples"),
+    "step_time": ("step time: measured, and the job's throughput model's for the configuration that ran",
+                  "s per step"),
+    "efficiency": ("statistical efficiency against the total batch size, at the last measured noise scale",
+                   "E(M)"),
 }
-#: The charts that can show one job (``for_job``).
-JOB_CHARTS = ("allocations", "goodput", "batch")
+#: The charts that can show one job (``for_job``) ...
+JOB_CHARTS = ("allocations", "goodput", "batch", "step_time", "efficiency")
+#: ... and those that show one job only: what the scheduler believes about it (Pollux's goodput model).
+JOB_ONLY = ("step_time", "efficiency")
+#: Batch sizes at which the efficiency curve is drawn, from M0 to the job's largest batch (geometric).
+EFFICIENCY_POINTS = 48
 #: Colours of the series, in order (Tableau 10); the page colours jobs in the same order.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
@@ -53,14 +63,17 @@ class Series:
     label: str
     xs: tuple[float, ...]
     ys: tuple[float, ...]
+    steps: bool = True  # False: a line through the points (a curve, not values held over time)
 
 
 def chart_series(name: str, history: Mapping[str, Sequence[Mapping]], *, total_cpus: int,
                  job: str | None = None) -> list[Series]:
     """The series of chart ``name`` (a key of :data:`CHARTS`) from a history
-    (of job ``job`` alone if given: one of :data:`JOB_CHARTS`)."""
+    (of job ``job`` alone if given: one of :data:`JOB_CHARTS`; the :data:`JOB_ONLY` need it)."""
     if job is not None:
         history = for_job(history, job)
+    if name in JOB_ONLY:
+        return _model_view(name, history.get("reports", []))
     rounds, transitions = history.get("rounds", []), history.get("transitions", [])
     if name == "allocations":
         jobs = list(dict.fromkeys(j for r in rounds for j in r["placement"]))
@@ -92,6 +105,29 @@ def chart_series(name: str, history: Mapping[str, Sequence[Mapping]], *, total_c
         return [Series(f"job {j}", tuple(r["t"] for r in by_job[j]), tuple(float(r["batch_size"]) for r in by_job[j]))
                 for j in by_job if j in set(latest)]
     raise KeyError(name)
+
+
+def _model_view(name: str, reports: Sequence[Mapping]) -> list[Series]:
+    """One job's measurements against its goodput model: step times over time
+    (M / throughput, measured and predicted), or E(M) = (phi + M0) / (phi + M)
+    over M0..its largest batch at the last noise scale phi (Pollux eq. 2), with its batch then."""
+    if name == "step_time":
+        def step_time(key: str) -> Series:
+            kept = [r for r in reports if r.get(key) and r.get("batch_size")]
+            return Series("measured" if key == "throughput" else "model", tuple(r["t"] for r in kept),
+                          tuple(r["batch_size"] / r[key] for r in kept))
+        return [step_time("throughput"), step_time("predicted_throughput")]
+    last = next((r for r in reversed(reports) if r.get("noise_scale") is not None and r.get("init_batch_size")),
+                None)
+    if last is None:
+        return []
+    phi, m0 = float(last["noise_scale"]), float(last["init_batch_size"])
+    top = max(float(last.get("max_batch_size") or m0), float(last.get("batch_size") or m0), m0 + 1)
+    batches = tuple(float(m) for m in np.unique(np.geomspace(m0, top, EFFICIENCY_POINTS).round()))
+    now = float(last.get("batch_size") or m0)
+    e_now = (phi + m0) / (phi + now)
+    return [Series("E(M)", batches, tuple((phi + m0) / (phi + m) for m in batches), steps=False),
+            Series(f"batch now ({now:g})", (now, now), (0.0, e_now), steps=False)]
 
 
 def for_job(history: Mapping[str, Sequence[Mapping]], job_id: str) -> dict[str, list[dict]]:
@@ -164,6 +200,7 @@ def render_svg(name: str, series: Sequence[Series], *, start: float, end: float,
     """
     title, unit = CHARTS[name]
     stacked = name == "allocations"
+    by_batch = name == "efficiency"  # x: samples, not time
     left, right, top, bottom = MARGIN
     w, h = width - left - right, height - top - bottom
     end = max(end, start + 1.0)
@@ -184,24 +221,28 @@ def render_svg(name: str, series: Sequence[Series], *, start: float, end: float,
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" role="img" '
            f'data-chart="{name}" font-family="system-ui, sans-serif" font-size="11">',
            f"<title>{escape(title)}</title>"]
-    step = next((s for s in TIME_STEPS_S if (end - start) / s <= X_TICKS), TIME_STEPS_S[-1])
+    if by_batch:
+        step, tz_offset_s = _nice_step((end - start) / X_TICKS), 0.0
+    else:
+        step = next((s for s in TIME_STEPS_S if (end - start) / s <= X_TICKS), TIME_STEPS_S[-1])
     for tick in range(int(math.ceil((start + tz_offset_s) / step)), int((end + tz_offset_s) // step) + 1):
         t = tick * step - tz_offset_s
         anchor = "end" if px(t) > left + w - 24 else "start" if px(t) < left + 24 else "middle"  # in the frame
         out.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top}" y2="{top + h}" stroke="#e3e7eb"/>'
                    f'<text x="{px(t):.1f}" y="{top + h + 14}" text-anchor="{anchor}">'
-                   f"{_clock(t, step, tz_offset_s)}</text>")
+                   f"{_number(t) if by_batch else _clock(t, step, tz_offset_s)}</text>")
     for k in range(ticks + 1):
         v = ystep * k
         out.append(f'<line x1="{left}" x2="{left + w}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#e3e7eb"/>'
                    f'<text x="{left - 4}" y="{py(v) + 4:.1f}" text-anchor="end">{_number(v)}</text>')
     out.append(f'<text x="12" y="{top + h / 2:.0f}" transform="rotate(-90 12 {top + h / 2:.0f})" '
                f'text-anchor="middle">{escape(unit)}</text>')
-    out.append(f'<text x="{left + w / 2:.0f}" y="{height - 2}" text-anchor="middle">local time</text>')
+    out.append(f'<text x="{left + w / 2:.0f}" y="{height - 2}" text-anchor="middle">'
+               f'{"total batch size (samples)" if by_batch else "local time"}</text>')
     drawn = totals or series
     for i, s in enumerate(drawn):
         colour = PALETTE[i % len(PALETTE)]
-        points = _steps(s, end)
+        points = _steps(s, end) if s.steps else list(zip(s.xs, s.ys))
         if not points:
             continue
         line = " ".join(f"{px(t):.1f},{py(v):.1f}" for t, v in points)

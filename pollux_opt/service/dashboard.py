@@ -11,7 +11,7 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from pollux_opt.model.domains import shown
-from pollux_opt.service.charts import CHARTS, JOB_CHARTS, chart_series, render_svg
+from pollux_opt.service.charts import CHARTS, JOB_CHARTS, JOB_ONLY, chart_series, render_svg
 from pollux_opt.service.db import Store
 from pollux_opt.service.errors import ApiError
 
@@ -38,13 +38,18 @@ def add_dashboard_routes(app: FastAPI, store: Store, nodes: tuple[dict, ...], *,
               job: str | None = None) -> Response:
         if name not in CHARTS:
             raise ApiError(404, f"no chart {shown(name)}: the charts are {', '.join(CHARTS)}")
+        if job is None and name in JOB_ONLY:
+            raise ApiError(422, f"chart {shown(name)} shows one job: give query.job")
         if job is not None:
             if name not in JOB_CHARTS:
                 raise ApiError(422, f"query.job applies to the charts {', '.join(JOB_CHARTS)}, not {shown(name)}")
             if store.job(job) is None:
                 raise ApiError(404, f"no job {shown(job)}")
         series = chart_series(name, store.history(), total_cpus=sum(int(n["cpus"]) for n in nodes), job=job)
-        now = time.time()
-        start = min((s.xs[0] for s in series if s.xs), default=now - 60.0)
-        return Response(render_svg(name, series, start=start, end=now, tz_offset_s=tz),
+        if name == "efficiency":  # over batch sizes, not time
+            start, end = min((min(s.xs) for s in series), default=0.0), max((max(s.xs) for s in series), default=1.0)
+        else:
+            end = time.time()
+            start = min((s.xs[0] for s in series if s.xs), default=end - 60.0)
+        return Response(render_svg(name, series, start=start, end=end, tz_offset_s=tz),
                         media_type="image/svg+xml", headers={"Cache-Control": "no-cache"})

@@ -86,9 +86,11 @@ CREATE TABLE IF NOT EXISTS rounds (
     n INTEGER PRIMARY KEY AUTOINCREMENT,
     t REAL NOT NULL, objective REAL, solver_s REAL, status TEXT, placement TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS reports (  -- each running job's periodic measurements
+CREATE TABLE IF NOT EXISTS reports (  -- each running job's periodic measurements, and its model's view of them
     n INTEGER PRIMARY KEY AUTOINCREMENT,
-    job_id TEXT NOT NULL, t REAL NOT NULL, goodput REAL, batch_size INTEGER, replicas INTEGER NOT NULL
+    job_id TEXT NOT NULL, t REAL NOT NULL, goodput REAL, batch_size INTEGER, replicas INTEGER NOT NULL,
+    throughput REAL, predicted_throughput REAL,       -- samples/s: measured, and the model's for that configuration
+    noise_scale REAL, init_batch_size INTEGER, max_batch_size INTEGER   -- phi, M0 and the largest batch: E(M)
 );
 CREATE INDEX IF NOT EXISTS reports_by_job ON reports (job_id);
 """
@@ -245,8 +247,7 @@ class Store:
     def history(self, since: float = 0.0) -> dict[str, list[dict]]:
         """What happened from Unix time ``since`` on, oldest first: ``rounds``
         (``t``, ``solver_s``, ``objective``, ``placement``), ``transitions``
-        (``job_id``, ``t``, ``new``) and ``reports`` (``job_id``, ``t``,
-        ``goodput``, ``batch_size``, ``replicas``)."""
+        (``job_id``, ``t``, ``new``) and ``reports`` (the columns of its table)."""
         reader = self._reader()
         rounds = reader.execute("SELECT t, solver_s, objective, placement FROM rounds WHERE t >= ? ORDER BY n",
                                 (since,)).fetchall()
@@ -255,8 +256,8 @@ class Store:
             "transitions": [dict(r) for r in reader.execute(
                 "SELECT job_id, t, new FROM transitions WHERE t >= ? ORDER BY n", (since,)).fetchall()],
             "reports": [dict(r) for r in reader.execute(
-                "SELECT job_id, t, goodput, batch_size, replicas FROM reports WHERE t >= ? ORDER BY n",
-                (since,)).fetchall()],
+                "SELECT job_id, t, goodput, batch_size, replicas, throughput, predicted_throughput, noise_scale, "
+                "init_batch_size, max_batch_size FROM reports WHERE t >= ? ORDER BY n", (since,)).fetchall()],
         }
 
     def values(self, sql: str, args: tuple = ()) -> list[float]:
@@ -328,8 +329,12 @@ class EventIndex:
         if etype == "report":
             fields.update({k: _finite(event.get(k)) for k in (
                 "batch_size", "local_bsz", "accum_steps", "goodput", "goodput_base", "progress", "step")})
-            self._conn.execute("INSERT INTO reports (job_id, t, goodput, batch_size, replicas) VALUES (?, ?, ?, ?, ?)",
-                               (job_id, t, fields["goodput"], fields["batch_size"], track.held))
+            self._conn.execute(
+                "INSERT INTO reports (job_id, t, goodput, batch_size, replicas, throughput, predicted_throughput, "
+                "noise_scale, init_batch_size, max_batch_size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, t, fields["goodput"], fields["batch_size"], track.held,
+                 *(_finite(event.get(k)) for k in ("throughput", "predicted_throughput", "noise_scale",
+                                                   "init_batch_size", "max_batch_size"))))
         elif event.get("progress") is not None:
             fields["progress"] = _finite(event["progress"])
         if track.state is not old:

@@ -409,6 +409,7 @@ def test_charts_are_svg_drawn_from_the_index_and_an_unknown_one_is_a_404(api):
     assert f"job {job_id}" in client.get("/api/v1/charts/goodput", params={"job": job_id}).text
     assert client.get("/api/v1/charts/batch", params={"job": "99"}).status_code == 404
     assert "query.job" in error(client.get("/api/v1/charts/decisions", params={"job": job_id}))
+    assert "give query.job" in error(client.get("/api/v1/charts/efficiency"))  # what one job's model says
     unknown = client.get("/api/v1/charts/cpu-temperature")
     assert unknown.status_code == 404 and "'cpu-temperature'" in error(unknown) and "allocations" in error(unknown)
     assert client.get("/api/v1/charts/jobs", params={"tz": 10**6}).status_code == 422

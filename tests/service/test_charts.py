@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pollux_opt.service.charts import CHARTS, chart_series, render_svg
+from pollux_opt.service.charts import CHARTS, JOB_ONLY, chart_series, render_svg
 
 HISTORY = {
     "rounds": [{"t": 100.0, "solver_s": 0.01, "objective": 1.0, "placement": {"1": {"n0": 2}}},
@@ -14,7 +14,8 @@ HISTORY = {
     "transitions": [{"job_id": "1", "t": 90.0, "new": "queued"}, {"job_id": "2", "t": 95.0, "new": "queued"},
                     {"job_id": "1", "t": 100.0, "new": "rescaling"}, {"job_id": "1", "t": 105.0, "new": "running"},
                     {"job_id": "2", "t": 160.0, "new": "rescaling"}, {"job_id": "1", "t": 200.0, "new": "succeeded"}],
-    "reports": [{"job_id": "1", "t": 110.0, "goodput": 50.0, "batch_size": 64, "replicas": 2},
+    "reports": [{"job_id": "1", "t": 110.0, "goodput": 50.0, "batch_size": 64, "replicas": 2, "throughput": 128.0,
+                 "predicted_throughput": 160.0, "noise_scale": 96.0, "init_batch_size": 32, "max_batch_size": 512},
                 {"job_id": "2", "t": 170.0, "goodput": 20.0, "batch_size": 32, "replicas": 3}],
 }
 
@@ -38,11 +39,12 @@ def test_each_chart_folds_the_history_into_step_series():
 
 @pytest.mark.parametrize("name", sorted(CHARTS))
 def test_every_chart_is_an_svg_with_its_unit_and_a_shape_per_series(name):
-    series = chart_series(name, HISTORY, total_cpus=8)
+    series = chart_series(name, HISTORY, total_cpus=8, job="1" if name in JOB_ONLY else None)
     svg = render_svg(name, series, start=90.0, end=260.0, tz_offset_s=3600)
     root = ET.fromstring(svg)  # well-formed
     texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
-    assert CHARTS[name][1] in texts and "local time" in texts
+    assert CHARTS[name][1] in texts
+    assert ("total batch size (samples)" if name == "efficiency" else "local time") in texts
     shapes = [e for e in root.iter() if e.get("class") == "series"]
     assert len(shapes) == len(series) and all(e.get("points") for e in shapes)
 
@@ -93,3 +95,14 @@ def test_many_jobs_are_drawn_as_the_largest_ones_and_the_others_together():
     assert totals == [float(3 * SERIES_MAX + 1)] * 5  # nothing lost in the sum
     batch = chart_series("batch", history, total_cpus=10**4)
     assert {s.label for s in batch} == {f"job {j}" for j in jobs[-SERIES_MAX:]}  # the last to report
+
+
+def test_a_jobs_model_view_shows_measured_and_predicted_step_times_and_its_efficiency_curve():
+    steps = values(chart_series("step_time", HISTORY, total_cpus=8, job="1"))
+    assert steps == {"measured": [(110.0, 0.5)], "model": [(110.0, 0.4)]}  # 64 samples at 128 and 160 samples/s
+    curve, now = chart_series("efficiency", HISTORY, total_cpus=8, job="1")
+    assert curve.xs[0] == 32.0 and curve.xs[-1] == 512.0 and curve.ys[0] == 1.0  # E(M0) = 1
+    assert curve.ys[-1] == pytest.approx((96 + 32) / (96 + 512))  # (phi + M0) / (phi + M), Pollux eq. 2
+    assert all(a > b for a, b in zip(curve.ys, curve.ys[1:]))  # falls with the batch
+    assert now.xs == (64.0, 64.0) and now.ys[1] == pytest.approx(128 / 160)
+    assert chart_series("efficiency", HISTORY, total_cpus=8, job="2") == []  # no noise scale measured yet

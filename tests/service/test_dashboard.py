@@ -34,7 +34,7 @@ LONG = {"kind": "digits-cnn", "replicas": 1, "batch_size": 32, "name": "long",
 #: The charts the page shows (every one must draw).
 CHARTS_SHOWN = {"allocations", "goodput", "utilisation", "jobs", "decisions", "batch"}
 #: The charts of one job's panel.
-JOB_CHARTS_SHOWN = {"allocations", "goodput", "batch"}
+JOB_CHARTS_SHOWN = {"allocations", "goodput", "batch", "step_time", "efficiency"}
 #: Seconds the page may take to show what the server did (jobs start and end within a minute on 2 CPUs).
 WAIT_S = 120.0
 #: Records, in the page, when each job's row first showed each state (seconds, Unix time).

@@ -177,15 +177,19 @@ def report_fields(job: JobBookkeeping, report, now: float, every: float) -> dict
         return None
     m0 = job.spec.init_batch_size
     model = model_of(report)
-    base = math.nan
+    base = predicted = math.nan
     if model is not None:
         choice = model.optimize(1, 1, fixed_batch_size=m0)
         base = float(choice.goodput) if bool(choice.feasible) else math.nan
+        if report.num_replicas and report.local_bsz:  # what the model says of the configuration that ran
+            predicted = float(model.throughput(max(len(report.placement), 1), report.num_replicas,
+                                               report.local_bsz, report.accum_steps or 0))
     return {
         "throughput": (report.samples - samples) / dt, "goodput": (report.progress - progress) * m0 / dt,
-        "goodput_base": base, "batch_size": report.batch_size, "local_bsz": report.local_bsz,
-        "accum_steps": report.accum_steps,
+        "goodput_base": base, "predicted_throughput": predicted, "batch_size": report.batch_size,
+        "local_bsz": report.local_bsz, "accum_steps": report.accum_steps,
         "noise_scale": report.grad_stats.noise_scale if report.grad_stats is not None else None,
+        "init_batch_size": m0, "max_batch_size": job.spec.max_batch_size,
         "progress": report.progress, "step": report.step, "replicas": report.num_replicas, "metric": report.metric,
     }
 

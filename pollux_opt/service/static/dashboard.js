@@ -143,7 +143,7 @@ async function cancelJob(job) {
 
 async function setWeight(job) {
   const answer = prompt(`New weight of job ${job.id} (its priority; now ${job.weight}):`, String(job.weight));
-  if (answer === null) return;
+  if (answer === null || !confirm(`Set the weight of job ${job.id} to ${answer}?`)) return;
   try {
     await apiJson(`api/v1/jobs/${encodeURIComponent(job.id)}`, {
       method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ weight: Number(answer) }),
