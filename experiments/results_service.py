@@ -84,7 +84,8 @@ def _cold_start(df) -> list[str]:
 
 
 def _floor(df) -> list[str]:
-    """A sentence on ``GET /api/v1/jobs``'s p99 against the no-op route's under the same load, where both were measured."""
+    """A sentence on ``GET /api/v1/jobs``'s p99 against the no-op route's under the
+    same load, where both were measured."""
     jobs, floor = (df[df.metric == f"GET {route} p99{tail}"] for route, tail in (("/api/v1/jobs", ""),
                                                                                   ("/healthz", " (floor)")))
     if jobs.empty or floor.empty:

@@ -226,7 +226,8 @@ class Store:
 
         One row from SQLite, not one per job: the reading thread releases and
         retakes the GIL at each row, and under load each retake waits."""
-        where, args = ("", ()) if state is None else (f"WHERE COALESCE(j.state, '{JobState.QUEUED.value}') = ?", (state,))
+        where, args = ("", ()) if state is None else (
+            f"WHERE COALESCE(j.state, '{JobState.QUEUED.value}') = ?", (state,))
         # The subquery's order reaches the aggregate (an aggregate over an ordered subquery is not flattened).
         return self._reader().execute(
             f"SELECT json_group_array(json(job)) FROM (SELECT {_JOB_JSON} AS job FROM submissions s "
