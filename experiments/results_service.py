@@ -27,12 +27,13 @@ HOW = {
                    "jobs that hold their CPUs without training, once served (the queue in `service.db`) and once "
                    "as a closed workload of the same jobs; the decision is the policy's time, the whole round "
                    "also reads the jobs and applies the placement; means over the rounds after the first",
-    "SIGKILLs of the server": "real jobs of mixed kinds on 2 CPUs, the server's whole process group (its training "
-                              "workers too) killed with SIGKILL at seeded random moments and restarted at once on "
+    "SIGKILLs of the server": "real jobs of mixed kinds on 2 CPUs, the server's process group killed with SIGKILL "
+                              "(its worker pool, in a session of its own, ends by its watchdog, rank 0 saving its "
+                              "step first) at seeded random moments and restarted at once on "
                               "the same state, some kills while a submission was in flight (retried with its "
                               "idempotency key); a job is lost unless it ended succeeded and verified, run twice if "
-                              "the log has two `submit` or `complete` events for it; a kill also kills each rank 0, "
-                              "which may repeat the steps since its last checkpoint (at most "
+                              "the log has two `submit` or `complete` events for it; a restarted job may repeat "
+                              "the steps since its last checkpoint (at most "
                               "`checkpoint_interval_s` of training), and a step repeated otherwise or beyond that "
                               "is lost",
 }

@@ -107,9 +107,9 @@ def _record(**row) -> None:
 
 
 # ------------------------------------------------------------------ processes
-def _group(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group ``pgid``."""
-    found = []
+def _stats() -> dict[int, list[str]]:
+    """The fields after the command of every live (non-zombie) process's /proc stat, by pid."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -118,9 +118,29 @@ def _group(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = text[text.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            found.append(int(entry))
+        if fields[0] not in ("Z", "X"):
+            found[int(entry)] = fields
     return found
+
+
+#: Sessions of the schedulers' descendants (the worker pool runs in a session of its own), by scheduler pid.
+_SESSIONS: dict[int, set[int]] = {}
+
+
+def _group(pgid: int) -> list[int]:
+    """Live processes of the scheduler whose process group is ``pgid`` (it was started in a session of its
+    own): its group's, and those of the sessions its descendants were seen in (its worker pool's)."""
+    stats = _stats()
+    sessions = _SESSIONS.setdefault(pgid, {pgid})
+    children: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    todo = [pgid] if pgid in stats else []
+    while todo:  # the live descendants' sessions, remembered for after the scheduler's death
+        pid = todo.pop()
+        sessions.add(int(stats[pid][3]))
+        todo.extend(children.get(pid, []))
+    return [pid for pid, fields in stats.items() if int(fields[2]) == pgid or int(fields[3]) in sessions]
 
 
 def _wait_empty(pgid: int, limit: float) -> float | None:
