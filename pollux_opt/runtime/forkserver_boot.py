@@ -21,9 +21,9 @@ Imported in the fork server, and only there, it:
    for thread with workers that hold every core (a service's
    ``GET /api/v1/jobs`` p99 during a burst of submissions, two jobs training
    on 2 vCPUs: 104 -> 31 ms).  The pool's processes end with their scheduler
-   by the lifeline's watchdog, never by its process group, and a restarted
-   scheduler waits for a job's last workers before it starts new ones
-   (:func:`~pollux_opt.runtime.lifeline.wait_for_orphans`).
+   by the lifeline's watchdog, never by its process group; a restarted
+   scheduler's new workers wait for an orphaned rank 0's checkpoint by the
+   job's writer lock (:mod:`~pollux_opt.runtime.checkpoint`).
 
 Imported anywhere else it does nothing.
 """

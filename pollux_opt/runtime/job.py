@@ -25,8 +25,7 @@ from pollux_opt.extras import TORCH_MISSING, check_installed
 from pollux_opt.runtime.pool import WorkerPool
 from pollux_opt.runtime.report import JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec, check_declared_builder, workdir_path
-from pollux_opt.runtime.lifeline import ORPHAN_LIFETIME_S, wait_for_orphans
-from pollux_opt.runtime.status import JOB_FILE, last_worker_pids, read_job, step_log, write_job
+from pollux_opt.runtime.status import JOB_FILE, read_job, step_log, write_job
 
 __all__ = ["WAIT_POLL_S", "ElasticJob"]
 
@@ -126,8 +125,7 @@ class ElasticJob:
         on :meth:`start`; a job whose newest checkpoint is an unchecked final
         one (it reached its target) is ``running`` and verifies that checkpoint
         at once, holding no CPUs, without training further.  The builder that ``job.json`` names must be
-        from a declared module (the trust model of :mod:`pollux_opt.runtime.spec`).  The job's last
-        workers, if they still run (a scheduler killed alone), are waited for first (:func:`wait_for_orphans`).
+        from a declared module (the trust model of :mod:`pollux_opt.runtime.spec`).
         """
         path = workdir_path(workdir)
         saved = read_job(path)
@@ -135,10 +133,6 @@ class ElasticJob:
             raise InvalidProblem(f"workdir {str(path)!r} holds no job (no {JOB_FILE})")
         spec = JobSpec.from_json(saved["spec"])
         check_declared_builder(spec.builder, where=f"{JOB_FILE} in {str(path)!r}")
-        left = wait_for_orphans(last_worker_pids(path))
-        if left:
-            logger.warning("job %s: workers %s of a scheduler that is gone still run after %.0f s", saved["job_id"],
-                           left, ORPHAN_LIFETIME_S)
         return cls(spec, path, job_id=saved["job_id"], options=RuntimeOptions(**saved["options"]), pool=pool)
 
     # ====================================================================== API

@@ -14,9 +14,7 @@ of them does.  A scheduler killed with SIGKILL would leave all of them running.
   with ``os._exit`` at once or, while it holds state worth saving
   (:meth:`Lifeline.saving_state`: rank 0 while it trains), after up to
   :data:`ORPHAN_GRACE_S` seconds in which it may end by itself (rank 0 notices
-  at its next step boundary and checkpoints that step first).  A restarted
-  scheduler waits for a job's last workers to end before it starts new ones
-  (:func:`wait_for_orphans`).
+  at its next step boundary and checkpoints that step first).
 * The fork server arms ``PR_SET_PDEATHSIG`` while it imports torch
   (:mod:`pollux_opt.runtime.forkserver_boot`: seconds on a loaded 2-core
   machine), before it watches its pipe from the scheduler, whose end of file
@@ -46,8 +44,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 __all__ = [
-    "ORPHAN_GRACE_S", "ORPHAN_LIFETIME_S", "WATCH_S", "Lifeline", "ProcessIdentity", "arm_parent_death_signal",
-    "own_temp_dir", "pool_process_main", "process_identity", "sweep_temp_dirs", "wait_for_orphans",
+    "ORPHAN_GRACE_S", "WATCH_S", "Lifeline", "ProcessIdentity", "arm_parent_death_signal",
+    "own_temp_dir", "pool_process_main", "process_identity", "sweep_temp_dirs",
 ]
 
 logger = logging.getLogger("pollux_opt.runtime")
@@ -59,9 +57,6 @@ WATCH_S = 0.5
 #: gone: enough for rank 0 to reach its next step boundary and write a
 #: checkpoint (steps and saves of the built-in jobs take well under a second).
 ORPHAN_GRACE_S = 5.0
-#: Most seconds an orphan outlives its scheduler: the watchdog's check, the
-#: grace to save its state, and a margin to exit.
-ORPHAN_LIFETIME_S = WATCH_S + ORPHAN_GRACE_S + 2.0
 #: Seconds between the watchdog's checks whether an orphan still saves its state.
 _SAVING_POLL_S = 0.1
 #: Exit status of a process its watchdog ended.
@@ -97,20 +92,6 @@ def process_identity(pid: int | None = None) -> ProcessIdentity:
     pid = os.getpid() if pid is None else int(pid)
     stat = _proc_stat(pid)
     return pid, None if stat is None else stat[1]
-
-
-def wait_for_orphans(pids, *, limit: float = ORPHAN_LIFETIME_S, poll: float = 0.1) -> list[int]:
-    """Wait until none of ``pids`` (pool processes of a scheduler that is gone)
-    runs, at most ``limit`` seconds; returns those still running.  A restarted
-    scheduler waits so that a job's last workers, which end by their watchdog
-    (a checkpoint first), never write beside the workers it starts."""
-    alive = [process_identity(pid) for pid in pids]
-    deadline = time.monotonic() + limit
-    while True:
-        alive = [identity for identity in alive if process_exists(identity)]
-        if not alive or time.monotonic() >= deadline:
-            return [pid for pid, _ in alive]
-        time.sleep(poll)
 
 
 def process_exists(identity: ProcessIdentity) -> bool:

@@ -39,8 +39,8 @@ from pollux_opt.runtime.checkpoint import CheckpointInfo, atomic_write_json, che
 from pollux_opt.runtime.report import Event, JobReport, RuntimeOptions
 from pollux_opt.runtime.spec import JobSpec
 
-__all__ = ["EVENTS_FILE", "JOB_FILE", "STATE_FILE", "STEPS_FILE", "STEP_COLUMNS", "JobStatus", "last_worker_pids",
-           "read_job", "step_log", "write_job"]
+__all__ = ["EVENTS_FILE", "JOB_FILE", "STATE_FILE", "STEPS_FILE", "STEP_COLUMNS", "JobStatus", "read_job",
+           "step_log", "write_job"]
 
 logger = logging.getLogger("pollux_opt.runtime")
 
@@ -67,21 +67,6 @@ def write_job(workdir: Path, job_id: str, spec_json: str, options: RuntimeOption
     atomic_write_json(Path(workdir) / JOB_FILE, {
         "job_id": job_id, "spec": spec_json, "options": jsonable(options.__dict__), "created": time.time(),
     })
-
-
-def last_worker_pids(workdir: Path) -> list[int]:
-    """The pids of the job's last workers that trained (its newest event recording them; none if none)."""
-    path = Path(workdir) / EVENTS_FILE
-    if not path.exists():
-        return []
-    for line in reversed(path.read_text().splitlines()):
-        try:
-            pids = json.loads(line).get("details", {}).get("pids")
-        except (ValueError, AttributeError):
-            continue  # a torn line or not an event
-        if pids:
-            return [int(p) for p in pids]
-    return []
 
 
 def step_log(workdir: Path):

@@ -107,27 +107,3 @@ def test_the_writer_lock_has_one_holder_at_a_time(tmp_path):
     assert wait_for_writer(tmp_path, timeout_s=0.0) and second.acquire(timeout_s=0.0)
     second.release()
     assert (tmp_path / "checkpoints" / "writer.lock").exists()
-
-
-def test_a_restart_waits_for_the_last_workers_of_a_gone_scheduler_and_no_longer(tmp_path):
-    from pollux_opt.runtime.lifeline import wait_for_orphans
-    from pollux_opt.runtime.status import EVENTS_FILE, last_worker_pids
-
-    (tmp_path / EVENTS_FILE).write_text(
-        '{"time": 1, "kind": "started", "details": {"pids": [11, 12]}}\n'
-        '{"time": 2, "kind": "checkpoint", "details": {"step": 3}}\n'
-        '{"time": 3, "kind": "rescaled", "details": {"pids": [13]}}\n{"time": 4, "ki')  # a torn last line
-    assert last_worker_pids(tmp_path) == [13] and last_worker_pids(tmp_path / "none") == []
-    brief = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
-    long = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        t0 = time.monotonic()
-        assert wait_for_orphans([brief.pid], limit=10.0, poll=0.02) == []
-        assert 0.2 < time.monotonic() - t0 < 5.0  # it waited for the process, not for the limit
-        t0 = time.monotonic()
-        assert wait_for_orphans([long.pid], limit=0.3, poll=0.02) == [long.pid]  # still running at the limit
-        assert time.monotonic() - t0 < 5.0
-    finally:
-        long.kill()
-        long.wait()
-        brief.wait()
