@@ -28,7 +28,7 @@ HOW = {
                    "as a closed workload of the same jobs; the decision is the policy's time, the whole round "
                    "also reads the jobs and applies the placement; means over the rounds after the first",
     "SIGKILLs of the server": "real jobs of mixed kinds on 2 CPUs, the server's process group killed with SIGKILL "
-                              "(its worker pool, in a session of its own, ends by its watchdog, rank 0 saving its "
+                              "(its worker pool, detached by setsid, ends by its watchdog, rank 0 saving its "
                               "step first) at seeded random moments and restarted at once on "
                               "the same state, some kills while a submission was in flight (retried with its "
                               "idempotency key); a job is lost unless it ended succeeded and verified, run twice if "

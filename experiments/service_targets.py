@@ -16,7 +16,7 @@ passed, n, machine`` in one CSV (``results_service.py`` renders it):
    without training, served (the queue in ``service.db``) and as a closed
    workload of the same jobs; the service's round may cost at most 10 % more.
 4. *SIGKILLs of the server*: real jobs on 2 CPUs, the server's process group
-   (its worker pool, in a session of its own, then ends by its watchdog)
+   (its worker pool, detached by setsid, then ends by its watchdog)
    killed at random moments (seeded; some kills while a submission is in
    flight, retried with its idempotency key) and restarted on the same state;
    no acknowledged job lost or run twice, and no completed step lost beyond
@@ -134,8 +134,8 @@ def free_port() -> int:
 
 class Server:
     """A ``pollux-opt serve`` subprocess on ``state`` (its own process group:
-    a SIGKILL of the group ends the server; its worker pool, in a session of
-    its own, ends by its watchdog), on one port for its life."""
+    a SIGKILL of the group ends the server; its worker pool, detached by
+    setsid, ends by its watchdog), on one port for its life."""
 
     def __init__(self, state: Path, *, interval: float) -> None:
         self.state, self.port, self.interval, self.proc = Path(state), free_port(), interval, None

@@ -241,7 +241,7 @@ SERVER_START_S, SERVER_JOB_S = 60.0, 300.0
 class ServerProcess:
     """A ``pollux-opt serve`` subprocess on ``state`` and a free port (its own
     process group: a SIGKILL ends the server and its helpers; its worker pool,
-    in a session of its own, ends by its watchdog within seconds); ``args`` are
+    detached by setsid, ends by its watchdog within seconds); ``args`` are
     extra command-line arguments (e.g. ``--backend ray``)."""
 
     def __init__(self, state: Path, port: int | None = None, args: tuple[str, ...] = ()) -> None:

@@ -13,14 +13,14 @@ Imported in the fork server, and only there, it:
    scheduler does;
 4. owns its multiprocessing temporary folder and, when it ends after its
    scheduler died, removes the scheduler's (see :mod:`~pollux_opt.runtime.lifeline`);
-5. starts a session of its own, which every process it forks inherits.  Under
+5. calls ``setsid``, which every process it forks inherits.  Under
    Linux's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``,
-   on by default on most distributions) a session is one scheduling group:
+   on by default on most distributions) each setsid group is one scheduling group:
    the scheduler's process (its loop, its jobs' supervisors, a service's API)
    then gets its share of the CPUs as a group, rather than competing thread
    for thread with workers that hold every core (a service's
    ``GET /api/v1/jobs`` p99 during a burst of submissions, two jobs training
-   on 2 vCPUs: 104 -> 31 ms).  The pool's processes end with their scheduler
+   on 2 vCPUs: 31 ms with it, 104 ms without).  The pool's processes end with their scheduler
    by the lifeline's watchdog, never by its process group; a restarted
    scheduler's new workers wait for an orphaned rank 0's checkpoint by the
    job's writer lock (:mod:`~pollux_opt.runtime.checkpoint`).

@@ -7,8 +7,8 @@ of them does.  A scheduler killed with SIGKILL would leave all of them running.
 
 * Every process the pool starts runs under a :class:`Lifeline`: it ignores
   SIGINT (the scheduler stops its jobs with a checkpoint on a Ctrl-C, then
-  ends the workers; they run in the fork server's session, not the
-  terminal's, see :mod:`~pollux_opt.runtime.forkserver_boot`) and a watchdog thread checks
+  ends the workers; the fork server detached them from the
+  terminal by setsid, see :mod:`~pollux_opt.runtime.forkserver_boot`) and a watchdog thread checks
   every :data:`WATCH_S` seconds that the scheduler still exists (by pid and
   start time: a reused pid does not count).  Once it is gone the process ends
   with ``os._exit`` at once or, while it holds state worth saving

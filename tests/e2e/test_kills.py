@@ -123,24 +123,24 @@ def _stats() -> dict[int, list[str]]:
     return found
 
 
-#: Sessions of the schedulers' descendants (the worker pool runs in a session of its own), by scheduler pid.
-_SESSIONS: dict[int, set[int]] = {}
+#: SIDs (setsid groups) of the schedulers' descendants (the worker pool calls setsid), by scheduler pid.
+_SIDS: dict[int, set[int]] = {}
 
 
 def _group(pgid: int) -> list[int]:
-    """Live processes of the scheduler whose process group is ``pgid`` (it was started in a session of its
-    own): its group's, and those of the sessions its descendants were seen in (its worker pool's)."""
+    """Live processes of the scheduler whose process group is ``pgid`` (started by setsid): its group's,
+    and those of the SIDs its descendants were seen in (its worker pool's)."""
     stats = _stats()
-    sessions = _SESSIONS.setdefault(pgid, {pgid})
+    sids = _SIDS.setdefault(pgid, {pgid})
     children: dict[int, list[int]] = {}
     for pid, fields in stats.items():
         children.setdefault(int(fields[1]), []).append(pid)
     todo = [pgid] if pgid in stats else []
-    while todo:  # the live descendants' sessions, remembered for after the scheduler's death
+    while todo:  # the live descendants' SIDs, remembered for after the scheduler's death
         pid = todo.pop()
-        sessions.add(int(stats[pid][3]))
+        sids.add(int(stats[pid][3]))
         todo.extend(children.get(pid, []))
-    return [pid for pid, fields in stats.items() if int(fields[2]) == pgid or int(fields[3]) in sessions]
+    return [pid for pid, fields in stats.items() if int(fields[2]) == pgid or int(fields[3]) in sids]
 
 
 def _wait_empty(pgid: int, limit: float) -> float | None:
