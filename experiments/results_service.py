@@ -122,25 +122,20 @@ def _how_lines(df, how: dict[str, str]) -> list[str]:
     return lines
 
 
+def _targets_section(df, title: str, intro: str, how: dict[str, str]) -> list[str]:
+    """A section of a targets CSV: its title, what measured it (with the machine), how, and the table."""
+    return [f"## {title}", "", f"{intro}{machine_note(df)}", "", *_how_lines(df, how), "", *_targets_table(df), ""]
+
+
 def service_section(results: Results) -> list[str]:
     """The targets of ``service.csv`` as a table (measured, limit, met), each measurement explained."""
     df = results.service
     if df is None:
         return []
-    return [
-        "## The service",
-        "",
-        "`experiments/service_targets.py`: `pollux-opt serve` (see [`docs/service.md`](service.md)) as a "
-        "subprocess on this machine, driven over HTTP, except the rounds with many queued jobs, measured in one "
-        f"process.{machine_note(df)}",
-        "",
-        *_how_lines(df, HOW),
-        "",
-        *_targets_table(df),
-        "",
-        *_cold_start(df),
-        *_floor(df),
-    ]
+    intro = ("`experiments/service_targets.py`: `pollux-opt serve` (see [`docs/service.md`](service.md)) as a "
+             "subprocess on this machine, driven over HTTP, except the rounds with many queued jobs, measured in "
+             "one process.")
+    return [*_targets_section(df, "The service", intro, HOW), *_cold_start(df), *_floor(df)]
 
 
 def dashboard_section(results: Results) -> list[str]:
@@ -148,14 +143,6 @@ def dashboard_section(results: Results) -> list[str]:
     df = results.dashboard
     if df is None:
         return []
-    return [
-        "## The dashboard",
-        "",
-        "`experiments/dashboard_targets.py`: the page of [`docs/dashboard.md`](dashboard.md) in headless "
-        f"Chromium (Debian's `chromium` and `chromium-driver`, through Selenium).{machine_note(df)}",
-        "",
-        *_how_lines(df, DASHBOARD_HOW),
-        "",
-        *_targets_table(df),
-        "",
-    ]
+    intro = ("`experiments/dashboard_targets.py`: the page of [`docs/dashboard.md`](dashboard.md) in headless "
+             "Chromium (Debian's `chromium` and `chromium-driver`, through Selenium).")
+    return _targets_section(df, "The dashboard", intro, DASHBOARD_HOW)

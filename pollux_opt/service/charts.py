@@ -80,8 +80,9 @@ def chart_series(name: str, history: Mapping[str, Sequence[Mapping]], *, total_c
         times = tuple(r["t"] for r in rounds)
         cpus = {j: [float(sum(r["placement"].get(j, {}).values())) for r in rounds] for j in jobs}
         kept = sorted(jobs, key=lambda j: -sum(cpus[j]))[:SERIES_MAX - 1] if len(jobs) > SERIES_MAX else jobs
+        kept = set(kept)
         out = [Series(f"job {j}", times, tuple(cpus[j])) for j in jobs if j in kept]
-        rest = [j for j in jobs if j not in set(kept)]
+        rest = [j for j in jobs if j not in kept]
         if rest:  # the jobs that held the fewest CPU-seconds, together
             out.append(Series(f"{len(rest)} other jobs", times, tuple(map(sum, zip(*(cpus[j] for j in rest))))))
         return out
@@ -101,9 +102,9 @@ def chart_series(name: str, history: Mapping[str, Sequence[Mapping]], *, total_c
         for r in history.get("reports", []):
             if r.get("batch_size") is not None:
                 by_job.setdefault(r["job_id"], []).append(r)
-        latest = sorted(by_job, key=lambda j: by_job[j][-1]["t"])[-SERIES_MAX:]  # the most recently reporting
+        latest = set(sorted(by_job, key=lambda j: by_job[j][-1]["t"])[-SERIES_MAX:])  # the most recently reporting
         return [Series(f"job {j}", tuple(r["t"] for r in by_job[j]), tuple(float(r["batch_size"]) for r in by_job[j]))
-                for j in by_job if j in set(latest)]
+                for j in by_job if j in latest]
     raise KeyError(name)
 
 
