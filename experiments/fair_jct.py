@@ -12,7 +12,7 @@ multiplier and seed.  Writes ``OUT/fair_jct.csv`` (one row per run) and
     python experiments/fair_jct.py --out runs/fair-jct-load --workloads --loads 0.5 1.5 2 --seeds 0 1
     python experiments/fair_jct.py --quick --out /tmp/q      # 12 jobs of workload-1 on 4 x 4
 
-``--option NAME=VALUE`` passes a fair-jct option (e.g. ``knee=2``); ``--interval``,
+``--option NAME=VALUE`` passes a fair-jct option (e.g. ``bound=3``, ``bound=none``); ``--interval``,
 ``--noise`` (log-normal sigma of what jobs report) and ``--restart-delay`` (seconds
 a job's start or restart costs) set the sensitivity axes.
 ``--merge DIR ...`` joins the ``fair_jct.csv`` of runs made apart (e.g. two
@@ -85,7 +85,7 @@ def _value(text: str):
             return cast(text)
         except ValueError:
             pass
-    return {"true": True, "false": False}.get(text.lower(), text)
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
 def _axis_suffix(args) -> str:

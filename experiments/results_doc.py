@@ -60,7 +60,7 @@ from results_format import (  # noqa: E402
     reduction,
     seconds,
 )
-from results_fair_jct import fair_jct_section  # noqa: E402
+from results_fair_jct import fair_jct_headline, fair_jct_section  # noqa: E402
 from results_typed import solver_types_section, typed_headline, typed_section  # noqa: E402
 from results_sim import (  # noqa: E402
     compare_section,
@@ -132,7 +132,6 @@ OPTIONAL_COLUMNS = {
     "fair_jct.csv": ["set", "workload", "policy", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index", "wall_s"],
     "fair_jct_estimator.csv": ["workload", "variant", "application", "samples", "median_rel_error",
                                "p90_rel_error", "median_ratio"],
-    "fair_jct_screen.csv": ["workload", "policy", "options", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index"],
     "sim_typed.csv": ["workload", "policy", "avg_jct_s", "p99_jct_s", "makespan_s", "worst_rho",
                        "gpu_hours_per_job", "round_s_median", "round_s_p95"],
     "solver_types.csv": ["code", "case", "solves", "wall_median_s", "wall_p95_s", "cpu_median_s",
@@ -170,7 +169,6 @@ class Results:
     kills: pd.DataFrame | None = None
     fair_jct: pd.DataFrame | None = None
     fair_jct_estimator: pd.DataFrame | None = None
-    fair_jct_screen: pd.DataFrame | None = None
     fair_jct_diagnosis: pd.DataFrame | None = None
     typed: pd.DataFrame | None = None
     solver_types: pd.DataFrame | None = None
@@ -241,7 +239,6 @@ def load_results(results_dir: Path) -> Results:
         kills=tables["kills.csv"],
         fair_jct=tables["fair_jct.csv"],
         fair_jct_estimator=tables["fair_jct_estimator.csv"],
-        fair_jct_screen=tables["fair_jct_screen.csv"],
         fair_jct_diagnosis=tables["fair_jct_diagnosis.csv"],
         typed=tables["sim_typed.csv"],
         solver_types=tables["solver_types.csv"],
@@ -295,6 +292,9 @@ def headline(results: Results) -> list[str]:
     typed = typed_headline(results)
     if typed is not None:
         rows.insert(3, typed)
+    fair = fair_jct_headline(results)
+    if fair is not None:
+        rows.insert(3, fair)
     if results.real is not None:
         real = results.real
         workload = "mixed" if "mixed" in set(real.workload) else str(real.workload.iloc[0])

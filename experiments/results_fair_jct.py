@@ -1,7 +1,7 @@
 """The fair-jct section of ``docs/results.md`` (:mod:`results_doc` renders it):
-fair-jct against Pollux on the AdaptDL and Philly workloads, the diagnosis of
-where the mean JCT goes, the screened variants and the remaining-work
-estimator's error."""
+what bounds fair-jct's gain over Pollux, every run on the AdaptDL and Philly
+workloads and the sensitivity settings, its options, where the simulation's
+time and the mean JCT go, and the remaining-work estimator's error."""
 
 from __future__ import annotations
 
@@ -16,30 +16,26 @@ if TYPE_CHECKING:
     from results_doc import Results
 
 #: Display names of the section's policies, in table order.
-FAIR_JCT_POLICIES = {"pollux": "Pollux", "fair-jct": "fair-jct", "fair-jct-oracle": "fair-jct+oracle (bound)"}
+FAIR_JCT_POLICIES = {"pollux": "Pollux", "fair-jct": "fair-jct", "fair-jct-oracle": "fair-jct+oracle"}
 
 
-def fair_jct_section(results: Results) -> list[str]:
-    """fair-jct against Pollux (experiments/fair_jct.py); Pollux rows missing from
-    fair_jct.csv are taken from sim_compare.csv (same simulator and settings)."""
-    if results.fair_jct is None:
-        return []
-    df = results.fair_jct
-    base = results.compare[results.compare.policy == "pollux"].assign(set="adaptdl", jain_index=math.nan)
-    have = set(zip(df.workload, df.policy))
-    extra = base[[(w, "pollux") not in have for w in base.workload]]
-    extra = extra[extra.workload.isin(df.workload)]
-    df = pd.concat([df, extra[["set", "workload", "policy", "avg_jct_s", "p99_jct_s", "worst_rho", "jain_index",
-                               "wall_s"]]], ignore_index=True)
-    # per set: the means over its workloads (NaN where a workload lacks the figure), for the
-    # policies run on all of the set's workloads
-    means = df.groupby(["set", "policy"], as_index=False)[["avg_jct_s", "p99_jct_s", "worst_rho", "jain_index",
-                                                           "wall_s"]].agg(lambda x: x.mean(skipna=False))
+def _with_means(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` plus, per set and policy run on every workload of its set (more than one),
+    a ``mean SET`` row of the means over the set's workloads (NaN where one lacks the figure)."""
+    cols = ["avg_jct_s", "p99_jct_s", "worst_rho", "jain_index", "wall_s"]
+    means = df.groupby(["set", "policy"], as_index=False)[cols].agg(lambda x: x.mean(skipna=False))
     runs = df.groupby(["set", "policy"]).workload.nunique()
     full = runs.groupby(level="set").transform("max")
-    # a set of one workload needs no mean row: it would repeat the workload's
     means = means[[bool(runs[(s, p)] == full[(s, p)] > 1) for s, p in zip(means.set, means.policy)]]
-    df = pd.concat([df, means.assign(workload=[f"mean {s}" for s in means.set])], ignore_index=True)
+    return pd.concat([df, means.assign(workload=[f"mean {s}" for s in means.set])], ignore_index=True)
+
+
+def _rho(v: float) -> str:
+    return "-" if missing(v) else f"{v:.2f}"
+
+
+def _run_rows(df: pd.DataFrame) -> list[list[str]]:
+    """Per workload (mean rows last), each policy's figures against Pollux's on that workload."""
     rows = []
     order = lambda n: (n.startswith("mean "), not n.startswith("workload"), workload_key(n))  # noqa: E731
     for w in sorted(dict.fromkeys(df.workload), key=order):
@@ -49,24 +45,83 @@ def fair_jct_section(results: Results) -> list[str]:
             r = sub.loc[p]
             rows.append([str(w), FAIR_JCT_POLICIES[p], seconds(r.avg_jct_s),
                          "-" if p == "pollux" or missing(ref) else pct(reduction(float(r.avg_jct_s), ref), 1),
-                         seconds(r.p99_jct_s), short(r.worst_rho),
+                         seconds(r.p99_jct_s), _rho(r.worst_rho),
                          "-" if missing(r.jain_index) else f"{r.jain_index:.3f}", short(r.wall_s)])
+    return rows
+
+
+def _bound_rows(df: pd.DataFrame) -> list[list[str]]:
+    """The bounding table: means over the AdaptDL workloads at the default and a zero restart
+    delay, each against Pollux at the default delay; worst rho: the largest over the workloads."""
+    ref = df[(df.set == "adaptdl") & (df.policy == "pollux")].avg_jct_s.mean()
+    rows = []
+    for group, delay in (("adaptdl", "30 s"), ("adaptdl-restart0", "0 s")):
+        sub = df[df.set == group]
+        for p in ordered(sub.policy, FAIR_JCT_POLICIES):
+            r = sub[sub.policy == p]
+            if r.workload.nunique() < df[df.set == "adaptdl"].workload.nunique():
+                continue
+            rows.append([delay, FAIR_JCT_POLICIES[p], seconds(r.avg_jct_s.mean()),
+                         "-" if p == "pollux" and group == "adaptdl" else pct(reduction(r.avg_jct_s.mean(), ref), 1),
+                         seconds(r.p99_jct_s.mean()), _rho(r.worst_rho.max())])
+    return rows
+
+
+def _option_rows(df: pd.DataFrame, options: pd.DataFrame) -> list[list[str]]:
+    """fair-jct's options on the AdaptDL workloads: means over the workloads each ran on, against
+    Pollux's on the same ones; how many of them have a worst rho above Pollux's."""
+    pollux = df[(df.set == "adaptdl") & (df.policy == "pollux")].set_index("workload")
+    rows = []
+    for opt, runs in options.groupby("options", sort=False):
+        runs = runs[runs.workload.isin(pollux.index)]
+        if runs.empty:
+            continue
+        ref = pollux.loc[runs.workload]
+        above = int((runs.worst_rho.to_numpy() > ref.worst_rho.to_numpy() + 1e-9).sum())
+        rows.append(["defaults" if opt == "{}" else opt, str(len(runs)), seconds(runs.avg_jct_s.mean()),
+                     pct(reduction(runs.avg_jct_s.mean(), ref.avg_jct_s.mean()), 1), seconds(runs.p99_jct_s.mean()),
+                     _rho(runs.worst_rho.max()), str(above)])
+    return rows
+
+
+def fair_jct_section(results: Results) -> list[str]:
+    """fair-jct against Pollux (experiments/fair_jct.py): the bounding table, every run at
+    the default options, and the options measured."""
+    if results.fair_jct is None:
+        return []
+    df = results.fair_jct
+    df = df.assign(options=df.options.fillna("{}"))
+    plain = df[df.options == "{}"]
+    options = pd.concat([plain[(plain.set == "adaptdl") & (plain.policy == "fair-jct")],
+                         df[(df.options != "{}") & (df.set == "adaptdl") & (df.policy == "fair-jct")]])
     lines = [
-        "## fair-jct: mean JCT with a finish-time fairness bound",
+        "## fair-jct: mean JCT with fairness as a constraint",
         "",
-        "`experiments/fair_jct.py` (formulation in [`docs/fair-jct.md`](fair-jct.md)): Pollux's power mean "
-        "with online Gittins-index weights, a predicted-rho bound, a weight-scaled restart factor and an "
-        "exploration cap of 4, 16 x 4, interval 60 s, against Pollux"
-        + (" (from `sim_compare.csv` where the row is not in `fair_jct.csv`; those lack Jain's index). "
-           if len(extra) else ", each pair of rows run side by side (two processes). ")
-        + "`philly-Lx-sN` rows are workloads sampled from `philly.csv` at job load L, seed N; a "
-        "`-noiseS`, `-intervalI` or `-restartD` suffix marks a sensitivity setting (report noise S, "
-        "interval I s, restart delay D s instead of 30 s); a `mean` row averages its set's workloads "
-        "(for a Philly load, its seeds). \"below Pollux\" is the reduction of average JCT."
-        + machine_note(results.fair_jct),
+        "`experiments/fair_jct.py` (formulation in [`docs/fair-jct.md`](fair-jct.md)): a linear objective "
+        "over Pollux's goodput speedups with heSRPT-style rank weights of estimated remaining time, and a bound "
+        "of 2 on each job's predicted finish-time fairness rho as a constraint; 16 x 4, interval 60 s, against "
+        "Pollux. What bounds it (means over the eight AdaptDL workloads; \"below Pollux\": the reduction of "
+        "average JCT against Pollux at the 30 s restart delay; worst rho: the largest over the workloads): "
+        "fair-jct+oracle is the same policy told each job's true remaining work by the simulator, the 0 s rows "
+        "have free restarts." + machine_note(results.fair_jct),
+        "",
+        *md_table(["restart delay", "policy", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho"],
+                  _bound_rows(plain), [False, False, True, True, True, True]),
+        "",
+        "Every run at the default options, each workload's rows run side by side (two processes). "
+        "`philly-Lx-sN` rows are workloads sampled from `philly.csv` at job load L, seed N; a `-noiseS`, "
+        "`-intervalI` or `-restartD` suffix marks a sensitivity setting (report noise S, interval I s, "
+        "restart delay D s instead of 30 s); a `mean` row averages its set's workloads (for a Philly load, "
+        "its seeds). \"below Pollux\" is the reduction of average JCT against Pollux on the same workload.",
         "",
         *md_table(["workload", "policy", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
-                   "Jain (1/rho)", "wall (s)"], rows, [False, False] + [True] * 6),
+                   "Jain (1/rho)", "wall (s)"], _run_rows(_with_means(plain)), [False, False] + [True] * 6),
+        "",
+        "fair-jct's options on the AdaptDL workloads (`--option NAME=VALUE`; means over the workloads; "
+        "\"rho above Pollux\": workloads whose worst rho exceeds Pollux's):",
+        "",
+        *md_table(["options", "workloads", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
+                   "rho above Pollux"], _option_rows(plain, options), [False] + [True] * 6),
         "",
     ]
     lines += _speed_lines(results.fair_jct_speed)
@@ -83,22 +138,6 @@ def fair_jct_section(results: Results) -> list[str]:
             *md_table(["run", "application", "jobs", "mean JCT (s)", "share of summed JCT", "wait (s)",
                        "restarts", "restart time (s)", "mean replicas", "max replicas"], drows,
                       [False, False] + [True] * 8),
-            "",
-        ]
-    screen = results.fair_jct_screen
-    if screen is not None:
-        ref = results.compare[results.compare.policy == "pollux"].set_index("workload").avg_jct_s
-        srows = [[str(r.workload), "defaults" if r.options == "{}" else str(r.options), seconds(r.avg_jct_s),
-                  pct(reduction(float(r.avg_jct_s), float(ref[r.workload])), 1) if r.workload in ref.index else "-",
-                  seconds(r.p99_jct_s), short(r.worst_rho), f"{r.jain_index:.3f}"]
-                 for r in screen.sort_values(["workload", "avg_jct_s"]).itertuples()]
-        lines += [
-            "Screening of fair-jct's options (`fair_jct_screen.csv`: `experiments/fair_jct.py --option`, the "
-            "options in [`docs/fair-jct.md`](fair-jct.md), \"Variants screened\"; \"defaults\": the policy "
-            "as registered):",
-            "",
-            *md_table(["workload", "options", "avg JCT (s)", "below Pollux", "p99 JCT (s)", "worst rho",
-                       "Jain (1/rho)"], srows, [False, False] + [True] * 5),
             "",
         ]
     est = results.fair_jct_estimator
@@ -163,3 +202,22 @@ def _speed_lines(df: pd.DataFrame | None) -> list[str]:
         wall, cpu = (m["fair-jct"][c] / m["pollux"][c] - 1 for c in ("wall_s", "cpu_s"))
         out += [f"fair-jct's simulation against Pollux's: {100 * wall:+.0f} % wall, {100 * cpu:+.0f} % CPU.", ""]
     return out
+
+
+def fair_jct_headline(results: Results) -> list[str] | None:
+    """The README's fair-jct row: its average JCT against Pollux's on the AdaptDL workloads
+    (mean, and the per-workload range), and how many keep Pollux's worst rho; None without runs."""
+    if results.fair_jct is None:
+        return None
+    df = results.fair_jct
+    df = df[(df.set == "adaptdl") & (df.options.fillna("{}") == "{}")]
+    pair = df.pivot_table(index="workload", columns="policy", values=["avg_jct_s", "worst_rho"])
+    if not {"pollux", "fair-jct"} <= set(pair.columns.get_level_values(1)):
+        return None
+    jct, rho = pair["avg_jct_s"].dropna(subset=["pollux", "fair-jct"]), pair["worst_rho"]
+    per = 1 - jct["fair-jct"] / jct["pollux"]
+    kept = int((rho.loc[jct.index, "fair-jct"] <= rho.loc[jct.index, "pollux"] + 1e-9).sum())
+    return [f"fair-jct's average JCT below Pollux's, {len(jct)} AdaptDL workloads (mean; per-workload range; "
+            "workloads with a worst rho no higher)",
+            f"{pct(reduction(jct['fair-jct'].mean(), jct['pollux'].mean()), 1)} ({pct(per.min(), 1)} to "
+            f"{pct(per.max(), 1)}; {kept} of {len(jct)})"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Sequence
 
 import numpy as np
@@ -237,8 +237,12 @@ def placement_of(cluster: Cluster, jobs: Sequence[Job], placement: np.ndarray) -
 
 
 def solve(cluster: Cluster, jobs: Sequence[Job], options: Options, *,
-          cache: SearchCache | None = None) -> solvers.Result:
+          cache: SearchCache | None = None, refine: Callable[[Problem], Problem] | None = None) -> solvers.Result:
     """The solver's answer for checked arguments (see :func:`allocate`): encode, solve.
+
+    ``refine`` (optional) changes the encoded problem before it is solved, e.g. a
+    policy's constraint on a job's configurations; it keeps the jobs and nodes
+    (their order too), so the answer decodes as the encoded problem's would.
 
     ``options.time_limit`` bounds the whole call; an encoding that takes it all
     returns every job's current placement with status ``time_limit_no_solution``.
@@ -251,6 +255,8 @@ def solve(cluster: Cluster, jobs: Sequence[Job], options: Options, *,
     log.info("allocate: encoding %d jobs on %d nodes", len(jobs), len(cluster.nodes))
     try:
         problem = to_problem(cluster, jobs, options, deadline=deadline, cache=cache)
+        if refine is not None:
+            problem = refine(problem)
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             raise OutOfTime(f"encoding took the whole time limit of {options.time_limit:g} s")

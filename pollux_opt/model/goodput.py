@@ -37,7 +37,9 @@ from pollux_opt.model.efficiency import GradientStats, unchecked_efficiency
 from pollux_opt.model.throughput import ThroughputParams, unchecked_step_time
 from pollux_opt.model.validate import as_allocation, as_count, as_counts, broadcast_args
 
-__all__ = ["DistinctAllocations", "GoodputModel", "SearchCache", "distinct_allocations", "memo_beside_search_cache"]
+__all__ = [
+    "DistinctAllocations", "GoodputModel", "SearchCache", "distinct_allocations", "isolated_rate", "memo_beside_search_cache",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -340,3 +342,36 @@ class GoodputModel:
             )
         choice = self.optimize(num_nodes, num_replicas, fixed_batch_size=fixed_batch_size)
         return choice.goodput / ref.goodput
+
+
+def isolated_rate(model: GoodputModel, cpus: float, batch_size: int, max_replicas: int | None,
+                  node_cpus: int | None = None) -> float:
+    """Progress rate (M0-equivalent iterations / s) of a job of ``model`` on ``cpus`` exclusive CPUs,
+    training as its user submitted it: the reference of finish-time fairness (Themis, NSDI 2020).
+
+    The submitted ``batch_size`` split over the replicas, statistical efficiency
+    included; ``max_replicas`` (None: none) caps the replicas; linear
+    interpolation between integer CPU counts, time-slicing below one CPU.
+    ``node_cpus`` (largest node) decides how many nodes K replicas span (one if
+    None).  nan where the batch does not fit or ``cpus`` is not positive.
+    """
+    if not cpus > 0:
+        return float("nan")
+    m0 = model.limits.init_batch_size
+    cap = int(max_replicas) if max_replicas else None
+
+    def rate(k: int) -> float:
+        k = max(1, k if cap is None else min(k, cap))
+        nodes = 1 if not node_cpus else -(-k // node_cpus)
+        choice = model.optimize(nodes, k, fixed_batch_size=int(batch_size))
+        if not bool(choice.feasible):
+            return float("nan")
+        return float(model.goodput(nodes, k, int(choice.local_bsz), int(choice.accum_steps))) / m0
+
+    if cpus < 1:
+        return rate(1) * cpus
+    lo, hi = int(cpus // 1), -int(-cpus // 1)
+    if lo == hi:
+        return rate(lo)
+    w = cpus - lo
+    return (1 - w) * rate(lo) + w * rate(hi)

@@ -63,6 +63,7 @@ import numpy as np
 from solvers import InvalidProblem
 
 from pollux_opt.model.domains import Integer, check
+from pollux_opt.model.goodput import isolated_rate as model_isolated_rate
 from pollux_opt.records.events import goodput_model_from_json, jsonable
 from pollux_opt.records.replay import JobTrack, replay, time_ordered
 from pollux_opt.records.timelines import goodput_timeline
@@ -112,35 +113,10 @@ def _average_step(times: np.ndarray, values: np.ndarray, a: float, b: float) -> 
 
 def isolated_rate(model_json: dict, cpus: float, batch_size: int, max_replicas: int | None,
                   node_cpus: int | None = None) -> float:
-    """Progress rate (M0-equivalent iterations / s) of a job on ``cpus`` exclusive CPUs.
-
-    See the module docstring: the submitted ``batch_size`` split over the
-    replicas, efficiency included; linear interpolation between integer CPU
-    counts, time-slicing below one CPU.  ``node_cpus`` (largest node) decides
-    how many nodes K replicas span (one if None).
-    """
+    """:func:`pollux_opt.model.goodput.isolated_rate` of the model written in a
+    ``complete`` event (nan without one)."""
     model = goodput_model_from_json(model_json)
-    if model is None or not cpus > 0:
-        return math.nan
-    m0 = model.limits.init_batch_size
-    cap = int(max_replicas) if max_replicas else None
-
-    def rate(k: int) -> float:
-        k = max(1, k if cap is None else min(k, cap))
-        nodes = 1 if not node_cpus else -(-k // node_cpus)
-        choice = model.optimize(nodes, k, fixed_batch_size=int(batch_size))
-        if not bool(choice.feasible):
-            return math.nan
-        g = model.goodput(nodes, k, int(choice.local_bsz), int(choice.accum_steps))
-        return float(g) / m0
-
-    if cpus < 1:
-        return rate(1) * cpus
-    lo, hi = math.floor(cpus), math.ceil(cpus)
-    if lo == hi:
-        return rate(lo)
-    w = cpus - lo
-    return (1 - w) * rate(lo) + w * rate(hi)
+    return math.nan if model is None else model_isolated_rate(model, cpus, batch_size, max_replicas, node_cpus)
 
 
 def jain_index(values: Sequence[float]) -> float:

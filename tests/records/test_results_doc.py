@@ -232,6 +232,7 @@ def test_the_headline_names_each_machine_its_tables_were_measured_on(rd):
 def test_fair_jct_rows_match_the_csv_with_a_mean_row_per_set_of_several_workloads(generated):
     doc, _ = generated
     fj = pd.read_csv(RESULTS / "fair_jct.csv")
+    fj = fj[fj.options.fillna("{}") == "{}"]  # the per-run table has the default options only
     lines = doc.splitlines()
     for (group, policy), runs in fj[fj.policy.isin(["pollux", "fair-jct"])].groupby(["set", "policy"]):
         name = "Pollux" if policy == "pollux" else "fair-jct"
@@ -259,3 +260,27 @@ def test_fair_jct_speed_table_splits_each_policys_wall_time_into_its_stages(expe
     assert "| of which fair-jct's work rates (calls) | - | 1.5 (12000) |" in text
     assert "| the rest (simulator, views, event log) | 5.5 | 7.0 |" in text
     assert "fair-jct's simulation against Pollux's: +10 % wall, +0 % CPU." in text
+
+
+def test_fair_jct_bounding_and_option_tables_compare_with_pollux_at_the_default_delay(experiment):
+    results_fair_jct = experiment("results_fair_jct")
+
+    def run(group, workload, policy, jct, rho, options="{}"):
+        return {"set": group, "workload": workload, "policy": policy, "options": options, "avg_jct_s": jct,
+                "p99_jct_s": 10 * jct, "worst_rho": rho, "jain_index": 0.8, "wall_s": 1.0}
+
+    df = pd.DataFrame([run("adaptdl", "w1", "pollux", 100.0, 3.0), run("adaptdl", "w2", "pollux", 300.0, 3.5),
+                       run("adaptdl", "w1", "fair-jct", 80.0, 3.0), run("adaptdl", "w2", "fair-jct", 240.0, 3.5),
+                       run("adaptdl-restart0", "w1", "fair-jct", 60.0, 2.0),
+                       run("adaptdl-restart0", "w2", "fair-jct", 180.0, 2.5),
+                       run("adaptdl", "w1", "fair-jct", 70.0, 4.0, '{"bound": null}')])
+    plain = df[df.options == "{}"]
+    rows = results_fair_jct._bound_rows(plain)
+    assert rows[0] == ["30 s", "Pollux", "200", "-", "2000", "3.50"]
+    assert rows[1] == ["30 s", "fair-jct", "160", "20.0 %", "1600", "3.50"]
+    assert rows[2] == ["0 s", "fair-jct", "120", "40.0 %", "1200", "2.50"]  # against Pollux at 30 s
+    options = pd.concat([plain[plain.policy == "fair-jct"], df[df.options != "{}"]])
+    opt = results_fair_jct._option_rows(plain, options[options.set == "adaptdl"])
+    assert opt[0] == ["defaults", "2", "160", "20.0 %", "1600", "3.50", "0"]
+    # one workload: against Pollux's on that workload; its worst rho above Pollux's there
+    assert opt[1] == ['{"bound": null}', "1", "70", "30.0 %", "700", "4.00", "1"]

@@ -1,9 +1,7 @@
-"""fair-jct: its online work estimator, its fairness term, its registry entry, and
-priority weights in fair-jct and pollux (a heavier job never finishes later)."""
+"""fair-jct: its online work estimator, its rank weights and fairness outlook, its
+registry entry, and priority weights in fair-jct and pollux (a heavier job never finishes later)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 
@@ -23,8 +21,15 @@ from pollux_opt.scheduling.policies import (
     make_policy,
     policy_names,
 )
-from pollux_opt.model.job import restart_factor
-from pollux_opt.scheduling.policies.fair_jct import FAIR_JCT_EXPLORATION, predicted_rho
+from pollux_opt.model import Options
+from pollux_opt.model.goodput import isolated_rate
+from pollux_opt.scheduling.policies.fair_jct import (
+    DEFAULT_LOOKAHEAD_S,
+    FAIR_JCT_EXPLORATION,
+    FAIRNESS_BOUND,
+    RANK_POWER,
+    _rates,
+)
 from pollux_opt.scheduling.policies.views import EXPLORATION_FACTOR
 from pollux_opt.workloads.job import WorkloadJob
 from pollux_opt.model.goodput import SearchCache
@@ -54,23 +59,19 @@ def _history(totals) -> WorkHistory:
     return h
 
 
-def test_gittins_index_matches_its_definition_on_a_small_distribution():
+def test_remaining_work_is_the_mean_residual_of_the_completed_jobs():
     h = _history([100.0, 100.0, 1000.0])
     v = _view("x")
-    # At a = 0: threshold 100 finishes 2 of 3 for expected spend 100 -> 2/300 per s;
-    # threshold 1000 finishes 3 for (100 + 100 + 1000) / 3 -> 3/1200.  Max: 2/300.
-    assert h.gittins(v, 0.0) == pytest.approx(2 / 300)
-    # Past the short jobs only the long one remains: 1 / (1000 - 150).
-    assert h.gittins(v, 150.0) == pytest.approx(1 / 850)
-    assert h.remaining(v, 150.0) == pytest.approx(850.0)
     assert h.remaining(v, 0.0) == pytest.approx(400.0)
+    # past the short jobs only the long one remains
+    assert h.remaining(v, 150.0) == pytest.approx(850.0)
 
 
-def test_gittins_falls_back_to_least_attained_service_without_enough_history():
+def test_remaining_work_falls_back_to_least_attained_service_without_enough_history():
     h = _history([100.0] * (MIN_SAMPLES - 1))
     v = _view("x")
-    assert h.gittins(v, 0.0) == pytest.approx(1 / MIN_WORK_S)
-    assert h.gittins(v, 600.0) == pytest.approx(1 / 600.0)
+    assert h.remaining(v, 0.0) == pytest.approx(MIN_WORK_S)
+    assert h.remaining(v, 600.0) == pytest.approx(600.0)
     # Beyond every sample: the Lindy estimate (remaining = attained).
     assert _history([100.0] * MIN_SAMPLES).remaining(v, 500.0) == pytest.approx(500.0)
 
@@ -83,12 +84,6 @@ def test_history_counts_a_job_once_it_leaves_the_views():
     assert h.completed == 0
     h.observe([b], {"b": 50.0})
     assert h.completed == 1 and h._pooled == [30.0]
-
-
-def test_predicted_rho_is_one_for_a_new_job_and_grows_with_waiting():
-    assert predicted_rho(0.0, 0.0, 100.0, 2.0) == pytest.approx(1.0)
-    assert predicted_rho(100.0, 0.0, 100.0, 2.0) == pytest.approx(3.0)
-    assert predicted_rho(0.0, 0.0, 0.0, 2.0) == 1.0
 
 
 def _model() -> GoodputModel:
@@ -113,50 +108,73 @@ def test_one_search_gives_each_rate_as_its_own_search_would(replicas, cache):
         assert reference_rate(m) == expected[0]
 
 
-def test_fair_jct_weights_favour_short_jobs_until_the_fairness_bound():
-    m = _model()
-    pol = FairJctPolicy(alpha=0.5)
+def _three_sizes(pol: FairJctPolicy, m: GoodputModel):
+    """Views of one model family at three attained works against a history of short and long jobs."""
     pol._history = _history([100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0])
+    # residual works: new 3550 (mean of all), 150 done -> 9850 (past the short ones), 9000 done -> 1000
+    return [_view("new", goodput_model=m, progress=0.0),
+            _view("long", goodput_model=m, progress=150.0 * reference_rate(m), age=200.0),
+            _view("near", goodput_model=m, progress=9000.0 * reference_rate(m), age=20000.0)]
+
+
+def test_fair_jct_weights_jobs_by_their_rank_in_remaining_time():
+    m = _model()
     cluster = Cluster.uniform(1, 4)
-    # 150 reference seconds done: past the short jobs, so a long one (index 1/9850
-    # against a new job's 1/200, see the Gittins test above); both of one model,
-    # so their fair-share work rates, which scale both indices, cancel.
-    started = _view("started", goodput_model=m, progress=150.0 * reference_rate(m), age=200.0)
-    views = [_view("new", goodput_model=m), started]
+    pol = FairJctPolicy(bound=None)
+    views = _three_sizes(pol, m)
     tie = PolluxPolicy().weights(cluster, views)  # Pollux's weights: priority times tie-break
     w = pol.weights(cluster, views)
-    assert w["new"] == pytest.approx(tie["new"])
-    assert w["started"] == pytest.approx(tie["started"] * (200.0 / 9850.0) ** 0.5)
-    # The same job after a long wait: predicted rho beyond the bound -> the top index.
-    waited = [_view("new", goodput_model=m), dataclasses.replace(started, age=50000.0)]
-    assert pol.weights(cluster, waited)["started"] == pytest.approx(tie["started"])
-    # Without the fairness term (knee and bound out of reach) it stays a long job.
-    pol.knee, pol.bound = 1e6, 2e6
-    assert pol.weights(cluster, waited)["started"] == pytest.approx(tie["started"] * (200.0 / 9850.0) ** 0.5)
-    # The tilt is bounded: at most max_tilt halvings.
-    pol.max_tilt = 1.0
-    assert pol.weights(cluster, waited)["started"] == pytest.approx(tie["started"] * 0.5)
-    # alpha = 0: Pollux's weights exactly.
-    assert FairJctPolicy(alpha=0.0).weights(cluster, views) == tie
+    # ranks from the longest: long 1, new 2, near 3 (one model: the fair-share rates cancel)
+    assert w["near"] == pytest.approx(tie["near"])
+    assert w["new"] == pytest.approx(tie["new"] * (2 / 3) ** RANK_POWER)
+    assert w["long"] == pytest.approx(tie["long"] * (1 / 3) ** RANK_POWER)
+    # rank_power 0: every job as in Pollux; "rate": the expected completion rates 1 / R
+    pol0 = FairJctPolicy(bound=None, rank_power=0.0)
+    assert pol0.weights(cluster, _three_sizes(pol0, m)) == pytest.approx(tie)
+    rate = FairJctPolicy(bound=None, weighting="rate")
+    w = rate.weights(cluster, _three_sizes(rate, m))
+    assert w["long"] / w["near"] == pytest.approx(tie["long"] / tie["near"] * 1000.0 / 9850.0)
 
 
-def test_a_lighter_job_pays_for_a_move_as_a_pollux_job_would():
+def test_fair_jct_predicts_rho_against_the_submitted_configuration_on_a_fair_share():
     m = _model()
-    pol = FairJctPolicy(alpha=1.0)
-    pol._history = _history([100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0])
     cluster = Cluster.uniform(1, 4)
-    running = dict(placement={"n0": 1}, state=JobState.RUNNING, restarts=2)
-    long_ = _view("long", goodput_model=m, progress=150.0 * reference_rate(m), age=3000.0, **running)
-    short = _view("short", goodput_model=m, age=3000.0, **running)
-    views = [short, long_]
-    jobs = {j.id: j for j in pol.allocator_jobs(cluster, views)}
-    w, base = pol.weights(cluster, views), PolluxPolicy().weights(cluster, views)
-    pollux_f = restart_factor(3000.0, 2, 30.0)
-    # The top-weight job keeps Pollux's factor; the light one's move costs the same in the power mean.
-    assert restart_factor(jobs["short"].age, jobs["short"].restarts, jobs["short"].restart_delay) == pytest.approx(pollux_f)
-    f_long = restart_factor(jobs["long"].age, jobs["long"].restarts, jobs["long"].restart_delay)
-    assert w["long"] < base["long"]
-    assert w["long"] * (1 / f_long - 1) == pytest.approx(base["long"] * (1 / pollux_f - 1))
+    pol = FairJctPolicy()
+    views = _three_sizes(pol, m)
+    pol.weights(cluster, views)
+    out = pol._outlook
+    ref, phi = _rates(m, 2)  # the fair share of 3 jobs on 4 CPUs: 2 replicas
+    sub = isolated_rate(m, 4 / 3, 128, 4, 4)
+    # a job that has not started is taken as short as a job may be
+    iso_new = MIN_WORK_S * ref / sub
+    assert out.isolated_s[0] == pytest.approx(iso_new)
+    assert out.rho[0] == pytest.approx((0.0 + MIN_WORK_S / phi) / iso_new)
+    iso_near = (9000.0 + 1000.0) * ref / sub
+    assert out.rho[2] == pytest.approx((20000.0 + 1000.0 / phi) / iso_near)
+    assert out.lookahead_s == DEFAULT_LOOKAHEAD_S
+
+
+def test_fair_jct_keeps_a_job_at_the_bound_running_beside_a_shorter_one():
+    m = _model()
+    cluster = Cluster.uniform(1, 4)
+    pol = FairJctPolicy()
+    pol._history = _history([100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0])
+    running = dict(placement={"n0": 4}, state=JobState.RUNNING)
+    short = _view("short", goodput_model=m, progress=9000.0 * reference_rate(m), age=100.0, **running)
+    waited = _view("waited", goodput_model=m, progress=150.0 * reference_rate(m), age=40000.0)
+    unbounded = FairJctPolicy(bound=None)
+    unbounded._history = pol._history
+
+    def held(policy):
+        return sum(policy.decide(0.0, cluster, [short, waited]).placement.get("waited", {}).values())
+
+    assert held(unbounded) == 0  # the shorter job's weight takes every CPU
+    assert held(pol) >= 1
+
+
+def test_fair_jct_refuses_a_nonlinear_objective():
+    with pytest.raises(InvalidProblem, match=r"options.p must be 1, got -1"):
+        FairJctPolicy(options=Options(p=-1.0))
 
 
 def test_fair_jct_explores_further_than_pollux():
@@ -177,8 +195,9 @@ def test_fair_jct_priority_weight_multiplies_the_weight():
 
 def test_fair_jct_is_registered_for_real_jobs():
     assert "fair-jct" in POLICIES and "fair-jct" in policy_names()
-    policy = make_policy("fair-jct", knee=2.0, bound=4.0)
-    assert type(policy) is FairJctPolicy and (policy.knee, policy.bound) == (2.0, 4.0)
+    policy = make_policy("fair-jct", bound=None, rank_power=1.0)
+    assert type(policy) is FairJctPolicy and (policy.bound, policy.rank_power) == (None, 1.0)
+    assert make_policy("fair-jct").bound == FAIRNESS_BOUND
 
 
 class _Oracle:
@@ -202,17 +221,16 @@ def test_the_oracle_bound_uses_the_true_remaining_work_and_run_refuses_it():
     pol = FairJctOraclePolicy(oracle=_Oracle({"a": 1000.0 * rate, "b": 4000.0 * rate}))
     views = [_view("a", goodput_model=m), _view("b", goodput_model=m)]
     est = pol.estimates(Cluster.uniform(1, 4), views)
-    assert est["a"][1] == pytest.approx(1000.0) and est["a"][2] == pytest.approx(1 / 1000.0)
-    assert est["b"][1] == pytest.approx(4000.0) and est["b"][2] == pytest.approx(1 / 4000.0)
+    assert est["a"].remaining == pytest.approx(1000.0) and est["b"].remaining == pytest.approx(4000.0)
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"knee": 3.0, "bound": 2.0}, r"bound must be > knee, got bound=2.0 and knee=3.0"),
-        ({"alpha": -1.0}, r"alpha"),
-        ({"knee": 0.5}, r"knee"),
-        ({"max_tilt": -1.0}, r"max_tilt"),
+        ({"bound": 1.0}, r"bound"),
+        ({"rank_power": -1.0}, r"rank_power"),
+        ({"weighting": "size"}, r"weighting"),
+        ({"past_bound": "never"}, r"past_bound"),
         ({"exploration_factor": 0}, r"exploration_factor"),
     ],
 )

@@ -1,208 +1,241 @@
-"""``fair-jct``: Pollux's goodput power mean, weighted for mean JCT under a finish-time fairness bound.
+"""``fair-jct``: goodput allocation for mean JCT, with finish-time fairness as a constraint.
 
-The same exact allocator and objective as Pollux (one-hot options per job,
-speedups over a fair share from each job's fitted goodput model with the
-goodput-best batch per option, the restart penalty, interference avoidance,
-the power mean with p = -1: Pollux, section 4), with per-job weights that
-carry what Pollux's objective ignores (how much work a job still has and how
-long it has waited), a restart factor that keeps a light job's move as costly
-as Pollux makes it, and a wider exploration cap.  The formulation, its
-assumptions and the measurements behind each choice are in
-``docs/fair-jct.md``; in short, the round maximises
+The same exact one-hot MILP as Pollux (each job's options are (nodes,
+replicas) with its speedup over a fair share from its goodput model at the
+goodput-best batch, Pollux's restart factor per job, interference avoidance:
+Pollux, OSDI 2021, section 4), with a linear objective (the power mean with
+p = 1) in place of Pollux's p = -1:
 
-    M_p = ( sum_j w_j (s_j(o_j) f'_j(o_j))^p / sum_j w_j )^(1/p),
-    w_j = pi_j * t_j * max((Gamma_j / Gamma_top)^alpha, 2^-max_tilt),
-    Gamma_j = H_j^(1 - c_j) * Gamma_top^(c_j),      H_j = G_j r_j
+    maximise  sum_j w_j s_j(o_j) f_j(o_j),      w_j = pi_j t_j (r_j / m)^beta
 
-over one option ``o_j`` per job, where
+* ``s_j(o)``: the speedup over the job's fair share, capped by its own replica
+  limit (a one-replica job runs its fair share on one replica);
+  ``f_j(o)``: Pollux's restart factor on a move, 1 otherwise;
+* ``r_j``: the job's rank among the ``m`` active jobs by expected remaining
+  time on a fair share, ``R_j / phi_j`` (1: the longest; ``m``: the shortest;
+  ties share their mean rank), ``R_j`` the online estimate of its remaining
+  work (:class:`~pollux_opt.scheduling.policies.remaining.WorkHistory`:
+  the mean residual work of completed jobs like it; no oracle), ``phi_j`` its
+  work rate on the fair share;
+* ``beta`` (:data:`RANK_POWER`): for jobs that share a speedup ``k^p`` and
+  are all present, the optimal allocation for mean flow time (heSRPT, Berg,
+  Vesilo and Harchol-Balter, SPAA 2019 and 2020) gives the job of rank ``i``
+  ``(i / m)^c - ((i - 1) / m)^c`` of the servers, ``c = 1 / (1 - p)``: it
+  finishes jobs shortest first yet runs them all.  Those shares maximise
+  ``sum_i w_i theta_i^p`` with ``w_i`` proportional to
+  ``theta_i^(1 - p)``, about ``i^p``: rank weights in a linear objective
+  over speedups, with the rank raised to the speedup's exponent.  SmartFill's
+  rule for general concave speedups, a constant ratio of the jobs' speedup
+  derivatives, is again the optimum of a linear objective with fixed
+  weights.  Goodput speedups have no single exponent; 0.5 (a square-root
+  speedup) measured best of 0.25, 0.5 and 1 (docs/fair-jct.md);
+* ``pi_j``: the job's priority weight, ``t_j`` Pollux's tie-break factor.
 
-* ``s_j(o)``: Pollux's speedup over the fair share;
-* ``H_j``: the job's expected completions per second on its fair share: its
-  Gittins index ``G_j`` (completions per reference second of service, from
-  the online distribution of completed jobs' work,
-  :class:`~pollux_opt.scheduling.policies.remaining.WorkHistory`) times its
-  work rate ``r_j`` there; jobs likely to finish soon weigh more (SRPT /
-  Gittins scheduling for mean JCT), with strength ``alpha`` (0: Pollux's
-  weights), at most ``max_tilt`` halvings below the top;
-* ``c_j = clip((rho_j - knee) / (bound - knee), 0, 1)``: fairness.  ``rho_j``
-  is the job's predicted finish-time fairness (Themis, NSDI 2020) if it got
-  its fair share from now on; as it passes ``knee`` the job's index is raised
-  geometrically to the highest index of the round, ``Gamma_top = max_j H_j``,
-  reached at ``bound``: a job about to exceed the bound is weighted like the
-  job most likely to finish;
-* ``f'_j(o)``: 1 if the option keeps the job's placement, else the restart
-  factor that costs the move ``w_j (1 / f' - 1) = pi_j t_j (1 / f - 1)`` for
-  Pollux's factor ``f`` (:func:`_restart_as_pollux`);
-* ``pi_j``: the job's priority weight (``JobView.weight``) and ``t_j`` Pollux's
-  tie-break factor (:data:`~pollux_opt.scheduling.policies.goodput.TIE_BREAK`).
+``weighting="rate"`` uses the expected completion rates ``phi_j / R_j`` as
+the weights instead of the ranks (the objective is then the cluster's
+expected completion rate); measured, it gives the shortest jobs CPUs far past
+their efficient scale (docs/fair-jct.md).
+
+Fairness is a constraint, not a weight (:mod:`.rho_bound`): a job whose
+predicted finish-time fairness ``rho`` would pass ``bound`` (2 by default) if
+it waited a round may only take the options that keep it within the bound (or,
+already past it, at least its fair-share speed).  ``rho`` uses the same
+reference as the run's metrics (:func:`~pollux_opt.model.goodput.isolated_rate`:
+the job alone on a fair share, trained as submitted), its work done plus the
+estimate of its remaining work, and a fair share from now on.  A job that has
+not started is kept within the bound as if it were as short as
+:data:`~pollux_opt.scheduling.policies.remaining.MIN_WORK_S` (its size is not
+known; a short job's rho suffers most from waiting).
 
 A job may get :data:`FAIR_JCT_EXPLORATION` times the replicas it has been
-measured on (Pollux: 2).  Each term is per job (weights, restart factors) or
-per job and option (speedups), so the round is the same one-hot MILP as
-Pollux's: the policy only sets the Problem's weights and restart factors.
+measured on (Pollux: 2).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field, replace
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple, Sequence
 
-from solvers import InvalidProblem
+import numpy as np
+from scipy.stats import rankdata
 
-from pollux_opt.model import Cluster, GoodputModel, Job
-from pollux_opt.model.job import restart_factor
-from pollux_opt.model.domains import Real, domain_field
-from pollux_opt.model.goodput import SearchCache
+from solvers import InvalidProblem, Problem
+
+from pollux_opt.model import Cluster, GoodputModel, Job, Options
+from pollux_opt.model.domains import Boolean, Choice, Real, domain_field
+from pollux_opt.model.goodput import SearchCache, isolated_rate
 from pollux_opt.scheduling.loop import JobView
 from pollux_opt.scheduling.policies.goodput import AllocatorPolicy
 from pollux_opt.scheduling.policies.optimus import StepOracle
 from pollux_opt.scheduling.policies.remaining import MIN_WORK_S, WorkHistory, one_node_rates, work_done
-from pollux_opt.scheduling.policies.views import EXPLORATION_FACTORS, fair_share
+from pollux_opt.scheduling.policies.rho_bound import PAST_BOUND_RULES, RhoOutlook, bound_rho
+from pollux_opt.scheduling.policies.views import EXPLORATION_FACTORS, fair_share, job_for_allocator
 
-__all__ = ["FAIR_JCT_EXPLORATION", "FAIRNESS_BOUND", "FAIRNESS_KNEE", "MAX_TILT", "FairJctOraclePolicy", "FairJctPolicy", "SRPT_STRENGTH", "predicted_rho"]
+__all__ = [
+    "FAIRNESS_BOUND", "FAIR_JCT_EXPLORATION", "Estimate", "FairJctOraclePolicy", "FairJctPolicy", "RANK_POWER",
+]
 
-#: Exponent ``alpha`` of the remaining-work weights (project choice: a mild
-#: tilt of the power mean; 0.25, 0.5 and 1 were tried on workload-6, docs/fair-jct.md).
-SRPT_STRENGTH = 0.25
-#: Predicted rho from which a job's priority starts to rise to the top (project
-#: choice: half-way between a fair finish, 1, and the bound).
-FAIRNESS_KNEE = 1.5
-#: Predicted rho at which a job is served as if it were the shortest (project
-#: choice: below the worst rho Pollux reaches on the AdaptDL workloads, about 3.8).
-FAIRNESS_BOUND = 3.0
-#: Largest tilt of a job's weight below the round's top, in halvings (project
-#: choice: 2^-10; bounds the weights' spread, which sets how hard the MILP is).
-MAX_TILT = 10.0
+#: Default bound on a job's predicted finish-time fairness rho (project choice:
+#: twice its JCT alone on a fair share).
+FAIRNESS_BOUND = 2.0
+#: ``beta``, the exponent of the rank weights (see the module docstring).
+RANK_POWER = 0.5
 #: fair-jct's exploration cap: a job may get this many times the replicas it
-#: has been measured on (Pollux: 2).  Project choice: 4 reached the first
-#: efficient scale of the short jobs in one restart fewer (docs/fair-jct.md).
+#: has been measured on (Pollux: 2).  Project choice: the short jobs reach their
+#: first efficient scale in one restart fewer (docs/fair-jct.md).
 FAIR_JCT_EXPLORATION = 4
-#: Smallest weight of a job (the lower end of the solvers' weight range,
-#: ``solvers.domain.WEIGHT_RANGE``); the largest is about 1.
+#: fair-jct's relative MIP gap (Pollux's: 1e-4).  Project choice: the weights
+#: rank estimated remaining times, so answers within 0.1 % of the best are
+#: equally good; on the linear objective HiGHS's branch and bound is most of the
+#: extra time, and this gap takes about a fifth of it away (docs/fair-jct.md).
+FAIR_JCT_MIP_GAP = 1e-3
+#: Seconds of a round before two rounds have been seen: Pollux's scheduling
+#: interval (OSDI 2021, section 5).
+DEFAULT_LOOKAHEAD_S = 60.0
+#: Rounds whose spacing sets the lookahead (their mean).
+_LOOKAHEAD_ROUNDS = 20
+#: Smallest weight of a job (the lower end of ``solvers.domain.WEIGHT_RANGE``).
 MIN_WEIGHT = 1e-6
+#: Models whose submitted-configuration rates are cached (a few rounds of jobs).
+_RATE_CACHE_SIZE = 4096
 
 
-def _rates(model: GoodputModel | None, share_replicas: int, cache: SearchCache | None = None) -> tuple[float, float]:
-    """(reference rate, fair-share work rate) of a job of ``model``: its
-    :func:`~pollux_opt.scheduling.policies.remaining.reference_rate`, and its
-    work rate (reference seconds per second) on a fair share of
-    ``share_replicas`` replicas on one node, as many as its largest batch can
-    use (the linear prior without a model, 1 where either rate is unusable);
-    both from one batch search (:func:`~pollux_opt.scheduling.policies.remaining.one_node_rates`)."""
+class Estimate(NamedTuple):
+    """What fair-jct estimates of one job, work in reference seconds
+    (:mod:`~pollux_opt.scheduling.policies.remaining`)."""
+
+    done: float
+    remaining: float
+
+
+@functools.lru_cache(maxsize=_RATE_CACHE_SIZE)
+def _submitted_rate(model: GoodputModel, cpus: float, batch: int, max_replicas: int, node_cpus: int) -> float:
+    return isolated_rate(model, cpus, batch, max_replicas, node_cpus)
+
+
+def _own_share(view: JobView, share: int) -> int:
+    """The fair share's replicas that the job can hold (its own replica limit)."""
+    return max(1, min(share, view.max_replicas))
+
+
+def _rates(model: GoodputModel | None, replicas: int, cache: SearchCache | None = None) -> tuple[float, float]:
+    """(reference rate, fair-share work rate ``phi``) of a job of ``model``: its
+    progress per second on one replica at the goodput-best batch, and its work
+    rate (reference seconds per second) on ``replicas`` replicas of one node,
+    as many as its largest batch can use (the linear prior without a model;
+    1 where either rate is unusable)."""
     if model is None:
-        return math.nan, float(share_replicas)
+        return math.nan, float(replicas)
     lim = model.limits
-    ref, at_share = one_node_rates(model, max(1, min(share_replicas, lim.max_batch_size // lim.min_local_bsz)), cache)
+    ref, at_share = one_node_rates(model, max(1, min(replicas, lim.max_batch_size // lim.min_local_bsz)), cache)
     if not math.isfinite(at_share) or not math.isfinite(ref) or ref <= 0:
         return ref, 1.0
     return ref, max(at_share / ref, 1e-9)
 
 
-def _restart_as_pollux(job: Job, tilt: float, default_delay: float) -> Job:
-    """``job`` with the restart factor ``f'`` that costs a move as much in the
-    power mean (p = -1) as Pollux's factor ``f`` costs a job of Pollux's weight:
-    ``w (1 / f' - 1) = w_pollux (1 / f - 1)`` with ``tilt = w / w_pollux`` (<= 1),
-    i.e. ``f' = 1 / (1 + (1 / f - 1) / tilt)``.  Without it a job that the
-    remaining-work weights make light moves almost for free, and every restart
-    idles all its replicas for the restart delay.  Encoded through the job's
-    age with no restarts: ``f' = age' / (age' + delay)``."""
-    delay = default_delay if job.restart_delay is None else job.restart_delay
-    f = restart_factor(job.age, job.restarts, delay)
-    if f >= 1.0 or tilt >= 1.0:
-        return job
-    g = 0.0 if f <= 0 else 1.0 / (1.0 + (1.0 / f - 1.0) / tilt)
-    return replace(job, age=delay * g / (1.0 - g), restarts=0, restart_delay=delay)
-
-
-def predicted_rho(age: float, done: float, remaining: float, fair_rate: float) -> float:
-    """Finish-time fairness (Themis) of a job that gets a fair share from now on:
-    ``(age + R / f) / (D / f + R / f)`` for ``age`` seconds since submission,
-    ``done`` (D) and ``remaining`` (R) reference seconds of work and a fair-share
-    work rate ``f``; 1 for a job with no work known at all."""
-    ideal = (done + remaining) / fair_rate
-    if ideal <= 0:
-        return 1.0
-    return (age + remaining / fair_rate) / ideal
-
-
 @dataclass
 class FairJctPolicy(AllocatorPolicy):
-    """Pollux's power mean with Gittins-index weights under a finish-time fairness bound.
+    """Goodput allocation for mean JCT under a finish-time fairness bound (see the module docstring).
 
     Attributes:
-        alpha: strength of the remaining-work weights (>= 0; 0: Pollux's weights).
-        knee: predicted rho from which a job's index rises (>= 1).
-        bound: predicted rho at which it reaches the round's top index (> knee).
+        options: the allocation options; ``p`` must be 1 (the objective is
+            linear); default: ``mip_gap`` :data:`FAIR_JCT_MIP_GAP`.
+        bound: the bound on a job's predicted rho (> 1; None: no bound).
+        rank_power: ``beta``, the exponent of the rank weights (>= 0; 0: every job alike).
+        weighting: ``"rank"`` (heSRPT's rank weights) or ``"rate"`` (expected completion rates).
+        past_bound: what a job already past the bound may take: ``"hold"``
+            (at least its fair-share speed) or ``"fastest"`` (its most rho-reducing options).
         by_family: estimate a job's work from completed jobs of its own model
             family (same batch limits) once there are any, else from all.
-        max_tilt: most halvings of a job's weight below the round's top (>= 0).
-        exploration_factor: the exploration cap's multiple of the measured
-            replicas (:data:`FAIR_JCT_EXPLORATION`; Pollux's is 2).
+        exploration_factor: the exploration cap's multiple of the measured replicas.
     """
 
     name: str = "fair-jct"
-    alpha: float = domain_field(SRPT_STRENGTH, Real(ge=0))
-    knee: float = domain_field(FAIRNESS_KNEE, Real(ge=1))
-    bound: float = domain_field(FAIRNESS_BOUND, Real(gt=1))
-    by_family: bool = True
-    max_tilt: float = domain_field(MAX_TILT, Real(ge=0))
+    options: Options = field(default_factory=lambda: Options(p=1.0, mip_gap=FAIR_JCT_MIP_GAP))
+    bound: float | None = domain_field(FAIRNESS_BOUND, Real(gt=1, none=True))
+    rank_power: float = domain_field(RANK_POWER, Real(ge=0))
+    weighting: str = domain_field("rank", Choice(("rank", "rate")))
+    past_bound: str = domain_field("hold", Choice(PAST_BOUND_RULES))
+    by_family: bool = domain_field(True, Boolean())
     exploration_factor: int = domain_field(FAIR_JCT_EXPLORATION, EXPLORATION_FACTORS)
     _history: WorkHistory = field(init=False, repr=False)
-    _last_tilts: dict[str, float] = field(init=False, repr=False, default_factory=dict)
+    _rounds: list[float] = field(init=False, repr=False, default_factory=list)
+    _outlook: RhoOutlook | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.bound <= self.knee:
-            raise InvalidProblem(f"bound must be > knee, got bound={self.bound} and knee={self.knee}")
+        if self.options.p != 1.0:
+            raise InvalidProblem(f"fair-jct's objective is linear: options.p must be 1, got {self.options.p}")
         self._history = WorkHistory(by_family=self.by_family)
 
-    def estimates(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, tuple[float, float, float, float]]:
-        """Job id -> (work done, estimated remaining work, Gittins index, predicted rho),
-        work in reference seconds; also records the jobs that finished since the last call."""
+    def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]):
+        self._rounds = (self._rounds + [float(now)])[-(_LOOKAHEAD_ROUNDS + 1):]
+        return super().decide(now, cluster, jobs)
+
+    def lookahead(self) -> float:
+        """Seconds of the next round: the mean spacing of the last rounds seen."""
+        gaps = np.diff(self._rounds)
+        gaps = gaps[gaps > 0]
+        return float(gaps.mean()) if gaps.size else DEFAULT_LOOKAHEAD_S
+
+    def estimates(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, Estimate]:
+        """Job id -> :class:`Estimate`; also records the jobs that finished since the last call."""
         share = fair_share(cluster, len(active))[1]
-        rates = {v.job_id: _rates(v.goodput_model, share, self._search_cache) for v in active}
-        done = {v.job_id: work_done(v, rate=rates[v.job_id][0]) for v in active}
+        refs = {v.job_id: _rates(v.goodput_model, _own_share(v, share), self._search_cache)[0] for v in active}
+        done = {v.job_id: work_done(v, rate=refs[v.job_id]) for v in active}
         self._history.observe(list(active), done)
-        out = {}
-        for v in active:
-            rem = self._history.remaining(v, done[v.job_id])
-            rho = predicted_rho(v.age, done[v.job_id], rem, rates[v.job_id][1])
-            out[v.job_id] = (done[v.job_id], rem, self._history.gittins(v, done[v.job_id]), rho)
-        return out
+        return {v.job_id: Estimate(done[v.job_id], self._history.remaining(v, done[v.job_id])) for v in active}
 
     def weights(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, float]:
-        """Job id -> ``w_j`` of the module docstring (at least :data:`MIN_WEIGHT`); one
-        call per round (it records the jobs that finished since the last one)."""
+        """Job id -> ``w_j`` of the module docstring (at least :data:`MIN_WEIGHT`); one call
+        per round (it records the jobs that finished and the round's fairness outlook)."""
         base = super().weights(cluster, active)  # priority times tie-break
-        out = self._weights(cluster, active, self.estimates(cluster, active), base)
-        self._last_tilts = {j: w / base[j] for j, w in out.items()}  # for the round's restart factors
-        return out
-
-    def _weights(self, cluster: Cluster, active: Sequence[JobView],
-                 est: dict[str, tuple[float, float, float, float]], base: dict[str, float]) -> dict[str, float]:
         share = fair_share(cluster, len(active))[1]
-        # completions per second on the speedup's base allocation (a fair share, see
-        # views._feasible_base): G_j times its work rate there
-        index = {v.job_id: est[v.job_id][2] * _rates(v.goodput_model, share, self._search_cache)[1] for v in active}
-        top = max(index.values())
-        floor = -self.max_tilt * math.log(2.0)
-        out = {}
-        for v in active:
-            rho = est[v.job_id][3]
-            c = min(max((rho - self.knee) / (self.bound - self.knee), 0.0), 1.0)
-            # log(Gamma / top) = (1 - c) log(H / top): the raised index, relative to the top
-            log_tilt = max(self.alpha * (1.0 - c) * math.log(index[v.job_id] / top), floor)
-            out[v.job_id] = max(base[v.job_id] * math.exp(log_tilt), MIN_WEIGHT)
-        return out
+        est = self.estimates(cluster, active)
+        rates = [_rates(v.goodput_model, _own_share(v, share), self._search_cache) for v in active]
+        speed = np.array([phi / est[v.job_id].remaining for v, (_, phi) in zip(active, rates)])  # 1 / time left
+        index = rankdata(speed) ** self.rank_power if self.weighting == "rank" else speed
+        index = index / index.max()
+        self._outlook = self._rho_outlook(cluster, active, est, rates)
+        return {v.job_id: max(base[v.job_id] * float(x), MIN_WEIGHT) for v, x in zip(active, index)}
+
+    def _rho_outlook(self, cluster: Cluster, active: Sequence[JobView], est: dict[str, Estimate],
+                     rates: list[tuple[float, float]]) -> RhoOutlook:
+        """Each job's predicted rho on a fair share and its isolated JCT (see the module docstring)."""
+        share_cpus = cluster.total_cpus / len(active)
+        node_cpus = max(n.cpus for n in cluster.nodes)
+        rho, iso = np.full(len(active), math.nan), np.full(len(active), math.nan)
+        for i, (v, (ref, phi)) in enumerate(zip(active, rates)):
+            done, rem = est[v.job_id]
+            if not v.placement and v.progress <= 0:
+                rem = MIN_WORK_S  # not started: as short as a job may be
+            if v.goodput_model is None or not math.isfinite(ref):
+                iso[i] = (done + rem) / phi  # the linear prior's fair share
+            else:
+                sub = _submitted_rate(v.goodput_model, share_cpus, int(v.submitted_batch_size),
+                                      int(v.max_replicas), node_cpus)
+                iso[i] = (done + rem) * ref / sub if math.isfinite(sub) and sub > 0 else math.nan
+            rho[i] = (v.age + rem / phi) / iso[i]
+        return RhoOutlook(rho=rho, isolated_s=iso, delay_s=np.array([v.restart_delay for v in active]),
+                          priority=np.array([v.weight for v in active]), lookahead_s=self.lookahead())
 
     def allocator_jobs(self, cluster: Cluster, active: Sequence[JobView]) -> list[Job]:
-        """Pollux's allocator jobs with the weights of :meth:`weights` and, for a
-        running job, the restart factor of :func:`_restart_as_pollux`."""
-        jobs = super().allocator_jobs(cluster, active)  # calls self.weights once
-        by_id = {v.job_id: v for v in active}
-        return [_restart_as_pollux(job, self._last_tilts[job.id], self.options.restart_delay)
-                if by_id[job.id].placement else job for job in jobs]
+        """The allocator's jobs with the weights of :meth:`weights` and each job's
+        speedups over the fair share that it can hold (:func:`_own_share`)."""
+        weight = self.weights(cluster, active)
+        nodes, share = fair_share(cluster, len(active))
+        return [job_for_allocator(v, cluster, self.options, weight=weight[v.job_id],
+                                  share=(nodes, _own_share(v, share)), exploration_factor=self.exploration_factor)
+                for v in active]
+
+    def refiner(self, active: Sequence[JobView]) -> Callable[[Problem], Problem] | None:
+        """The fairness bound on the round's problem (:func:`~.rho_bound.bound_rho`); None without a bound."""
+        if self.bound is None or self._outlook is None:
+            return None
+        outlook, bound, past = self._outlook, self.bound, self.past_bound
+        return lambda problem: bound_rho(problem, outlook, bound, past=past)
 
 
 @dataclass
@@ -227,15 +260,15 @@ class FairJctOraclePolicy(FairJctPolicy):
         if self.oracle is None:
             raise InvalidProblem("fair-jct-oracle needs the simulator's step oracle (oracle=None)")
 
-    def estimates(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, tuple[float, float, float, float]]:
+    def estimates(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, Estimate]:
         out = super().estimates(cluster, active)
         share = fair_share(cluster, len(active))[1]
         for v in active:
-            model = v.goodput_model
-            if model is None:
+            if v.goodput_model is None:
                 continue
-            done = out[v.job_id][0]
-            ref, fair = _rates(model, share, self._search_cache)
-            rem = max(self.oracle.remaining_steps(v.job_id, model.limits.init_batch_size) / ref, MIN_WORK_S)
-            out[v.job_id] = (done, rem, 1.0 / rem, predicted_rho(v.age, done, rem, fair))
+            ref = _rates(v.goodput_model, _own_share(v, share), self._search_cache)[0]
+            if not (math.isfinite(ref) and ref > 0):
+                continue
+            steps = self.oracle.remaining_steps(v.job_id, v.goodput_model.limits.init_batch_size)
+            out[v.job_id] = Estimate(out[v.job_id].done, max(steps / ref, MIN_WORK_S))
         return out

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Callable, Sequence
+
+from solvers import Problem
 
 from pollux_opt.model import Cluster, Job, Options
 from pollux_opt.model.allocate import allocate, placement_of, solve
@@ -112,12 +114,18 @@ class AllocatorPolicy:
             for v in active
         ]
 
+    def refiner(self, active: Sequence[JobView]) -> Callable[[Problem], Problem] | None:
+        """A change to the round's encoded problem before it is solved (None: none);
+        called after :meth:`allocator_jobs`, with the same ``active`` views (the problem's rows)."""
+        return None
+
     def decide(self, now: float, cluster: Cluster, jobs: Sequence[JobView]) -> Decision:
         active = active_views(jobs, cluster)
         if not active:
             return Decision({}, math.nan, math.nan, DecisionStatus.IDLE)
         allocator_jobs = self.allocator_jobs(cluster, active)
-        result = solve(cluster, allocator_jobs, self.options, cache=self._search_cache)
+        result = solve(cluster, allocator_jobs, self.options, cache=self._search_cache,
+                       refine=self.refiner(active))
         return Decision(
             placement=placement_of(cluster, allocator_jobs, result.placement),
             objective=float(result.objective),

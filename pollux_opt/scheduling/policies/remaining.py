@@ -9,16 +9,9 @@ replica.
 
 :class:`WorkHistory` learns the distribution of jobs' total work online from
 the jobs it saw finish (the work they had attained when they left the views),
-and answers, for a job that has attained ``a`` reference seconds:
-
-* :meth:`WorkHistory.gittins`: the Gittins index (Gittins, 1979; for mean
-  response time with unknown sizes, Aalto, Ayesta and Righter, 2009; used for
-  DL jobs with discretised service by Tiresias, NSDI 2019)
-  ``G(a) = max_t P(W <= t | W > a) / E[min(W, t) - a | W > a]``,
-  completions per reference second of service; serving the jobs of highest
-  index first minimises the mean response time of a single server among
-  policies that do not know sizes;
-* :meth:`WorkHistory.remaining`: the mean residual work ``E[W - a | W > a]``.
+and answers, for a job that has attained ``a`` reference seconds, the mean
+residual work ``E[W - a | W > a]`` (:meth:`WorkHistory.remaining`): the
+expected remaining work of a job like it.
 
 The distribution is that of the completed jobs *like this one*: those whose
 models have the same batch limits (the job's model family, which the job
@@ -51,14 +44,14 @@ __all__ = [
 ]
 
 #: Completed jobs of all families needed before the pooled distribution is
-#: trusted (project choice: with fewer, one odd job would set every index).
+#: trusted (project choice: with fewer, one odd job would set every estimate).
 MIN_SAMPLES = 3
 #: Completed jobs of the job's own family needed to use their distribution
 #: (one: jobs of one model family are taken to be alike).
 MIN_FAMILY_SAMPLES = 1
 #: Floor of the fallback's remaining work, reference seconds (project choice:
 #: one minute of one replica, the order of Pollux's 60 s scheduling interval),
-#: so that the index of a job that has not run yet stays finite.
+#: so that a job that has not run yet has some work left.
 MIN_WORK_S = 60.0
 #: Models whose reference rate is cached (a few rounds' worth of active jobs).
 _RATE_CACHE_SIZE = 4096
@@ -161,17 +154,6 @@ class WorkHistory:
             return None
         rest = s[s > attained] - attained
         return rest if rest.size else None
-
-    def gittins(self, view: JobView, attained: float) -> float:
-        """The Gittins index of the job at ``attained`` reference seconds
-        (completions per reference second of service, > 0)."""
-        rest = self._residuals(view, attained)
-        if rest is None:
-            return 1.0 / self._fallback(view, attained)
-        n = rest.size
-        # Threshold at the k-th residual: k + 1 of n finish; each other spends min(r, t).
-        spent = np.cumsum(rest) + (n - 1 - np.arange(n)) * rest
-        return float(np.max((np.arange(n) + 1) / spent))
 
     def remaining(self, view: JobView, attained: float) -> float:
         """The mean residual work ``E[W - a | W > a]``, reference seconds."""
