@@ -56,7 +56,7 @@ class _Logged(FairJctPolicy):
             job = self._backend._jobs[v.job_id]  # the truth, for the log only
             p = job.profile
             true_rem = (p.progress_at(p.max_epochs) - v.progress) / reference_rate(v.goodput_model)
-            done, rem = est[v.job_id]
+            done, rem = est[v.job_id].done, est[v.job_id].remaining
             self.rows.append({"t": self._backend.now(), "job_id": v.job_id, "application": job.spec.kind,
                               "completed_seen": self._history.completed, "done": done, "estimate": rem,
                               "truth": true_rem})

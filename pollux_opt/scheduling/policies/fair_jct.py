@@ -103,11 +103,13 @@ _RATE_CACHE_SIZE = 4096
 
 
 class Estimate(NamedTuple):
-    """What fair-jct estimates of one job, work in reference seconds
-    (:mod:`~pollux_opt.scheduling.policies.remaining`)."""
+    """What fair-jct estimates of one job: work in reference seconds
+    (:mod:`~pollux_opt.scheduling.policies.remaining`) and the rates of :func:`_rates`."""
 
     done: float
     remaining: float
+    ref: float  # progress per second on one replica (nan without a model)
+    phi: float  # work rate on the fair share it can hold, reference seconds per second
 
 
 @functools.lru_cache(maxsize=_RATE_CACHE_SIZE)
@@ -183,32 +185,30 @@ class FairJctPolicy(AllocatorPolicy):
     def estimates(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, Estimate]:
         """Job id -> :class:`Estimate`; also records the jobs that finished since the last call."""
         share = fair_share(cluster, len(active))[1]
-        refs = {v.job_id: _rates(v.goodput_model, _own_share(v, share), self._search_cache)[0] for v in active}
-        done = {v.job_id: work_done(v, rate=refs[v.job_id]) for v in active}
+        rates = {v.job_id: _rates(v.goodput_model, _own_share(v, share), self._search_cache) for v in active}
+        done = {v.job_id: work_done(v, rate=rates[v.job_id][0]) for v in active}
         self._history.observe(list(active), done)
-        return {v.job_id: Estimate(done[v.job_id], self._history.remaining(v, done[v.job_id])) for v in active}
+        return {v.job_id: Estimate(done[v.job_id], self._history.remaining(v, done[v.job_id]), *rates[v.job_id])
+                for v in active}
 
     def weights(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, float]:
         """Job id -> ``w_j`` of the module docstring (at least :data:`MIN_WEIGHT`); one call
         per round (it records the jobs that finished and the round's fairness outlook)."""
         base = super().weights(cluster, active)  # priority times tie-break
-        share = fair_share(cluster, len(active))[1]
         est = self.estimates(cluster, active)
-        rates = [_rates(v.goodput_model, _own_share(v, share), self._search_cache) for v in active]
-        speed = np.array([phi / est[v.job_id].remaining for v, (_, phi) in zip(active, rates)])  # 1 / time left
+        speed = np.array([est[v.job_id].phi / est[v.job_id].remaining for v in active])  # 1 / time left
         index = rankdata(speed) ** self.rank_power if self.weighting == "rank" else speed
         index = index / index.max()
-        self._outlook = self._rho_outlook(cluster, active, est, rates)
+        self._outlook = self._rho_outlook(cluster, active, est)
         return {v.job_id: max(base[v.job_id] * float(x), MIN_WEIGHT) for v, x in zip(active, index)}
 
-    def _rho_outlook(self, cluster: Cluster, active: Sequence[JobView], est: dict[str, Estimate],
-                     rates: list[tuple[float, float]]) -> RhoOutlook:
+    def _rho_outlook(self, cluster: Cluster, active: Sequence[JobView], est: dict[str, Estimate]) -> RhoOutlook:
         """Each job's predicted rho on a fair share and its isolated JCT (see the module docstring)."""
         share_cpus = cluster.total_cpus / len(active)
         node_cpus = max(n.cpus for n in cluster.nodes)
         rho, iso = np.full(len(active), math.nan), np.full(len(active), math.nan)
-        for i, (v, (ref, phi)) in enumerate(zip(active, rates)):
-            done, rem = est[v.job_id]
+        for i, v in enumerate(active):
+            done, rem, ref, phi = est[v.job_id]
             if not v.placement and v.progress <= 0:
                 rem = MIN_WORK_S  # not started: as short as a job may be
             if v.goodput_model is None or not math.isfinite(ref):
@@ -262,13 +262,10 @@ class FairJctOraclePolicy(FairJctPolicy):
 
     def estimates(self, cluster: Cluster, active: Sequence[JobView]) -> dict[str, Estimate]:
         out = super().estimates(cluster, active)
-        share = fair_share(cluster, len(active))[1]
         for v in active:
-            if v.goodput_model is None:
-                continue
-            ref = _rates(v.goodput_model, _own_share(v, share), self._search_cache)[0]
-            if not (math.isfinite(ref) and ref > 0):
+            ref = out[v.job_id].ref
+            if v.goodput_model is None or not (math.isfinite(ref) and ref > 0):
                 continue
             steps = self.oracle.remaining_steps(v.job_id, v.goodput_model.limits.init_batch_size)
-            out[v.job_id] = Estimate(out[v.job_id].done, max(steps / ref, MIN_WORK_S))
+            out[v.job_id] = out[v.job_id]._replace(remaining=max(steps / ref, MIN_WORK_S))
         return out

@@ -95,22 +95,24 @@ def _stays(problem: Problem, j: int) -> np.ndarray:
             & (problem.cfg_type[lo:hi] == problem.node_type[used][0]))
 
 
-def _allowed(problem: Problem, j: int, out: RhoOutlook, bound: float, past: str) -> np.ndarray | None:
-    """Job j's allowed configurations (bool over them), None where it is not constrained."""
+def _allowed(problem: Problem, j: int, out: RhoOutlook, bound: float,
+             past: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(job j's allowed configurations, those that keep its placement), bool over its
+    configurations; None where it is not constrained."""
     rho, iso, look = out.rho[j], out.isolated_s[j], out.lookahead_s
     lo, hi = problem.cfg_start[j], problem.cfg_start[j + 1]
     if not (math.isfinite(rho) and math.isfinite(iso) and iso > 0) or rho + look / iso <= bound or hi == lo:
         return None
-    s = problem.cfg_speedup[lo:hi]
-    trained = np.where(_stays(problem, j) | ~problem.has_current[j], look, max(look - out.delay_s[j], 0.0))
+    s, stays = problem.cfg_speedup[lo:hi], _stays(problem, j)
+    trained = np.where(stays | ~problem.has_current[j], look, max(look - out.delay_s[j], 0.0))
     cfg_rho = rho + (look - s * trained) / iso
     ok = cfg_rho <= bound
-    if ok.any():
-        return ok
-    if past == "fastest":
-        return cfg_rho <= cfg_rho.min() * (1 + _TIE)
-    ok = s >= 1.0
-    return ok if ok.any() else s >= s.max() * (1 - _TIE)
+    if not ok.any():
+        if past == "fastest":
+            ok = cfg_rho <= cfg_rho.min() * (1 + _TIE)
+        else:
+            ok = s >= 1.0 if (s >= 1.0).any() else s >= s.max() * (1 - _TIE)
+    return ok, stays
 
 
 def bound_rho(problem: Problem, outlook: RhoOutlook, bound: float, *,
@@ -137,10 +139,10 @@ def bound_rho(problem: Problem, outlook: RhoOutlook, bound: float, *,
     speed, weight = problem.cfg_speedup.copy(), problem.weight.copy()
     sigma = float(np.max(problem.weight[problem.cfg_job] * problem.cfg_speedup / problem.cfg_replicas, initial=0.0))
     most = max(float(problem.cfg_replicas[problem.cfg_start[j]:problem.cfg_start[j + 1]][ok].max())
-               for j, ok in allowed.items())
+               for j, (ok, _) in allowed.items())
     unit = 2.0 * (1.0 + sigma * most)
     look = outlook.lookahead_s
-    for j, ok in allowed.items():
+    for j, (ok, stays) in allowed.items():
         lo, hi = problem.cfg_start[j], problem.cfg_start[j + 1]
         keep[lo:hi] = ok
         bonus = unit * outlook.priority[j] * (outlook.rho[j] + look / outlook.isolated_s[j]) / bound
@@ -148,7 +150,7 @@ def bound_rho(problem: Problem, outlook: RhoOutlook, bound: float, *,
         f = float(problem.restart_factor[j]) if problem.has_current[j] and problem.restart_factor[j] > 0 else 1.0
         weight[j] = w + bonus
         moved = np.minimum((w * s + bonus / f) / weight[j], MAX_SPEEDUP)  # a factor near 0 bars moves
-        speed[lo:hi] = np.where(_stays(problem, j), (w * s + bonus) / weight[j], moved)
+        speed[lo:hi] = np.where(stays, (w * s + bonus) / weight[j], moved)
     return replace(problem, cfg_job=problem.cfg_job[keep], cfg_nodes=problem.cfg_nodes[keep],
                    cfg_replicas=problem.cfg_replicas[keep], cfg_speedup=speed[keep],
                    cfg_type=problem.cfg_type[keep] if problem.typed else None, weight=weight)
