@@ -300,6 +300,9 @@ def headline(results: Results) -> list[str]:
         workload = "mixed" if "mixed" in set(real.workload) else str(real.workload.iloc[0])
         sub = real[real.workload == workload]
         pols = ordered(sub.policy, REAL_POLICY_NAMES)
+        if "sweep" in sub.columns:  # policies compared within the sweeps that ran them all
+            complete = [w for w, runs in sub.groupby("sweep") if set(pols) <= set(runs.policy)]
+            sub = sub[sub.sweep.isin(complete)] if complete else sub
         runs = sub.groupby("policy").size()[pols]
         count = (f"{runs.iloc[0]} run{'s' if runs.iloc[0] > 1 else ''}" if runs.nunique() == 1
                  else f"{' / '.join(map(str, runs))} runs")
