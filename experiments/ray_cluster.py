@@ -62,7 +62,7 @@ def _cluster():
 
 def rescale(count: int) -> pd.DataFrame:
     """``count`` rescales of :data:`RESCALED` across the two nodes."""
-    from pollux_opt.backends.ray.backend import RayNodes
+    from pollux_opt.backends.ray.nodes import RayNodes
     from pollux_opt.backends.ray.pool import RayWorkerPool
     from pollux_opt.runtime.job import ElasticJob
 

@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Sequence
 
 from solvers import InvalidProblem
-from pollux_opt.cli.options import add_backend_args, add_cluster_args, cluster_from_args
+from pollux_opt.cli.options import (
+    add_autoscale_args,
+    add_backend_args,
+    add_cluster_args,
+    autoscale_from_args,
+    cluster_from_args,
+)
 from pollux_opt.extras import MissingExtra
 from pollux_opt.service.client import DEFAULT_PORT as DEMO_DASHBOARD_PORT
 
@@ -170,8 +176,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     interval = args.interval if args.interval is not None else _default_interval(args.quick)
     if args.backend == "ray":
         summary = _run_on_ray(args, workload, cluster, interval)
-    elif args.ray_address is not None or args.checkpoint_dir is not None:
-        raise InvalidProblem("--ray-address and --checkpoint-dir need --backend ray")
+    elif args.ray_address is not None or args.checkpoint_dir is not None or args.autoscale is not None:
+        raise InvalidProblem("--ray-address, --checkpoint-dir and --autoscale need --backend ray")
     else:
         summary = run_workload(args.out, workload, args.policy, cluster=cluster, interval=interval,
                                progress=not args.quiet, repair=args.repair_log)
@@ -188,7 +194,7 @@ def _run_on_ray(args: argparse.Namespace, workload, cluster, interval: float) ->
                              "Ray's nodes")
     return run_ray_workload(args.out, workload, args.policy, address=args.ray_address,
                             checkpoint_dir=args.checkpoint_dir, interval=interval, progress=not args.quiet,
-                            repair=args.repair_log)
+                            repair=args.repair_log, autoscale=autoscale_from_args(args), node_cpus=args.node_cpus)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -342,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repair-log", action="store_true",
                    help="move unreadable lines of the run's events.jsonl to events.jsonl.rejected, then resume")
     add_backend_args(p, "--out")
+    add_autoscale_args(p, ray=True)
     p.set_defaults(handler=_cmd_run)
 
     p = sub.add_parser("compare", help="print a side-by-side table of run summaries")

@@ -1,4 +1,4 @@
-"""Arguments several commands share (``run``, ``demo`` and ``serve``)."""
+"""Arguments several commands share (``run``, ``demo``, ``serve`` and ``simulate``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 from solvers import InvalidProblem
 
-__all__ = ["add_backend_args", "add_cluster_args", "cluster_from_args"]
+__all__ = ["add_autoscale_args", "add_backend_args", "add_cluster_args", "autoscale_from_args", "cluster_from_args"]
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -48,3 +48,46 @@ def cluster_from_args(args: argparse.Namespace):
     if args.nodes is None and args.cpus is None:
         return None
     return default_cluster(1 if args.nodes is None else args.nodes, args.cpus)
+
+
+def add_autoscale_args(p: argparse.ArgumentParser, *, ray: bool) -> None:
+    """``--autoscale MIN:MAX`` and the rule's settings (read by :func:`autoscale_from_args`);
+    with ``ray``, also ``--node-cpus``."""
+    from pollux_opt.scheduling.autoscale import DEFAULT_NODE_STARTUP_S, ScaleOptions
+
+    where = ("with --backend ray: ask Ray's autoscaler for between MIN and MAX nodes each round"
+             if ray else "size the cluster each round between MIN and MAX nodes (of the cluster that "
+                         "--nodes/--cpus-per-node or --cluster give, the largest one)")
+    p.add_argument("--autoscale", default=None, metavar="MIN:MAX", help=f"{where}; default: a fixed cluster")
+    p.add_argument("--autoscale-rule", default="goodput", choices=("goodput", "throughput"),
+                   help="what a node is worth: the jobs' goodput (default) or their throughput (the baseline)")
+    p.add_argument("--grow-above", type=float, default=ScaleOptions.grow_above,
+                   help="add a node while each of its slots adds at least this (a slot of a job that has "
+                        f"none: 1; default {ScaleOptions.grow_above:g})")
+    p.add_argument("--shrink-below", type=float, default=ScaleOptions.shrink_below,
+                   help=f"release a node once its slots add less than this (default {ScaleOptions.shrink_below:g})")
+    p.add_argument("--node-startup", type=float, default=DEFAULT_NODE_STARTUP_S,
+                   help="seconds from a node's request to its first replica; a smaller size waits as long "
+                        f"before nodes go (default {DEFAULT_NODE_STARTUP_S:g})")
+    if ray:
+        p.add_argument("--node-cpus", type=int, default=None,
+                       help="CPUs of a node Ray's autoscaler adds (default: the largest node at the start)")
+
+
+def autoscale_from_args(args: argparse.Namespace):
+    """``--autoscale MIN:MAX`` and its settings as :class:`~pollux_opt.scheduling.autoscale.ScaleOptions`
+    (None without ``--autoscale``)."""
+    from pollux_opt.scheduling.autoscale import ScaleOptions
+
+    value = getattr(args, "autoscale", None)
+    if value is None:
+        return None
+    lo, sep, hi = str(value).partition(":")
+    try:
+        bounds = int(lo), int(hi)
+    except ValueError:
+        bounds = None
+    if not sep or bounds is None:
+        raise InvalidProblem(f"--autoscale must be MIN:MAX, two node counts, got {value!r}")
+    return ScaleOptions(min_nodes=bounds[0], max_nodes=bounds[1], rule=args.autoscale_rule,
+                        grow_above=args.grow_above, shrink_below=args.shrink_below, startup_s=args.node_startup)

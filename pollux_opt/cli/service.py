@@ -20,7 +20,13 @@ from typing import Any
 
 from solvers import InvalidProblem
 
-from pollux_opt.cli.options import add_backend_args, add_cluster_args, cluster_from_args
+from pollux_opt.cli.options import (
+    add_autoscale_args,
+    add_backend_args,
+    add_cluster_args,
+    autoscale_from_args,
+    cluster_from_args,
+)
 
 
 __all__ = ["add_service_parsers", "job_entry", "job_lines", "jobs_table"]
@@ -67,6 +73,7 @@ def _add_serve_parser(sub) -> None:
     p.add_argument("--state", required=True, metavar="DIR",
                    help="state directory (service.db, events.jsonl, jobs/ID/logs); an existing one resumes")
     add_backend_args(p, "--state")
+    add_autoscale_args(p, ray=True)
     add_cluster_args(p)
     p.add_argument("--policy", help=f"scheduling policy of a new state directory: {', '.join(policy_names())} "
                                     "(default: pollux; a resumed one keeps its own)")
@@ -149,15 +156,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if args.cluster is not None or args.nodes is not None or args.cpus is not None:
             raise InvalidProblem("--nodes, --cpus and --cluster do not apply with --backend ray: the cluster is "
                                  "Ray's nodes")
-    elif args.ray_address is not None or args.checkpoint_dir is not None:
-        raise InvalidProblem("--ray-address and --checkpoint-dir need --backend ray")
+    elif args.ray_address is not None or args.checkpoint_dir is not None or args.autoscale is not None:
+        raise InvalidProblem("--ray-address, --checkpoint-dir and --autoscale need --backend ray")
     cluster = cluster_from_args(args)
     from pollux_opt.service.server import serve  # its web stack is imported, or refused, when it serves
 
     options = {"cancel_grace_s": args.cancel_grace} if args.cancel_grace is not None else {}
     serve(args.state, backend=args.backend, ray_address=args.ray_address, cluster=cluster, policy=args.policy,
           interval=args.interval, host=args.host, port=args.port, token_file=args.token_file,
-          checkpoint_dir=args.checkpoint_dir, progress=args.progress, **options)
+          checkpoint_dir=args.checkpoint_dir, progress=args.progress, autoscale=autoscale_from_args(args),
+          node_cpus=args.node_cpus, **options)
     return 0
 
 

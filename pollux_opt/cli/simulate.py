@@ -6,20 +6,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from solvers import InvalidProblem
 
+from pollux_opt.cli.options import autoscale_from_args
+
 __all__ = [
     "add_profile_parser", "add_simulate_parser", "cluster_and_profiles", "cmd_profile", "cmd_simulate",
-    "completion_delays", "simulate_one",
+    "completion_delays", "parse_prices", "simulate_one",
 ]
 
 
 def add_simulate_parser(sub) -> None:
     from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES
     from pollux_opt.model.options import DEFAULT_RESTART_DELAY
+    from pollux_opt.cli.options import add_autoscale_args
     from pollux_opt.scheduling.policies import POLICIES
 
     p = sub.add_parser("simulate", help="simulate workloads on a simulated cluster")
@@ -63,18 +67,40 @@ def add_simulate_parser(sub) -> None:
                         "profile's tuned configuration (one replica at the tuned batch size), whatever the "
                         "workload row says (default: ncf, as Pollux's simulator; give none to make every job "
                         "elastic)")
+    add_autoscale_args(p, ray=False)
+    p.add_argument("--node-cost", nargs="+", default=None, metavar="TYPE=PRICE",
+                   help="price per node-hour of a node type (the summary's cost; the autoscaler adds the "
+                        "type whose extra goodput per price is highest); one-type clusters' type: default")
     p.add_argument("--out", required=True, help="output folder (one run dir per workload)")
     p.add_argument("--jobs", type=int, default=1, help="workloads simulated in parallel processes")
     p.set_defaults(handler=cmd_simulate)
 
 
+def parse_prices(items: list[str] | None) -> dict[str, float] | None:
+    """``--node-cost TYPE=PRICE ...`` as ``{type: price}`` (None without it)."""
+    if not items:
+        return None
+    prices = {}
+    for item in items:
+        name, sep, price = item.partition("=")
+        try:
+            prices[name] = float(price)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise InvalidProblem(f"--node-cost must be TYPE=PRICE (a price per node-hour), got {item!r}")
+    return prices
+
+
 def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: int | None,
-                         profiles: str | None, typed_profiles: str | None):
+                         profiles: str | None, typed_profiles: str | None, *, apps: Sequence[str] | None = None):
     """The simulated cluster and its profiles: ``nodes x cpus_per_node`` of one type
     with the trace folder's profiles, or a cluster description (preset or JSON
     file) with per-type profiles (``typed_profiles`` in Sia's layout, else
     synthetic types built from the trace folder; a one-type description with the
-    trace folder's profiles as they are)."""
+    trace folder's profiles as they are).  ``apps``: the applications the
+    workload runs; per-type profiles are read for those only (a published
+    folder may hold applications measured on some types only)."""
     from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_NODES
     from pollux_opt.backends.sim.profile_files import load_profiles, load_typed_profiles
     from pollux_opt.backends.sim.synthetic_types import build_typed_profiles
@@ -92,7 +118,7 @@ def cluster_and_profiles(cluster: str | None, nodes: int | None, cpus_per_node: 
     types = load_cluster_types(cluster)
     typed = Cluster.from_types(types)
     if typed_profiles is not None:
-        return typed, load_typed_profiles(typed_profiles, types=types.names)
+        return typed, load_typed_profiles(typed_profiles, apps, types=types.names)
     if len(types.names) == 1:
         return typed, load_profiles(profiles)
     return typed, build_typed_profiles(profiles, types=types.names)
@@ -104,9 +130,10 @@ def simulate_one(args: dict) -> dict:
     from pollux_opt.backends.sim.state import PAPER_FIXED_APPLICATIONS, SiaSimSettings, SimConfig
     from pollux_opt.workloads.adaptdl import read_adaptdl_csv
 
-    cluster, profiles = cluster_and_profiles(args.get("cluster"), args["nodes"], args["cpus_per_node"],
-                                             args["profiles"], args.get("typed_profiles"))
     jobs = read_adaptdl_csv(args["workload"])
+    cluster, profiles = cluster_and_profiles(args.get("cluster"), args["nodes"], args["cpus_per_node"],
+                                             args["profiles"], args.get("typed_profiles"),
+                                             apps=sorted({j.kind for j in jobs}))
     config = SimConfig(restart_delay=args["restart_delay"], interference=args["interference"],
                        report_noise=args["report_noise"], completion_delay=args["completion_delay"],
                        wake_every=args["wake_every"], start_delay=args["start_delay"],
@@ -117,6 +144,7 @@ def simulate_one(args: dict) -> dict:
     result = simulate(
         jobs, profiles, args["policy"], cluster=cluster,
         interval=args["interval"], config=config, out_dir=args["out_dir"],
+        autoscale=args.get("autoscale"), prices=args.get("prices"),
     )
     return asdict(result)
 
@@ -157,6 +185,7 @@ def _measured(path: Path, field: str) -> dict[str, float]:
 def _check_simulate_args(args: argparse.Namespace) -> None:
     """The cluster, interval, workers and output folder asked for, checked before any work."""
     from pollux_opt.backends.sim.run import MAX_SIM_CPUS, MIN_INTERVAL_S
+    from pollux_opt.model.cluster_types import load_cluster_types
     from pollux_opt.model.domains import Integer, Real, check
 
     from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_NODES
@@ -169,13 +198,21 @@ def _check_simulate_args(args: argparse.Namespace) -> None:
         raise InvalidProblem(f"--nodes x --cpus-per-node must be at most MAX_SIM_CPUS = {MAX_SIM_CPUS}, "
                              f"got {nodes} x {cpus}")
     if args.cluster is not None:
-        from pollux_opt.model.cluster_types import load_cluster_types
-
         if args.nodes is not None or args.cpus_per_node is not None:
             raise InvalidProblem(f"give --cluster or --nodes/--cpus-per-node, not both "
                                  f"(got --cluster {args.cluster!r})")
         load_cluster_types(args.cluster)  # a bad description fails before any work
     check("--interval", args.interval, Real(ge=MIN_INTERVAL_S, unit="seconds"))
+    from pollux_opt.model import Cluster
+    from pollux_opt.scheduling.autoscale import node_prices
+
+    largest = (Cluster.uniform(nodes, cpus) if args.cluster is None
+               else Cluster.from_types(load_cluster_types(args.cluster)))
+    scale = autoscale_from_args(args)
+    if scale is not None and scale.max_nodes > len(largest.nodes):
+        raise InvalidProblem(f"--autoscale {args.autoscale}: MAX must be at most the cluster's nodes "
+                             f"(--nodes or --cluster), {len(largest.nodes)}")
+    node_prices(parse_prices(args.node_cost), largest)
     check("--jobs", args.jobs, Integer(ge=1))
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise InvalidProblem(f"--out {args.out!r} is an existing file; give a folder (it is created if missing)")
@@ -207,12 +244,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "start_delay": start, "split_single": args.split_single, "fixed_apps": args.fixed_apps,
             "cluster": args.cluster, "typed_profiles": args.typed_profiles,
             "sia_calibration": args.sia_calibration, "out_dir": str(run_dir),
+            "autoscale": autoscale_from_args(args), "prices": parse_prices(args.node_cost),
         })
     with Progress(transient=False) as bar:
         task = bar.add_task(f"simulate {args.policy}", total=len(tasks))
         done = run_tasks(simulate_one, tasks, jobs=args.jobs, on_result=lambda t, r: bar.advance(task))
     results = {t["workload"]: r for t, r in zip(tasks, done)}
-    json.dump({w: {k: r[k] for k in ("policy", "completed", "avg_jct", "p99_jct", "makespan", "wall_seconds", "out_dir")}
+    json.dump({w: {k: r[k] for k in ("policy", "completed", "avg_jct", "p99_jct", "makespan", "node_hours", "cost",
+                                     "wall_seconds", "out_dir")}
                for w, r in results.items()}, sys.stdout, indent=2, default=lambda x: None)
     sys.stdout.write("\n")
     return 0

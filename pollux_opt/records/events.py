@@ -86,6 +86,7 @@ EVENT_TYPES = (
     "run_start",        # cluster: the scheduler (re)started; fields: policy, resumed
     "run_stop",         # cluster: the scheduler stopped early, jobs checkpointed; fields: reason, stopped
     "nodes",            # cluster: nodes joined or left (Ray backend); fields: cluster, joined, left
+    "scale",            # cluster: autoscaled nodes requested, up or released; fields: requested, ready, released, sizes
     "submit",           # job arrived; fields: submitted_replicas, submitted_batch_size, workload
     "start",            # job's first start; fields: placement
     "allocation",       # cluster: a decision; fields: placement, objective, solver_s, overhead_s, status
@@ -108,6 +109,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "run_start": ("policy",),
     "run_stop": ("reason",),
     "nodes": ("cluster", "joined", "left"),
+    "scale": ("requested", "ready", "released", "sizes"),
     "submit": ("submitted_replicas", "submitted_batch_size"),
     "start": ("placement",),
     "allocation": ("placement", "objective", "solver_s"),
@@ -129,7 +131,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 PLACEMENT_EVENTS = frozenset({"start", "rescale_begin", "rescale_end", "restart_after_fault"})
 
 #: Event types that are about the whole cluster (job_id null).
-CLUSTER_EVENTS = frozenset({"run_start", "run_stop", "nodes", "allocation"})
+CLUSTER_EVENTS = frozenset({"run_start", "run_stop", "nodes", "scale", "allocation"})
 #: An event's ``type`` and its time ``t`` (seconds since the run started).
 _EVENT_TYPE = Choice(EVENT_TYPES)
 _EVENT_TIME = Real(unit="seconds")

@@ -46,6 +46,14 @@ completed jobs with rho > 1, ``jain_index`` = Jain's index
 ``(sum x)^2 / (n sum x^2)`` of ``x_j = 1 / rho_j`` (each job's attained share of
 its isolated performance; 1 = perfectly even).
 
+**Nodes and cost.**  ``node_hours``: node-hours billed between the first
+submission and the last completion.  A run on Ray bills each node from its
+joining to its leaving (``nodes`` events); an autoscaled simulation, from its
+request to its release (``scale`` events); a fixed cluster, its nodes
+(``nodes`` of ``run_start``, per type) throughout.  ``cost``: node-hours times
+each type's price per node-hour (``node_prices`` of ``run_start``; null
+without prices).
+
 **Scheduler overhead.**  From the ``allocation`` events: per-round wall time
 outside the jobs' work (``overhead_s``, which includes the policy's solver
 time, plus ``poll_s``, the backend's bookkeeping since the previous round), as
@@ -62,6 +70,7 @@ import numpy as np
 
 from solvers import InvalidProblem
 
+from pollux_opt.model.cluster import DEFAULT_NODE_TYPE
 from pollux_opt.model.domains import Integer, check
 from pollux_opt.model.goodput import isolated_rate as model_isolated_rate
 from pollux_opt.records.events import goodput_model_from_json, jsonable
@@ -69,6 +78,7 @@ from pollux_opt.records.replay import JobTrack, replay, time_ordered
 from pollux_opt.records.timelines import goodput_timeline
 
 __all__ = [
+    "node_usage",
     "summarize",
     "isolated_rate",
     "jain_index",
@@ -207,6 +217,51 @@ def _round_metrics(events: Sequence[dict], window: float) -> dict:
     }
 
 
+def _billed(events: Sequence[dict]) -> list[tuple[str, float, float]] | None:
+    """``(type, from, to)`` per node of the log (``to`` inf: never released):
+    the nodes Ray had (``nodes`` events: joined to left), else the autoscaled
+    nodes requested (``scale`` events: request to release); None where neither."""
+    spans: list[tuple[str, float, float]] = []
+    since: dict[str, tuple[str, float]] = {}
+    ray = any(e["type"] == "nodes" for e in events)
+    for e in events:
+        if e["type"] != ("nodes" if ray else "scale"):
+            continue
+        t = float(e["t"])
+        if ray:
+            types = {n["id"]: n.get("type", DEFAULT_NODE_TYPE) for n in e["cluster"]}
+            gone, new = e["left"], {nid: types.get(nid, DEFAULT_NODE_TYPE) for nid in e["joined"]}
+        else:
+            gone, new = e["released"], e["requested"]
+        for nid in gone:
+            if nid in since:
+                kind, start = since.pop(nid)
+                spans.append((kind, start, t))
+        for nid, kind in new.items():
+            since.setdefault(nid, (kind, t))
+    spans += [(kind, start, math.inf) for kind, start in since.values()]
+    return spans if ray or any(e["type"] == "scale" for e in events) else None
+
+
+def node_usage(events: Sequence[dict], t0: float, t1: float) -> dict[str, float | None]:
+    """Node-hours billed within ``[t0, t1]`` (seconds) and their cost (see the module docstring).
+
+    Returns ``{"node_hours": ..., "cost": ...}``; nan node-hours where the log
+    says neither the nodes nor their requests, a null cost without prices."""
+    start = next((e for e in events if e["type"] == "run_start"), {})
+    prices = start.get("node_prices")
+    spans = _billed(events)
+    if spans is None and start.get("nodes"):
+        spans = [(kind, t0, t1) for kind, count in start["nodes"].items() for _ in range(int(count))]
+    if spans is None:
+        return {"node_hours": math.nan, "cost": None}
+    hours: dict[str, float] = {}
+    for kind, a, b in spans:
+        hours[kind] = hours.get(kind, 0.0) + max(0.0, min(b, t1) - max(a, t0)) / 3600.0
+    cost = None if not prices else sum(h * float(prices.get(kind, 1.0)) for kind, h in hours.items())
+    return {"node_hours": sum(hours.values()), "cost": cost}
+
+
 def summarize(events: Sequence[dict], cluster_cpus: int | None = None, *, node_cpus: int | None = None) -> dict:
     """The ``summary.json`` dictionary of a run, from its events alone.
 
@@ -269,6 +324,7 @@ def summarize(events: Sequence[dict], cluster_cpus: int | None = None, *, node_c
         "worst_rho": _stat(np.max, rhos),
         "frac_rho_gt_1": float(np.mean(rhos > 1.0)) if rhos.size else math.nan,
         "jain_index": jain_index([1.0 / r for r in rhos if r > 0]),
+        **node_usage(events, t0, t1),
         "rounds": rounds.pop("rounds"),
         "interval_s": interval,
         **rounds,

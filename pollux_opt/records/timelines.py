@@ -2,7 +2,8 @@
 
 :func:`goodput_timeline` is cluster goodput in single-CPU equivalents (its
 definition is in :mod:`pollux_opt.records.metrics`), :func:`allocation_timeline`
-the CPUs each job holds.  Both read the event log alone.
+the CPUs each job holds, :func:`node_timeline` an autoscaled cluster's nodes.
+All read the event log alone.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pollux_opt.model.domains import Real
 from pollux_opt.records.events import goodput_model_from_json
 from pollux_opt.records.replay import replay, time_ordered
 
-__all__ = ["allocation_timeline", "goodput_timeline"]
+__all__ = ["allocation_timeline", "goodput_timeline", "node_timeline"]
 
 #: A progress value an event reports (a non-finite one is skipped).
 _PROGRESS = Real()
@@ -91,3 +92,24 @@ def allocation_timeline(events: Sequence[dict]):
     for jid, job in replay(time_ordered(events)).items():
         rows.extend((t, jid, k) for t, k in job.replicas)
     return pd.DataFrame(rows, columns=["t", "job_id", "cpus"]).sort_values("t", kind="stable")
+
+
+def node_timeline(events: Sequence[dict]):
+    """An autoscaled run's nodes over time: a pandas DataFrame with columns
+    ``t``, ``type``, ``provisioned`` (requested and not released: up or
+    starting) and ``up`` (taking replicas or draining), one row per type at
+    each ``scale`` event (empty for a run without one)."""
+    import pandas as pd
+
+    up: dict[str, str] = {}
+    rows = []
+    for e in time_ordered(events):
+        if e["type"] != "scale":
+            continue
+        up.update(e["ready"])
+        for nid in e["released"]:
+            up.pop(nid, None)
+        for t, count in e["sizes"].items():
+            rows.append({"t": float(e["t"]), "type": t, "provisioned": int(count),
+                         "up": sum(1 for kind in up.values() if kind == t)})
+    return pd.DataFrame(rows, columns=["t", "type", "provisioned", "up"])

@@ -15,16 +15,19 @@ import logging
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from threadpoolctl import threadpool_limits
 
-from solvers import Status
+from solvers import InvalidProblem, Status
 
 from pollux_opt.lifecycle import JobState
 from pollux_opt.records.events import EventLog
 from pollux_opt.model import Cluster, GoodputModel
 from pollux_opt.model.domains import Integer, Real, check
+
+if TYPE_CHECKING:
+    from pollux_opt.scheduling.autoscale import Autoscaler
 
 __all__ = [
     "JobView", "Decision", "DecisionStatus", "Policy", "Backend", "run", "ROUND_INTERVAL",
@@ -226,6 +229,7 @@ def run(
     interval: float,
     progress: ProgressFn | None = None,
     max_rounds: int | None = None,
+    autoscaler: "Autoscaler | None" = None,
 ) -> int:
     """Drive ``backend`` with ``policy`` until every job has finished.
 
@@ -249,12 +253,17 @@ def run(
         interval: seconds between rounds (> 0).
         progress: called after each round with ``(now, views, decision)``.
         max_rounds: stop after this many rounds even if jobs remain (None: no limit).
+        autoscaler: sizes the cluster each round, after the allocation (the
+            backend must be a :class:`~pollux_opt.scheduling.autoscale.Provider`);
+            None: the cluster is what the backend has.
 
     Returns:
         The number of rounds run.
     """
     check("interval", interval, ROUND_INTERVAL)
     check("max_rounds", max_rounds, _MAX_ROUNDS)
+    if autoscaler is not None and not callable(getattr(backend, "provision", None)):
+        raise InvalidProblem(f"autoscaler needs a backend that provisions nodes, got {type(backend).__name__}")
     prepare = getattr(policy, "prepare", None)
     if callable(prepare):
         prepare(cluster)  # optional one-time set-up (e.g. loading a solver), outside the rounds
@@ -282,6 +291,8 @@ def run(
                               overhead_s=overhead, poll_s=polled, interval_s=float(interval))
                 if progress is not None:
                     progress(now, views, decision)
+            if autoscaler is not None:  # beside the allocation: nodes for the next rounds
+                backend.provision(now, autoscaler.decide(now, views, backend.provisioned()))
             rounds += 1
             before = getattr(backend, "poll_seconds", 0.0)
             backend.advance(float(interval))

@@ -155,6 +155,8 @@ def serve(
     cancel_grace_s: float = STOP_GRACE_S,
     progress: bool = False,
     backend_kwargs: Mapping | None = None,
+    autoscale=None,
+    node_cpus: int | None = None,
 ) -> None:
     """Run the scheduler as a service on ``state_dir`` until a stop signal (see the module docstring).
 
@@ -174,6 +176,8 @@ def serve(
         token_file: a file holding the bearer token every request but ``/healthz`` must carry.
         cancel_grace_s: seconds a cancelled job gets to checkpoint before it is ended.
         progress: show the run's live progress table.
+        autoscale, node_cpus: with backend ``"ray"``, size the Ray cluster with
+            its autoscaler (as for :func:`~pollux_opt.backends.ray.run_ray_workload`).
         backend_kwargs: extra keyword arguments of the backend (tests).
 
     Raises:
@@ -200,12 +204,13 @@ def serve(
         if cluster is not None:
             raise InvalidProblem("cluster does not apply with backend 'ray': the cluster is Ray's nodes")
         run_ray_workload(state_dir, None, policy, address=ray_address, checkpoint_dir=checkpoint_dir,
-                         interval=interval, progress=progress, backend_kwargs=kwargs, service=service)
+                         interval=interval, progress=progress, backend_kwargs=kwargs, service=service,
+                         autoscale=autoscale, node_cpus=node_cpus)
     elif backend == "local":
         from pollux_opt.backends.local import run_workload
 
-        if ray_address is not None or checkpoint_dir is not None:
-            raise InvalidProblem("ray_address and checkpoint_dir need backend 'ray'")
+        if ray_address is not None or checkpoint_dir is not None or autoscale is not None:
+            raise InvalidProblem("ray_address, checkpoint_dir and autoscale need backend 'ray'")
         run_workload(state_dir, None, policy, cluster=cluster, interval=interval, progress=progress,
                      backend_kwargs=kwargs, service=service)
     else:

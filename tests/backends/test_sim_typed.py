@@ -186,3 +186,27 @@ def test_cli_simulate_runs_a_typed_cluster_end_to_end(tmp_path, capsys):
     assert main(["simulate", "--workload", str(wl), "--cluster", "sia-64", "--nodes", "2",
                  "--out", str(tmp_path / "bad")]) == 2
     assert "give --cluster or --nodes/--cpus-per-node, not both" in capsys.readouterr().err
+
+
+def test_cli_simulate_reads_only_the_applications_its_workload_runs(tmp_path, capsys):
+    # an application measured on one of the cluster's types only (as one in Sia's
+    # published traces): ignored while no job runs it, named once one does
+    from pollux_opt.cli.main import main
+    from pollux_opt.workloads import write_adaptdl_csv
+
+    _write_sia_app(tmp_path / "traces" / "toy", {"aws": (1.0, 4), "rtx": (2.0, 8)})
+    _write_sia_app(tmp_path / "traces" / "partial", {"aws": (1.0, 4)})
+    spec = tmp_path / "cluster.json"
+    spec.write_text(json.dumps({"node_types": [{"name": "aws", "count": 1, "replicas_per_node": 4},
+                                               {"name": "rtx", "count": 1, "replicas_per_node": 8}]}))
+    _, profiles = cluster_and_profiles(str(spec), None, None, None, str(tmp_path), apps=["toy"])
+    assert list(profiles) == ["toy"]
+    wl = tmp_path / "w.csv"
+    write_adaptdl_csv([WorkloadJob(f"toy-{i}", "toy", i * 30.0, 1, 128) for i in range(2)], wl)
+    args = ["simulate", "--policy", "sia", "--cluster", str(spec), "--typed-profiles", str(tmp_path)]
+    assert main([*args, "--workload", str(wl), "--out", str(tmp_path / "out")]) == 0
+    write_adaptdl_csv([WorkloadJob("toy-0", "toy", 0.0, 1, 128), WorkloadJob("partial-1", "partial", 5.0, 1, 128)],
+                      wl)
+    assert main([*args, "--workload", str(wl), "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "partial" in err and "placements-rtx.csv" in err

@@ -170,6 +170,15 @@ def test_a_bad_export_json_is_named(tmp_path, capsys, content, match):
         (["--nodes", "0"], "--nodes must be an integer >= 1, got 0"),
         (["--cpus-per-node", "0"], "--cpus-per-node must be an integer >= 1, got 0"),
         (["--jobs", "0"], "--jobs must be an integer >= 1, got 0"),
+        (["--autoscale", "4"], "--autoscale must be MIN:MAX, two node counts, got '4'"),
+        (["--autoscale", "a:b"], "--autoscale must be MIN:MAX, two node counts, got 'a:b'"),
+        (["--autoscale", "4:2"], "autoscale max_nodes must be at least min_nodes (4), got 2"),
+        (["--autoscale", "1:17"], "--autoscale 1:17: MAX must be at most the cluster's nodes"),
+        (["--autoscale", "1:4", "--node-startup", "-5"], "autoscale startup_s must be a finite number of seconds"),
+        (["--autoscale", "1:4", "--grow-above", "0.1"], "autoscale shrink_below must be at most grow_above"),
+        (["--node-cost", "default"], "--node-cost must be TYPE=PRICE (a price per node-hour), got 'default'"),
+        (["--node-cost", "default=x"], "--node-cost must be TYPE=PRICE (a price per node-hour), got 'default=x'"),
+        (["--node-cost", "gpu=2"], "prices name node type 'gpu', which the cluster lacks; its types: ['default']"),
     ],
 )
 def test_simulate_rejects_a_run_that_would_not_finish(tmp_path, capsys, flags, match):

@@ -348,7 +348,17 @@ def test_serve_passes_its_options_and_the_cluster_of_nodes_and_cpus(fake_serve, 
     assert [n.cpus for n in kwargs.pop("cluster").nodes] == [1, 1]
     assert kwargs == {"backend": "local", "ray_address": None, "policy": None, "interval": 5.0,
                       "host": "127.0.0.1", "port": 9000, "token_file": None, "checkpoint_dir": None,
-                      "progress": False, "cancel_grace_s": 3.0}
+                      "progress": False, "cancel_grace_s": 3.0, "autoscale": None, "node_cpus": None}
+
+
+def test_serve_autoscales_only_on_ray(fake_serve, tmp_path, capsys):
+    assert main(["serve", "--state", str(tmp_path / "s"), "--autoscale", "1:3"]) == 2
+    assert "--autoscale need --backend ray" in capsys.readouterr().err
+    assert main(["serve", "--state", str(tmp_path / "s"), "--backend", "ray", "--autoscale", "1:3",
+                 "--node-cpus", "2", "--node-startup", "30"]) == 0
+    ((_, kwargs),) = fake_serve
+    assert (kwargs["autoscale"].min_nodes, kwargs["autoscale"].max_nodes, kwargs["autoscale"].startup_s) == (1, 3, 30.0)
+    assert kwargs["node_cpus"] == 2
 
 
 def test_serve_passes_the_server_its_own_arguments(tmp_path):

@@ -285,3 +285,32 @@ def test_fair_jct_bounding_and_option_tables_compare_with_pollux_at_the_default_
     assert opt[0] == ["defaults", "2", "160", "20.0 %", "1600", "3.50", "0"]
     # one workload: against Pollux's on that workload; its worst rho above Pollux's there
     assert opt[1] == ['{"bound": null}', "1", "70", "30.0 %", "700", "4.00", "1"]
+
+
+def test_autoscale_section_compares_each_rule_with_its_reference_and_finds_the_cheapest_run_in_reach(experiment):
+    ra = experiment("results_autoscale")
+
+    def row(set_, workload, rule, grow, nodes, jct, nh, weak=False, cost=None):
+        return {"set": set_, "workload": workload, "rule": rule, "grow_above": grow,
+                "shrink_below": None if grow is None else grow / 2, "weak_scaling": weak, "nodes": nodes,
+                "startup_s": 120.0, "jobs": 1, "completed": 1, "avg_jct_s": jct, "p99_jct_s": jct,
+                "makespan_s": jct, "node_hours": nh, "cost": cost, "most_nodes": nodes, "wall_s": 1.0}
+
+    cloud = pd.DataFrame([row("cloud", "imagenet", "throughput", 0.5, 16, 1000.0, 80.0, weak=True),
+                          row("cloud", "imagenet", "goodput", 0.2, 16, 1050.0, 70.0),
+                          row("cloud", "imagenet", "goodput", 0.4, 16, 1200.0, 50.0),  # too slow to count
+                          row("cloud", "imagenet", "fixed", None, 8, 1090.0, 40.0)])   # not autoscaled
+    lines = ra._cloud(ra._labelled(cloud))
+    text = "\n".join(lines)
+    assert "| goodput 0.2/0.1 | 16 | 0.29 | 70.0 | -12.5 % | +5.0 % |" in text
+    assert "goodput 0.2/0.1, 12.5 % less node-hours at +5.0 % completion time" in text
+    # the shared sets: means over workloads of runs made on all of them, against the largest fixed cluster
+    shared = pd.DataFrame([row("adaptdl", f"workload-{w}", r, g, n, jct + w, nh + w)
+                           for w in (1, 2)
+                           for r, g, n, jct, nh in (("fixed", None, 16, 100.0, 200.0), ("fixed", None, 12, 130.0, 170.0),
+                                                    ("goodput", 0.5, 16, 108.0, 150.0))]
+                          + [row("adaptdl", "workload-1", "throughput", 0.5, 16, 90.0, 100.0)])  # one workload only
+    text = "\n".join(ra._shared(ra._labelled(shared), "adaptdl"))
+    assert "| goodput 0.5/0.25 | 110 | 110 | 151.5 | -24.8 % | +7.9 % |" in text
+    assert "throughput" not in text
+    assert "fixed 16's average JCT: goodput 0.5/0.25, 24.8 % less node-hours at +7.9 % average JCT" in text

@@ -257,7 +257,8 @@ def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress
         try:
             view = console_progress(pol.name, backend) if progress else contextlib.nullcontext()
             with serving(backend), view as update:
-                loop(backend, pol, backend.cluster, events, interval=cfg["interval_s"], progress=update)
+                loop(backend, pol, backend.cluster, events, interval=cfg["interval_s"], progress=update,
+                     autoscaler=getattr(backend, "autoscaler", None))
         except RunStopping:
             graceful = False  # the jobs are stopped below (or, on a second signal, ended at once)
             name = signal.Signals(signals.signum).name

@@ -9,8 +9,8 @@ runtime's own elastic jobs, whose workers are Ray actors
 (:class:`~pollux_opt.backends.ray.pool.RayWorkerPool`).  What differs:
 
 **The cluster is Ray's.**  Every poll re-reads Ray's alive nodes with CPUs
-(:class:`RayNodes`; a scheduler node id is ``ray-`` and the first
-:data:`NODE_ID_CHARS` hex digits of the Ray node id, a node that rejoins is a
+(:class:`~pollux_opt.backends.ray.nodes.RayNodes`; a scheduler node id is ``ray-`` and the last
+:data:`~pollux_opt.backends.ray.nodes.NODE_ID_CHARS` hex digits of the Ray node id, a node that rejoins is a
 new node; nodes without CPUs are left out), so a node that joins is used from
 the next round (a ``nodes`` event).  A job holding replicas on a
 node that left is re-opened from its work directory, holding nothing (a
@@ -33,7 +33,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -44,14 +44,18 @@ from pollux_opt.backends.local.handle import JobBookkeeping
 from pollux_opt.backends.local.nodes import CpuPinning
 from pollux_opt.backends.local.rundir import cluster_to_json
 from pollux_opt.backends.local.run import DEFAULT_INTERVAL_S, run_workload
+from pollux_opt.backends.ray.nodes import RayNodes, first_nodes
 from pollux_opt.backends.ray.pool import RayWorkerPool
 from pollux_opt.extras import RAY_MISSING, require
-from pollux_opt.model import Cluster, Node
+from pollux_opt.lifecycle import JobState
+from pollux_opt.model import Cluster
+from pollux_opt.model.cluster import DEFAULT_NODE_TYPE
 from pollux_opt.records.files import atomic_write_json, safe_name
+from pollux_opt.scheduling.autoscale import Autoscaler, ScaleOptions
 from pollux_opt.workloads.job import Workload
 
 __all__ = [
-    "NODE_ID_CHARS", "RAY_CONFIG_FILE", "NodeInfo", "RayBackend", "RayNodes", "connect",
+    "RAY_CONFIG_FILE", "RayBackend", "connect",
     "recorded_checkpoint_dir", "run_ray_workload", "shared_workdir_root",
 ]
 
@@ -59,59 +63,8 @@ log = logging.getLogger(__name__)
 
 #: The Ray run's own settings in its run directory.
 RAY_CONFIG_FILE = "ray.json"
-#: What to do where Ray is not installed.
 #: Hex digits of the run directory's hash that name its folder under a shared checkpoint directory.
 _RUN_KEY_CHARS = 16
-#: Hex digits of a Ray node id kept in the scheduler's node id (48 bits: no
-#: collision in any realistic cluster, and short in the event log).
-NODE_ID_CHARS = 12
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """One alive Ray node with CPUs: scheduler id, Ray's node id (hex), CPUs."""
-
-    id: str
-    ray_id: str
-    cpus: int
-
-
-class RayNodes:
-    """The scheduler's view of the Ray cluster (refreshed by :meth:`refresh`; thread-safe reads).
-
-    Args:
-        ray: the ``ray`` module, connected (``ray.init`` done).
-    """
-
-    def __init__(self, ray) -> None:
-        self.ray = ray
-        self._nodes: dict[str, NodeInfo] = {}
-        self.refresh()
-
-    def refresh(self) -> Cluster | None:
-        """Re-read Ray's nodes; the new cluster (None where there is no node with CPUs)."""
-        infos = []
-        for n in self.ray.nodes():
-            cpus = int(n.get("Resources", {}).get("CPU", 0))
-            if n.get("Alive") and cpus > 0:
-                infos.append(NodeInfo(f"ray-{n['NodeID'][:NODE_ID_CHARS]}", n["NodeID"], cpus))
-        self._nodes = {i.id: i for i in sorted(infos, key=lambda i: i.id)}
-        return self.cluster()
-
-    def cluster(self) -> Cluster | None:
-        nodes = list(self._nodes.values())
-        return Cluster(tuple(Node(i.id, i.cpus) for i in nodes)) if nodes else None
-
-    def get(self, node_id: str) -> NodeInfo | None:
-        """The alive node ``node_id`` as last read (None: unknown or gone)."""
-        return self._nodes.get(node_id)
-
-    def alive(self, node_id: str) -> bool:
-        """Whether ``node_id`` is alive now (asks Ray: a node that left since the last refresh is not)."""
-        info = self._nodes.get(node_id)
-        if info is None:
-            return False
-        return any(n["NodeID"] == info.ray_id and n.get("Alive") for n in self.ray.nodes())
 
 
 def shared_workdir_root(run_dir: str | os.PathLike, checkpoint_dir: str | os.PathLike | None) -> Path:
@@ -139,9 +92,17 @@ class RayBackend(RealBackend):
     """
 
     def __init__(self, run_dir, workload, cluster: Cluster, events, *, nodes: RayNodes,
-                 checkpoint_dir: str | os.PathLike | None = None, **kwargs) -> None:
+                 checkpoint_dir: str | os.PathLike | None = None, autoscale: ScaleOptions | None = None,
+                 node_cpus: int | None = None, **kwargs) -> None:
         self._nodes = nodes
         self._workdirs = shared_workdir_root(run_dir, checkpoint_dir)
+        #: Autoscaling: the rule (None: Ray's nodes as they are), the CPUs of a
+        #: node Ray's autoscaler adds, the nodes requested, and those being given back.
+        self._node_cpus = int(node_cpus or max(n.cpus for n in cluster.nodes))
+        self.autoscaler = None if autoscale is None else Autoscaler(
+            Cluster.uniform(autoscale.max_nodes or len(cluster.nodes), self._node_cpus), autoscale)
+        self._wanted = len(cluster.nodes)
+        self._retired: set[str] = set()
         kwargs["pin_cpus"] = False
         if kwargs.get("pool") is None:
             kwargs["pool"] = RayWorkerPool(nodes)
@@ -156,8 +117,77 @@ class RayBackend(RealBackend):
 
     # ------------------------------------------------------------ the nodes
     def current_cluster(self) -> Cluster:
-        """The cluster the policy places on this round (Ray's alive nodes, as last polled)."""
-        return self.cluster
+        """The cluster the policy places on this round (Ray's alive nodes, as last
+        polled, less those being given back to Ray's autoscaler)."""
+        kept = tuple(n for n in self.cluster.nodes if n.id not in self._retired)
+        return Cluster(kept) if kept and self._retired else self.cluster
+
+    def views(self):
+        """The jobs' views, their replicas on nodes being given back not shown
+        (the policy moves them off, as off a node that left)."""
+        views = super().views()
+        if not self._retired:
+            return views
+        out = []
+        for v in views:
+            kept = {n: k for n, k in v.placement.items() if n not in self._retired}
+            out.append(v if kept == v.placement else
+                       replace(v, placement=kept, state=v.state if kept else JobState.QUEUED))
+        return out
+
+    def provisioned(self) -> dict[str, int]:
+        """Nodes requested from Ray's autoscaler (at first: those Ray had)."""
+        return {DEFAULT_NODE_TYPE: self._wanted}
+
+    def provision(self, now: float, sizes) -> None:
+        """Ask Ray's autoscaler for ``sizes`` nodes (``request_resources`` with one
+        node-shaped bundle of :attr:`node_cpus` CPUs per node; Ray adds nodes to
+        fit them, counting what runs) and give back the emptiest nodes past them:
+        the policy no longer sees them, and their idle replica slots end once
+        their jobs have moved off, so that Ray's autoscaler removes them when
+        idle (its ``idle_timeout_minutes``)."""
+        from ray.autoscaler.sdk import request_resources
+
+        wanted = int(sizes.get(DEFAULT_NODE_TYPE, self._wanted))
+        if wanted != self._wanted:
+            request_resources(bundles=[{"CPU": self._node_cpus}] * wanted)
+            self._wanted = wanted
+            self._emit("scale", now, None, requested={}, ready={}, released={}, sizes={DEFAULT_NODE_TYPE: wanted})
+        self._retire(now)
+
+    def close(self, *, graceful: bool = True, **kwargs) -> None:
+        """As :meth:`RealBackend.close`; an autoscaling run then withdraws its
+        request, so that Ray's autoscaler removes the nodes the run no longer uses."""
+        try:
+            super().close(graceful=graceful, **kwargs)
+        finally:
+            if self.autoscaler is not None:
+                from ray.autoscaler.sdk import request_resources
+
+                request_resources(bundles=[])
+
+    def _held(self) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for job in self.jobs.values():
+            if job.live:
+                for n, k in job.placement.items():
+                    held[n] = held.get(n, 0) + k
+        return held
+
+    def _retire(self, now: float) -> None:
+        """Nodes past the request are given back, the emptiest first; taken back when wanted again."""
+        held = self._held()
+        ids = [n.id for n in self.cluster.nodes]
+        self._retired &= set(ids)
+        extra = len(ids) - self._wanted
+        for nid in sorted(self._retired, key=lambda n: -held.get(n, 0))[:max(len(self._retired) - extra, 0)]:
+            self._retired.discard(nid)  # its slots: those its jobs hold, and new idle ones for the rest
+            self.pool.add_node(nid, self._nodes.get(nid).cpus - held.get(nid, 0))
+        keep = sorted((n for n in ids if n not in self._retired), key=lambda n: (held.get(n, 0), n))
+        for nid in keep[:max(extra - len(self._retired), 0)]:
+            self._retired.add(nid)
+            self.pool.retire_node(nid)
+            log.info("giving node %s back to Ray's autoscaler", nid)
 
     def _poll(self, full: bool = True, arrivals: bool = True) -> None:
         self._refresh_nodes()
@@ -270,6 +300,8 @@ def run_ray_workload(
     backend_kwargs: Mapping[str, Any] | None = None,
     repair: bool = False,
     service: Any = None,
+    autoscale: ScaleOptions | None = None,
+    node_cpus: int | None = None,
 ) -> dict:
     """Run (or resume) one policy on one workload on a Ray cluster; return the summary.
 
@@ -281,6 +313,11 @@ def run_ray_workload(
             shared file system), for the jobs' work directories; None: the run
             directory (enough where every node runs on this machine).
         backend_kwargs: extra keyword arguments of :class:`RayBackend` (tests).
+        autoscale: size the Ray cluster each round with Ray's autoscaler
+            (``max_nodes`` default: the nodes Ray has at the start); None: the
+            nodes Ray has, as they come and go.
+        node_cpus: CPUs of a node Ray's autoscaler adds (default: the largest
+            node at the start).
 
     Raises:
         InvalidProblem: as :func:`run_workload`; also a Ray cluster without CPUs,
@@ -293,9 +330,12 @@ def run_ray_workload(
     try:
         nodes = RayNodes(ray)
         cluster = nodes.cluster()
+        if cluster is None and autoscale is not None:
+            cluster = first_nodes(nodes, autoscale.min_nodes, node_cpus, address)
         if cluster is None:
             raise InvalidProblem(f"the Ray cluster at address={address!r} has no node with CPUs")
-        kwargs = {"nodes": nodes, "checkpoint_dir": ckpt, **dict(backend_kwargs or {})}
+        kwargs = {"nodes": nodes, "checkpoint_dir": ckpt, "autoscale": autoscale, "node_cpus": node_cpus,
+                  **dict(backend_kwargs or {})}
         return run_workload(run_dir, workload, policy, cluster=cluster, interval=interval, pin_cpus=False,
                             runtime_options=runtime_options, progress=progress, backend_kwargs=kwargs,
                             repair=repair, backend_class=RayBackend, service=service)

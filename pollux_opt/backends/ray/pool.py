@@ -173,7 +173,7 @@ class RayWorkerPool(WorkerPool):
     pool's process machinery (start method, fork server, spares) does not apply.
 
     Args:
-        nodes: the run's :class:`~pollux_opt.backends.ray.backend.RayNodes` (scheduler node id -> Ray node).
+        nodes: the run's :class:`~pollux_opt.backends.ray.nodes.RayNodes` (scheduler node id -> Ray node).
         connect_timeout_s: see :data:`CONNECT_TIMEOUT_S`.
     """
 
@@ -184,6 +184,7 @@ class RayWorkerPool(WorkerPool):
         self._actor_class = self._ray.remote(ReplicaActor)
         self._cond = threading.Condition()
         self._idle: dict[str, list[RayWorker]] = {}  # node -> idle slots (started or starting)
+        self._retired: set[str] = set()  # nodes being given back: no idle slot kept there
         self._cancelled: set[str] = set()
         self._closed = False
         self._fresh = self._fresh_actor()
@@ -191,12 +192,24 @@ class RayWorkerPool(WorkerPool):
     # ------------------------------------------------------------ the slots
     def add_node(self, node: str, count: int) -> None:
         """Start ``count`` slot actors on ``node`` (idle; handed out once up)."""
+        with self._cond:
+            self._retired.discard(node)
         for _ in range(count):
             self._start_slot(node)
 
+    def retire_node(self, node: str) -> None:
+        """Keep no idle slot on ``node`` (ended now, and as jobs release theirs), so
+        that it holds no Ray resources once its jobs have moved off and Ray's
+        autoscaler can remove it; :meth:`add_node` takes it back."""
+        with self._cond:
+            self._retired.add(node)
+            idle = self._idle.pop(node, [])
+        for w in idle:
+            w.end()
+
     def _start_slot(self, node: str) -> None:
         info = self._nodes.get(node)
-        if info is None or self._closed:
+        if info is None or self._closed or node in self._retired:
             return
         actor = self._new_actor(1, info.ray_id, soft=False)
         with self._cond:
@@ -308,7 +321,7 @@ class RayWorkerPool(WorkerPool):
         dead = []
         with self._cond:
             for w in workers:
-                if w.alive() and not self._closed:
+                if w.alive() and not self._closed and w.node not in self._retired:
                     self._idle.setdefault(w.node, []).append(w)
                 else:
                     dead.append(w)

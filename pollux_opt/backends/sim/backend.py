@@ -51,6 +51,7 @@ from pollux_opt.backends.sim.state import (
     per_type_profiles,
     pooled_limits,
 )
+from pollux_opt.backends.sim.provision import NodeState, SimNodes
 from pollux_opt.backends.sim.traces import Profile
 from pollux_opt.workloads.adaptdl import pinned_config
 from pollux_opt.workloads.job import WorkloadJob
@@ -75,6 +76,9 @@ class SimBackend:
         fixed_batch: the jobs train at their submitted batch size (the
             policy's :attr:`~pollux_opt.scheduling.loop.Policy.fixed_batch`;
             set before the first round); false: they co-adapt it.
+        nodes: an autoscaled cluster's nodes (``cluster`` is then the largest
+            one; see :mod:`pollux_opt.backends.sim.provision`); None: every
+            node of ``cluster`` is up throughout.
 
     Raises:
         InvalidProblem: a job names an application without a profile, or a
@@ -90,8 +94,10 @@ class SimBackend:
         config: SimConfig | None = None,
         *,
         fixed_batch: bool = False,
+        nodes: SimNodes | None = None,
     ) -> None:
         self.config = config or SimConfig()
+        self.nodes = nodes
         self.fixed_batch = bool(fixed_batch)
         self.cluster = cluster
         self.events = NullLog() if events is None else events
@@ -152,13 +158,42 @@ class SimBackend:
         """The jobs submitted and not complete."""
         return [j for j in self._jobs.values() if j.submitted and j.completion_time is None]
 
+    def current_cluster(self) -> Cluster:
+        """The nodes up now (all of ``cluster`` unless autoscaled)."""
+        return self.cluster if self.nodes is None else self.nodes.current_cluster()
+
+    def provisioned(self) -> dict[str, int]:
+        """Nodes per type up or starting (every node of ``cluster`` unless autoscaled)."""
+        if self.nodes is None:
+            return {t: len(self.cluster.of_type(t)) for t in self.cluster.types}
+        return self.nodes.provisioned()
+
+    def provision(self, now: float, sizes: Mapping[str, int]) -> None:
+        """Request or release nodes towards ``sizes`` per type (an autoscaled cluster only)."""
+        if self.nodes is None:
+            raise InvalidProblem("this simulation's cluster is fixed: give SimBackend nodes to autoscale it")
+        self.nodes.provision(now, sizes, self._load())
+
+    def _load(self) -> Counter:
+        load = Counter()
+        for job in self._jobs.values():
+            load.update(job.placement)
+        return load
+
+    def _shown(self, placement: Mapping[str, int]) -> dict[str, int]:
+        """A placement as the policy sees it: on the nodes up (a node being released is not offered)."""
+        if self.nodes is None:
+            return dict(placement)
+        state = self.nodes.state
+        return {n: k for n, k in placement.items() if state[n] is NodeState.UP}
+
     def views(self) -> list[JobView]:
         return [
             JobView(
                 job_id=job.spec.id,
                 submit_time=job.spec.arrival_s,
-                state=JobState.RUNNING if job.placement else JobState.QUEUED,
-                placement=dict(job.placement),
+                state=JobState.RUNNING if self._shown(job.placement) else JobState.QUEUED,
+                placement=self._shown(job.placement),
                 restarts=job.restarts,
                 age=self._now - job.spec.arrival_s,
                 min_replicas=0,
@@ -181,22 +216,24 @@ class SimBackend:
         ]
 
     def apply(self, decision: Decision) -> None:
+        up = set(self.current_cluster().node_ids)
         for job in self._active():
             jid = job.spec.id
             new = {n: int(k) for n, k in decision.placement.get(jid, {}).items() if k}
             for n in new:
-                if n not in self._order:
-                    raise InvalidProblem(f"decision places job {jid!r} on unknown node {n!r}")
+                if n not in up:
+                    what = "unknown" if n not in self._order else "a down"
+                    raise InvalidProblem(f"decision places job {jid!r} on {what} node {n!r}")
             if new != job.placement:
                 self._reallocate(job, new)
             if job.placement:
                 self._choose_batch(job)
-        load = Counter()
-        for job in self._jobs.values():
-            load.update(job.placement)
+        load = self._load()
         for node in self.cluster.nodes:
             if load[node.id] > node.cpus:
                 raise InvalidProblem(f"decision overloads node {node.id!r}: {load[node.id]} replicas > {node.cpus}")
+        if self.nodes is not None:
+            self.nodes.tick(self._now, load)  # the nodes its jobs have left go
 
     def advance(self, seconds: float) -> None:
         check("seconds", seconds, _POSITIVE)
@@ -210,6 +247,8 @@ class SimBackend:
                     self._step(job, dt, slow.get(job.spec.id, 0.0))
                     reached = reached or job.completion_time is not None
             self._now = end if end - self._now <= dt else self._now + dt
+            if self.nodes is not None:
+                self.nodes.tick(self._now, self._load())
             arrived = self._admit()
             if self.config.wake_every is not None and (reached or arrived):
                 return  # the real backend starts the next round now
@@ -278,6 +317,9 @@ class SimBackend:
         limits = self._run_limits(job)
         if job.pinned is not None:
             fixed = min(job.pinned[1], job.profile.max_batch_size)
+        elif self.config.weak_scaling:
+            per_replica = max(1, job.submitted_config[1] // max(job.submitted_config[0], 1))
+            fixed = min(per_replica * sum(job.placement.values()), job.profile.max_batch_size)
         else:
             fixed = job.spec.batch_size if self.fixed_batch else None
         model = job.agent.batch_model()

@@ -28,8 +28,10 @@ from pollux_opt.records.events import EventLog, jsonable, read_events
 from pollux_opt.records.files import atomic_write_csv, atomic_write_json
 from pollux_opt.model import Cluster
 from pollux_opt.model.domains import Integer, Real, check
+from pollux_opt.scheduling.autoscale import Autoscaler, ScaleOptions, node_prices
 from pollux_opt.scheduling.loop import run as run_loop
 from pollux_opt.backends.sim.backend import SimBackend
+from pollux_opt.backends.sim.provision import SimNodes
 from pollux_opt.backends.sim.state import SIM_DEFAULT_CPUS_PER_NODE, SIM_DEFAULT_INTERVAL_S, SIM_DEFAULT_NODES, SimConfig
 from pollux_opt.backends.sim.traces import Profile
 from pollux_opt.workloads.job import WorkloadJob
@@ -52,6 +54,10 @@ class SimResult:
     wall_seconds: float
     solver_seconds: float
     out_dir: str | None
+    #: Node-hours billed from the first submission to the last completion, and
+    #: their cost at the run's prices (None without prices).
+    node_hours: float = math.nan
+    cost: float | None = None
 
 
 #: Shortest scheduling interval of a simulation, seconds.  Pollux schedules every
@@ -124,6 +130,8 @@ def simulate(
     policy_options: Mapping[str, Any] | None = None,
     max_rounds: int | None = None,
     progress: Callable | None = None,
+    autoscale: ScaleOptions | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> SimResult:
     """Simulate ``jobs`` under ``policy`` (a name or a policy object).
 
@@ -139,6 +147,12 @@ def simulate(
         policy_options: keyword options of the named policy.
         max_rounds: stop after this many rounds.
         progress: per-round callback of the scheduler loop.
+        autoscale: size the cluster each round (``cluster`` is then the
+            largest one; nodes start after ``autoscale.startup_s`` and are
+            billed until released); None: every node throughout.
+        prices: price per node-hour of each node type, for the summary's
+            ``cost`` and the autoscaler's choice of type (None: no cost;
+            the autoscaler takes every type at 1).
 
     Raises:
         InvalidProblem: an interval below :data:`MIN_INTERVAL_S`, a cluster of
@@ -154,14 +168,23 @@ def simulate(
         (out / "events.jsonl").unlink(missing_ok=True)  # a simulation is deterministic: rerun from scratch
     # Rerun from scratch, never resumed: one fsync at the end instead of one per event.
     events = EventLog(out / "events.jsonl", durable=False, ordered=False) if out is not None else None
+    scaler = None if autoscale is None else Autoscaler(cluster, autoscale, prices=prices)
+    price_table = None if prices is None else node_prices(prices, cluster)
     with events or contextlib.nullcontext():
-        backend = SimBackend(jobs, profiles, cluster, events, config)
+        nodes = None if scaler is None else SimNodes(cluster, scaler.initial(), startup_s=autoscale.startup_s,
+                                                     events=events)
+        backend = SimBackend(jobs, profiles, cluster, events, config, nodes=nodes)
         provides = {Requirement.ORACLE: backend.oracle}
         pol = (make_policy(policy, provides=provides, **dict(policy_options or {}))
                if isinstance(policy, str) else policy)
         backend.fixed_batch = pol.fixed_batch  # the policy's, before its first round
-        backend.events.emit("run_start", 0.0, None, policy=pol.name, resumed=False, simulated=True,
-                            cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes))
+        start = backend.events.emit(
+            "run_start", 0.0, None, policy=pol.name, resumed=False, simulated=True,
+            cluster_cpus=cluster.total_cpus, node_cpus=max(n.cpus for n in cluster.nodes),
+            nodes={t: len(cluster.of_type(t)) for t in cluster.types}, node_prices=price_table,
+            autoscale=None if autoscale is None else asdict(autoscale))
+        if nodes is not None:
+            nodes.announce(0.0)
         solver_s = [0.0]
 
         def on_round(now, views, decision):
@@ -170,16 +193,22 @@ def simulate(
                 progress(now, views, decision)
 
         rounds = run_loop(backend, pol, cluster, backend.events, interval=interval, progress=on_round,
-                          max_rounds=max_rounds)
+                          max_rounds=max_rounds, autoscaler=scaler)
     jct = np.array(sorted(backend.jcts().values()))
     records = backend.job_records()
     done = [r["completion_time"] for r in records if r["completion_time"] is not None]
+    first = min((r["submit_time"] for r in records), default=0.0)
+    usage = _metrics.node_usage([{**start, "type": "run_start", "node_prices": price_table,
+                                  "nodes": {t: len(cluster.of_type(t)) for t in cluster.types}},
+                                 *([] if nodes is None else nodes.history)],
+                                first, max(done, default=first))
     wall = time.perf_counter() - t0
     result = SimResult(
         policy=pol.name, num_jobs=len(records), completed=int(jct.size),
         avg_jct=float(jct.mean()) if jct.size else math.nan,
         p99_jct=float(np.percentile(jct, 99)) if jct.size else math.nan,
-        makespan=float(max(done) - min(r["submit_time"] for r in records)) if done else math.nan,
+        makespan=float(max(done) - first) if done else math.nan,
+        node_hours=usage["node_hours"], cost=usage["cost"],
         rounds=rounds, wall_seconds=wall, solver_seconds=solver_s[0],
         out_dir=None if out is None else str(out),
     )

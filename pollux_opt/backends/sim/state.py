@@ -153,6 +153,10 @@ class SimConfig:
             (:func:`pollux_opt.agent.batch.choose_batch`); False: as configured.
         fixed_applications: applications whose jobs are not elastic (see
             :data:`PAPER_FIXED_APPLICATIONS`, the default; ``()``: none).
+        weak_scaling: every job keeps its submitted per-replica batch, its
+            total batch growing with its replicas (as the throughput-driven
+            autoscaling of Or et al., MLSys 2020, trains), instead of choosing
+            its batch by goodput; the policy sees jobs co-adapting as usual.
         sia: Sia's simulator calibration (:class:`SiaSimSettings`), off by default.
     """
 
@@ -168,6 +172,7 @@ class SimConfig:
     start_delay: float | Mapping[str, float] | None = domain_field(None, Keyed(_NON_NEGATIVE, none=True))
     split_single: bool = domain_field(False, Boolean())
     fixed_applications: tuple[str, ...] = PAPER_FIXED_APPLICATIONS
+    weak_scaling: bool = domain_field(False, Boolean())
     sia: SiaSimSettings = field(default_factory=SiaSimSettings)
 
     def __post_init__(self) -> None:

@@ -98,7 +98,7 @@ def test_joining_a_token_cluster_with_the_token_in_the_default_file_connects(tok
     address, token = token_head
     (tmp_path / ".ray").mkdir()
     (tmp_path / ".ray" / "auth_token").write_text(token)
-    probe = ("from pollux_opt.backends.ray.backend import RayNodes\n"
+    probe = ("from pollux_opt.backends.ray.nodes import RayNodes\n"
              "from pollux_opt.backends.ray.backend import connect\n"
              f"ray, _ = connect({address!r})\n"
              "print(sum(n.cpus for n in RayNodes(ray).cluster().nodes))\n")

@@ -29,7 +29,7 @@ JOB_TIMEOUT_S = 300.0
 
 @pytest.fixture
 def pool_and_nodes(two_nodes):
-    from pollux_opt.backends.ray.backend import RayNodes
+    from pollux_opt.backends.ray.nodes import RayNodes
     from pollux_opt.backends.ray.pool import RayWorkerPool
 
     _, ray = two_nodes

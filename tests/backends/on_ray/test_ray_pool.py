@@ -41,7 +41,7 @@ def _bad_run(tmp_path) -> Assignment:
 
 
 def test_slots_are_called_by_method_and_an_erring_or_killed_slot_is_a_lost_worker(two_nodes, tmp_path):
-    from pollux_opt.backends.ray.backend import RayNodes
+    from pollux_opt.backends.ray.nodes import RayNodes
     from pollux_opt.backends.ray.pool import RayWorkerPool
 
     _, ray = two_nodes

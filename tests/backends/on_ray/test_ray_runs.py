@@ -63,7 +63,7 @@ def _ray_node(cluster, ray_nodes, node_id: str):
 
 
 def test_a_node_removed_mid_run_restarts_its_job_elsewhere_and_it_completes(two_nodes, tmp_path):
-    from pollux_opt.backends.ray.backend import RayNodes
+    from pollux_opt.backends.ray.nodes import RayNodes
 
     cluster, ray = two_nodes
     nodes = RayNodes(ray)

@@ -11,7 +11,7 @@ import pytest
 from pollux_opt import InvalidProblem
 from pollux_opt.backends.ray.backend import RayBackend, shared_workdir_root
 from pollux_opt.backends.ray.actors import interface_of
-from pollux_opt.backends.ray.backend import RayNodes
+from pollux_opt.backends.ray.nodes import RayNodes
 from pollux_opt.backends.ray.backend import recorded_checkpoint_dir
 from pollux_opt.records.events import EventLog, read_events
 from pollux_opt.scheduling.loop import Decision, DecisionStatus

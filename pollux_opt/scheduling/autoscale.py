@@ -1,0 +1,346 @@
+"""Cluster autoscaling: how many nodes of each type are worth paying for, decided beside the allocation.
+
+Pollux (Qiao et al., OSDI 2021, section 5.4) observes that the goodput model
+that allocates a fixed cluster also sizes a cloud one: a node is worth its
+price only while the jobs' *goodput* grows enough with it.  Throughput alone
+keeps saying "more" far longer, since statistical efficiency falls as the
+batch grows.  :class:`Autoscaler` turns the jobs' models into a desired node
+count per type each round; a :class:`Provider` (the simulator's nodes,
+Ray's autoscaler) brings the cluster there.  The allocation itself is still
+the policy's, on the nodes that are up.
+
+**The value of a cluster.**  Each active job ``j`` has a speedup curve
+``s_j(k)``, its goodput on ``k`` slots of a type (at the batch it would choose
+there; on as few nodes as hold them) over its one-slot goodput on the type
+cheapest per slot, times its weight.  The curve is replaced by its upper
+concave hull (a dip, e.g. at a node boundary, is bridged: the slots that pay
+off only past it are valued at the chord's slope) and its increments are handed out greedily: the value ``S(c)`` of
+capacities ``c`` (slots per type) is the sum of the ``C`` largest increments,
+a job taking slots of one type only.  For concave curves the greedy answer is
+the optimum of ``max sum_j s_j(k_j)`` over ``sum_j k_j <= C``.
+
+**The marginal rule.**  A node of type ``t`` is worth adding while each slot
+of it adds at least ``grow_above`` to ``S`` per unit of price, and a node is
+released once its slots add less than ``shrink_below`` (a band between the
+two, so the size does not oscillate).  Units: a job's rate on one slot of
+the type cheapest per slot is 1, and a price unit is that type's price per
+slot, so without prices ``grow_above = 0.5`` reads "add a node while each of its
+slots gives at least half of what a slot gives a job that has none".  Among
+types, the one whose extra value per unit of price is highest is added
+first.  Releasing waits until the smaller size has been wanted for
+``release_after`` seconds (default: the node start-up delay; the
+ski-rental rule: hold an idle node for as long as getting it back would take).
+
+**The throughput rule** (the baseline, after Or et al., MLSys 2020: scale
+while throughput per node stays above a fraction of its best) is the same
+band over throughput curves: each job at its submitted per-replica batch,
+growing its total batch with its replicas, no statistical efficiency.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from solvers import InvalidProblem
+
+from pollux_opt.model import Cluster, GoodputModel
+from pollux_opt.model.domains import Choice, Integer, Real, check, check_fields, domain_field
+from pollux_opt.scheduling.loop import JobView
+from pollux_opt.scheduling.policies.views import replica_cap
+
+__all__ = [
+    "node_prices",
+    "DEFAULT_NODE_STARTUP_S",
+    "Autoscaler",
+    "Provider",
+    "ScaleOptions",
+    "ScaleRule",
+    "cluster_value",
+    "speedup_curves",
+]
+
+log = logging.getLogger(__name__)
+
+#: Seconds from requesting a cloud node to its first replica: the middle of the
+#: 60-300 s that cloud VMs with a GPU image typically take to boot and join.
+DEFAULT_NODE_STARTUP_S = 120.0
+
+#: A node type's price per node-hour (any currency; only ratios matter to the rule).
+_PRICE = Real(gt=0, finite=True)
+
+
+class ScaleRule(str, enum.Enum):
+    """What a node's worth is measured in."""
+
+    #: Goodput: throughput times statistical efficiency at the batch each job would choose.
+    GOODPUT = "goodput"
+    #: Throughput at each job's submitted per-replica batch (weak scaling).
+    THROUGHPUT = "throughput"
+
+
+@dataclass(frozen=True)
+class ScaleOptions:
+    """How an :class:`Autoscaler` sizes the cluster.
+
+    Attributes:
+        min_nodes: nodes kept whatever the load (of the cheapest type per slot).
+        max_nodes: most nodes in all (None: every node of the largest cluster).
+        rule: ``goodput`` (the default) or ``throughput`` (the baseline).
+        grow_above: a node is added while each of its slots adds at least this
+            much value per price unit (see the module docstring).
+        shrink_below: a node is released once its slots add less than this
+            (at most ``grow_above``).
+        startup_s: seconds from a node's request to its first replica.
+        release_after: seconds a smaller size must be wanted before nodes are
+            released (None: ``startup_s``).
+    """
+
+    min_nodes: int = domain_field(1, Integer(ge=1))
+    max_nodes: int | None = domain_field(None, Integer(ge=1, none=True))
+    rule: str = domain_field(ScaleRule.GOODPUT.value, Choice(tuple(r.value for r in ScaleRule)))
+    grow_above: float = domain_field(0.5, Real(gt=0, finite=True))
+    shrink_below: float = domain_field(0.25, Real(ge=0, finite=True))
+    startup_s: float = domain_field(DEFAULT_NODE_STARTUP_S, Real(ge=0, finite=True, unit="seconds"))
+    release_after: float | None = domain_field(None, Real(ge=0, finite=True, none=True, unit="seconds"))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rule, ScaleRule):
+            object.__setattr__(self, "rule", self.rule.value)
+        check_fields(self, prefix="autoscale ")
+        if self.max_nodes is not None and self.max_nodes < self.min_nodes:
+            raise InvalidProblem(f"autoscale max_nodes must be at least min_nodes ({self.min_nodes}), "
+                                 f"got {self.max_nodes}")
+        if self.shrink_below > self.grow_above:
+            raise InvalidProblem(f"autoscale shrink_below must be at most grow_above ({self.grow_above:g}), "
+                                 f"got {self.shrink_below:g}")
+
+    @property
+    def hold_s(self) -> float:
+        """Seconds a smaller size must be wanted before nodes go."""
+        return self.startup_s if self.release_after is None else self.release_after
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """Where nodes come from (the simulator's, Ray's autoscaler): what a backend
+    offers the scheduler loop to autoscale it."""
+
+    def current_cluster(self) -> Cluster:
+        """The nodes that take replicas now (up, not being released)."""
+        ...
+
+    def provisioned(self) -> dict[str, int]:
+        """Nodes per type requested and not being released (up or starting)."""
+        ...
+
+    def provision(self, now: float, sizes: Mapping[str, int]) -> None:
+        """Bring the cluster towards ``sizes`` nodes per type."""
+        ...
+
+
+def node_prices(prices: Mapping[str, float] | None, cluster: Cluster) -> dict[str, float]:
+    """Price per node-hour of each type of ``cluster`` (1 where ``prices`` has none).
+
+    Raises:
+        InvalidProblem: ``prices`` is not a mapping of the cluster's types to positive numbers.
+    """
+    if prices is not None and not isinstance(prices, Mapping):
+        raise InvalidProblem(f"prices must be a mapping of node types to prices per node-hour, got {prices!r}")
+    for t, price in (prices or {}).items():
+        if t not in cluster.types:
+            raise InvalidProblem(f"prices name node type {t!r}, which the cluster lacks; its types: "
+                                 f"{list(cluster.types)}")
+        check(f"prices[{t!r}]", price, _PRICE)
+    return {t: float((prices or {}).get(t, 1.0)) for t in cluster.types}
+
+
+def _hull_increments(values: np.ndarray) -> np.ndarray:
+    """The positive increments of the upper concave hull of ``(k, values[k])``, k = 0..K.
+
+    ``values[0]`` is 0 (no slots); returns float64[<= K], non-increasing."""
+    hull: list[int] = [0]
+    for k in range(1, len(values)):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            # b lies on or below the chord a-k: drop it
+            if (values[b] - values[a]) * (k - a) <= (values[k] - values[a]) * (b - a):
+                hull.pop()
+            else:
+                break
+        hull.append(k)
+    inc = np.concatenate([np.full(b - a, (values[b] - values[a]) / (b - a)) for a, b in zip(hull, hull[1:])]) \
+        if len(hull) > 1 else np.zeros(0)
+    return inc[inc > 0]
+
+
+def _model_of(view: JobView, node_type: str) -> GoodputModel | None:
+    models = view.goodput_models or {}
+    return models.get(node_type, view.goodput_model)
+
+
+def _rates(view: JobView, model: GoodputModel, ks: np.ndarray, node_slots: int, rule: ScaleRule) -> np.ndarray:
+    """The job's rate (M0-samples / s for goodput, samples / s for throughput) at each k in ``ks``."""
+    nodes = -(-ks // node_slots)
+    if rule is ScaleRule.THROUGHPUT:
+        local = max(1, view.submitted_batch_size // max(view.submitted_replicas, 1))
+        local = min(local, model.limits.max_local_bsz)
+        return np.asarray(model.throughput(nodes, ks, local), dtype=float)
+    return np.asarray(model.optimize(nodes, ks, fixed_batch_size=view.fixed_batch_size).goodput, dtype=float)
+
+
+def speedup_curves(views: Sequence[JobView], cluster: Cluster, rule: ScaleRule | str = ScaleRule.GOODPUT,
+                   *, reference: str | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """Each job's hull increments per node type of ``cluster`` (the largest cluster).
+
+    Returns ``{job id: {type: float64[K]}}``: the value the job's k-th slot of
+    that type adds (weighted, in units of the job's one-slot rate on the
+    ``reference`` type, or on its best type where that is None or the job
+    cannot run there), K at most
+    :func:`~pollux_opt.scheduling.policies.views.replica_cap` on that type's
+    nodes.  A job without a model scales linearly (Pollux's prior).
+    """
+    rule = ScaleRule(rule)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for view in views:
+        raw: dict[str, np.ndarray] = {}
+        for t in cluster.types:
+            nodes = cluster.of_type(t)
+            typed = Cluster(nodes) if cluster.typed else cluster
+            cap = replica_cap(view, typed)
+            model = _model_of(view, t)
+            ks = np.arange(1, cap + 1)
+            if model is None or cap < 1:
+                raw[t] = ks.astype(float)
+            else:
+                raw[t] = _rates(view, model, ks, max(n.cpus for n in nodes), rule)
+        ref = raw.get(reference, ())
+        best = ref[0] if len(ref) and ref[0] > 0 else max((r[0] for r in raw.values() if len(r) and r[0] > 0),
+                                                         default=0.0)
+        if best <= 0:
+            continue  # nothing fits anywhere: no slot is worth anything to it
+        out[view.job_id] = {t: float(view.weight) * _hull_increments(np.concatenate([[0.0], r / best]))
+                            for t, r in raw.items()}
+    return out
+
+
+def cluster_value(curves: Mapping[str, Mapping[str, np.ndarray]], slots: Mapping[str, int]) -> float:
+    """``S(slots)``: the greedy value of ``slots`` per type for jobs of ``curves``
+    (each job takes slots of one type only; see the module docstring)."""
+    if len(slots) == 1:  # one type: the largest increments, in any job's order
+        (t, cap), = slots.items()
+        inc = np.concatenate([c[t] for c in curves.values() if t in c] or [np.zeros(0)])
+        if cap <= 0 or inc.size == 0:
+            return 0.0
+        return float(np.sort(inc)[::-1][:cap].sum())
+    free = {t: int(c) for t, c in slots.items()}
+    heap = [(-c[t][0], j, t, 0) for j, c in curves.items() for t in c if len(c[t]) and free.get(t, 0) > 0]
+    heapq.heapify(heap)
+    chosen: dict[str, str] = {}
+    total = 0.0
+    while heap:
+        neg, j, t, k = heapq.heappop(heap)
+        if chosen.get(j, t) != t or free[t] <= 0:
+            continue
+        chosen[j] = t
+        free[t] -= 1
+        total -= neg
+        if k + 1 < len(curves[j][t]):
+            heapq.heappush(heap, (-curves[j][t][k + 1], j, t, k + 1))
+    return total
+
+
+class Autoscaler:
+    """Decides a desired node count per type each round (see the module docstring).
+
+    Args:
+        cluster: the largest cluster (its nodes per type bound each type's count).
+        options: the rule and its settings.
+        prices: price per node-hour of each node type (None, or a type left
+            out: 1).
+
+    Raises:
+        InvalidProblem: ``min_nodes`` above the cluster's nodes, or a price
+            that is not a positive number.
+    """
+
+    def __init__(self, cluster: Cluster, options: ScaleOptions | None = None, *,
+                 prices: Mapping[str, float] | None = None) -> None:
+        self.options = options or ScaleOptions()
+        self.prices = node_prices(prices, cluster)
+        self.cluster = cluster
+        self.slots = {t: max(n.cpus for n in cluster.of_type(t)) for t in cluster.types}
+        self.most = {t: len(cluster.of_type(t)) for t in cluster.types}
+        self.max_nodes = min(self.options.max_nodes or len(cluster.nodes), len(cluster.nodes))
+        if self.options.min_nodes > self.max_nodes:
+            raise InvalidProblem(f"autoscale min_nodes must be at most the cluster's {self.max_nodes} nodes, "
+                                 f"got {self.options.min_nodes}")
+        slot_price = {t: self.prices[t] / self.slots[t] for t in cluster.types}
+        cheapest = min(slot_price.values())
+        #: A node's price in price units (the cheapest slot's price).
+        self.units = {t: self.prices[t] / cheapest for t in cluster.types}
+        self._cheap = sorted(cluster.types, key=lambda t: (slot_price[t], cluster.types.index(t)))
+        self._smaller_since: float | None = None
+
+    def initial(self) -> dict[str, int]:
+        """The sizes to start with: ``min_nodes``, of the cheapest types per slot."""
+        sizes, left = {t: 0 for t in self.cluster.types}, self.options.min_nodes
+        for t in self._cheap:
+            sizes[t] = min(left, self.most[t])
+            left -= sizes[t]
+        return sizes
+
+    def _value(self, curves, sizes: Mapping[str, int]) -> float:
+        return cluster_value(curves, {t: sizes[t] * self.slots[t] for t in sizes})
+
+    def _per_unit(self, curves, sizes: dict[str, int], t: str, step: int) -> float:
+        """Value per slot-price unit of one node of type ``t`` added (step 1) or the last one (step -1)."""
+        other = {**sizes, t: sizes[t] + step}
+        gain = abs(self._value(curves, other) - self._value(curves, sizes))
+        return gain / self.units[t]
+
+    def target(self, views: Sequence[JobView], sizes: Mapping[str, int]) -> dict[str, int]:
+        """The sizes the band points to from ``sizes``, ignoring the release hold."""
+        o = self.options
+        curves = speedup_curves(views, self.cluster, o.rule, reference=self._cheap[0])
+        sizes = {t: int(sizes.get(t, 0)) for t in self.cluster.types}
+        grown = False
+        while sum(sizes.values()) < self.max_nodes:
+            room = [t for t in self.cluster.types if sizes[t] < self.most[t]]
+            gains = {t: self._per_unit(curves, sizes, t, +1) for t in room}
+            best = max(gains, key=gains.get, default=None)
+            if best is None or gains[best] < o.grow_above:
+                break
+            sizes[best] += 1
+            grown = True
+        while not grown and sum(sizes.values()) > o.min_nodes:
+            held = [t for t in self.cluster.types if sizes[t] > 0]
+            losses = {t: self._per_unit(curves, sizes, t, -1) for t in held}
+            worst = min(losses, key=losses.get)
+            if losses[worst] >= o.shrink_below:
+                break
+            sizes[worst] -= 1
+        return sizes
+
+    def decide(self, now: float, views: Sequence[JobView], sizes: Mapping[str, int]) -> dict[str, int]:
+        """The desired nodes per type at ``now`` (seconds), from the ``sizes`` provisioned now.
+
+        Growth is immediate; a smaller size is taken once it has been wanted
+        for :attr:`ScaleOptions.hold_s` seconds."""
+        sizes = {t: int(sizes.get(t, 0)) for t in self.cluster.types}
+        want = self.target(views, sizes)
+        if all(want[t] >= sizes[t] for t in want):  # the same size, or larger: at once
+            self._smaller_since = None
+            return want
+        if self._smaller_since is None:
+            self._smaller_since = now
+        if now - self._smaller_since < self.options.hold_s:
+            return sizes
+        self._smaller_since = None
+        return want

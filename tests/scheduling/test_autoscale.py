@@ -1,0 +1,160 @@
+"""Autoscaling: the value of a cluster, the marginal band, its hold, types and prices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pollux_opt import Cluster, InvalidProblem
+from pollux_opt.lifecycle import JobState
+from pollux_opt.model import BatchLimits, GoodputModel, GradientStats, Node, ThroughputParams
+from pollux_opt.scheduling.autoscale import (
+    Autoscaler,
+    ScaleOptions,
+    cluster_value,
+    node_prices,
+    speedup_curves,
+)
+from pollux_opt.scheduling.autoscale import _hull_increments
+from pollux_opt.scheduling.loop import JobView, run
+
+
+def _view(job_id: str, model: GoodputModel | None = None, **kw) -> JobView:
+    base = dict(job_id=job_id, submit_time=0.0, state=JobState.QUEUED, placement={}, restarts=0, age=0.0,
+                min_replicas=0, max_replicas=64, submitted_replicas=1, submitted_batch_size=32,
+                goodput_model=model, restart_delay=30.0, progress=0.0, attained_service=0.0,
+                max_profiled_replicas=None if model is not None else 0)
+    return JobView(**{**base, **kw})
+
+
+def _model(noise: float, *, speed: float = 1.0) -> GoodputModel:
+    """A job whose gradient noise scale is ``noise`` (samples): the batch it uses well grows with it."""
+    return GoodputModel(
+        ThroughputParams(0.005 / speed, 0.001 / speed, 0.002, 0.0005, 0.02, 0.002, 1.5),
+        GradientStats(grad_sqr=1.0, grad_var=noise / 32, init_batch_size=32),
+        BatchLimits(init_batch_size=32, max_batch_size=8192, max_local_bsz=256),
+    )
+
+
+def test_hull_increments_are_the_concave_hull_and_drop_what_adds_nothing():
+    values = np.array([0.0, 1.0, 1.8, 2.0, 2.9, 3.5, 3.6, 3.4])
+    inc = _hull_increments(values)
+    # (2, 1.8) -> (5, 3.5) is one chord: the dip at 3 is bridged; the last point loses value
+    assert inc == pytest.approx([1.0, 0.8, 1.7 / 3, 1.7 / 3, 1.7 / 3, 0.1])
+    assert np.all(np.diff(inc) <= 1e-12)
+
+
+def test_one_type_value_is_the_largest_increments():
+    curves = {"a": {"t": np.array([1.0, 0.9, 0.2])}, "b": {"t": np.array([1.0, 0.5])}}
+    assert cluster_value(curves, {"t": 0}) == 0.0
+    assert cluster_value(curves, {"t": 3}) == pytest.approx(2.9)
+    assert cluster_value(curves, {"t": 10}) == pytest.approx(3.6)
+
+
+def test_a_job_takes_slots_of_one_type_only():
+    curves = {"a": {"x": np.array([1.0, 1.0]), "y": np.array([0.9, 0.9])}}
+    # two slots of each type: the job cannot take one of x and one of y on top of both of x
+    assert cluster_value(curves, {"x": 2, "y": 2}) == pytest.approx(2.0)
+    assert cluster_value(curves, {"x": 0, "y": 2}) == pytest.approx(1.8)
+
+
+def test_queued_jobs_grow_the_cluster_up_to_max_nodes():
+    cluster = Cluster.uniform(8, 4)
+    scaler = Autoscaler(cluster, ScaleOptions(min_nodes=1, max_nodes=6))
+    views = [_view(f"j{i}") for i in range(10)]  # new jobs: one replica each is worth 1
+    assert scaler.decide(0.0, views, {"default": 1}) == {"default": 3}  # 10 slots wanted: 3 nodes
+    views = [_view(f"j{i}") for i in range(40)]
+    assert scaler.decide(0.0, views, {"default": 1}) == {"default": 6}
+
+
+def test_a_smaller_size_waits_the_hold_then_stops_at_min_nodes():
+    cluster = Cluster.uniform(8, 4)
+    scaler = Autoscaler(cluster, ScaleOptions(min_nodes=2, startup_s=100.0))
+    assert scaler.decide(0.0, [], {"default": 5}) == {"default": 5}
+    assert scaler.decide(60.0, [], {"default": 5}) == {"default": 5}
+    assert scaler.decide(100.0, [], {"default": 5}) == {"default": 2}
+    # the hold restarts whenever the size is wanted again
+    scaler.decide(200.0, [], {"default": 5})
+    scaler.decide(250.0, [_view(f"j{i}") for i in range(20)], {"default": 5})
+    assert scaler.decide(299.0, [], {"default": 5}) == {"default": 5}
+
+
+def test_a_size_inside_the_band_is_kept():
+    cluster = Cluster.uniform(8, 4)
+    views = [_view(f"j{i}") for i in range(9)]  # 9 slots worth 1 each
+    scaler = Autoscaler(cluster, ScaleOptions(grow_above=0.5, shrink_below=0.2, release_after=0.0))
+    # a third node's 4 slots add 1 (one job): 0.25 a slot, inside [0.2, 0.5): kept, not grown
+    assert scaler.decide(0.0, views, {"default": 2}) == {"default": 2}
+    assert scaler.decide(0.0, views, {"default": 3}) == {"default": 3}
+    # a fourth node would add nothing: released at once (no hold)
+    assert scaler.decide(0.0, views, {"default": 4}) == {"default": 3}
+
+
+def test_goodput_wants_fewer_nodes_than_throughput_when_large_batches_waste_samples():
+    cluster = Cluster.uniform(16, 4)
+    view = _view("a", _model(noise=8.0), max_profiled_replicas=64, submitted_replicas=1, submitted_batch_size=128,
+                 state=JobState.RUNNING, placement={"n0": 4})
+    good = Autoscaler(cluster, ScaleOptions(rule="goodput")).decide(0.0, [view], {"default": 1})
+    thr = Autoscaler(cluster, ScaleOptions(rule="throughput")).decide(0.0, [view], {"default": 1})
+    assert good["default"] < thr["default"]
+    # a job whose noise scale is large uses big batches well: goodput agrees with throughput more
+    wide = Autoscaler(cluster, ScaleOptions(rule="goodput")).decide(0.0, [
+        _view("a", _model(noise=5000.0), max_profiled_replicas=64, submitted_batch_size=128)], {"default": 1})
+    assert wide["default"] > good["default"]
+
+
+def test_the_type_with_the_most_value_per_price_is_added():
+    nodes = [Node(f"slow-{i}", 4, "slow") for i in range(4)] + [Node(f"fast-{i}", 4, "fast") for i in range(4)]
+    cluster = Cluster(tuple(nodes))
+    views = [_view(f"j{i}", _model(noise=500.0), max_profiled_replicas=1, max_replicas=1,
+                   goodput_models={"slow": _model(500.0), "fast": _model(500.0, speed=3.0)}) for i in range(8)]
+    # one slow node serves four jobs; a second node serves the other four, three times as fast on fast
+    # nodes: at twice the price a fast node is the better buy, at four times it is not
+    options = ScaleOptions(min_nodes=1, max_nodes=2, grow_above=0.1, shrink_below=0.0)
+    two = Autoscaler(cluster, options, prices={"slow": 1.0, "fast": 2.0})
+    four = Autoscaler(cluster, options, prices={"slow": 1.0, "fast": 4.0})
+    assert two.decide(0.0, views, {"slow": 1, "fast": 0}) == {"slow": 1, "fast": 1}
+    assert four.decide(0.0, views, {"slow": 1, "fast": 0}) == {"slow": 2, "fast": 0}
+    # min_nodes start on the cheapest type per slot
+    assert four.initial() == {"slow": 1, "fast": 0}
+
+
+def test_curves_are_weighted_and_capped_by_exploration():
+    cluster = Cluster.uniform(4, 4)
+    light, heavy = _view("a", _model(500.0), max_profiled_replicas=2), _view("b", _model(500.0),
+                                                                              max_profiled_replicas=2, weight=3.0)
+    curves = speedup_curves([light, heavy], cluster)
+    assert len(curves["a"]["default"]) <= 4  # at most twice the replicas measured
+    assert curves["b"]["default"] == pytest.approx(3.0 * curves["a"]["default"])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"min_nodes": 0}, r"autoscale min_nodes must be an integer >= 1, got 0"),
+    ({"min_nodes": 4, "max_nodes": 2}, r"max_nodes must be at least min_nodes \(4\), got 2"),
+    ({"grow_above": 0.2, "shrink_below": 0.3}, r"shrink_below must be at most grow_above \(0.2\), got 0.3"),
+    ({"rule": "cost"}, r"autoscale rule must be one of \['goodput', 'throughput'\], got 'cost'"),
+    ({"startup_s": -1.0}, r"autoscale startup_s must be a finite number of seconds >= 0, got -1.0"),
+])
+def test_bad_options_are_named(kwargs, match):
+    with pytest.raises(InvalidProblem, match=match):
+        ScaleOptions(**kwargs)
+
+
+def test_bad_prices_and_sizes_are_named():
+    cluster = Cluster.uniform(2, 4)
+    with pytest.raises(InvalidProblem, match=r"prices name node type 'gpu', which the cluster lacks"):
+        node_prices({"gpu": 1.0}, cluster)
+    with pytest.raises(InvalidProblem, match=r"prices\['default'\] must be a finite number > 0, got -1"):
+        node_prices({"default": -1}, cluster)
+    with pytest.raises(InvalidProblem, match=r"min_nodes must be at most the cluster's 2 nodes, got 3"):
+        Autoscaler(cluster, ScaleOptions(min_nodes=3))
+
+
+def test_the_loop_refuses_an_autoscaler_for_a_fixed_backend():
+    class Fixed:
+        def finished(self):
+            return True
+
+    with pytest.raises(InvalidProblem, match="autoscaler needs a backend that provisions nodes, got Fixed"):
+        run(Fixed(), object(), Cluster.uniform(1, 1), None, interval=1.0,
+            autoscaler=Autoscaler(Cluster.uniform(1, 1)))
