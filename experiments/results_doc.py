@@ -21,12 +21,12 @@ each adding a section when present: ``solver_comparison.csv``
 ``ray_fidelity.csv``: ``sim_fidelity.py`` on its Ray runs), ``user_jobs.csv``
 (``user_jobs.py``), ``fuzz.csv`` (``fuzz_instances.py``), ``kills.csv``
 (``kill_runs.py``), ``service.csv`` (``service_targets.py``), ``dashboard.csv``
-(``dashboard_targets.py``) and ``fair_jct.csv``,
+(``dashboard_targets.py``), ``autoscale.csv`` (``autoscale.py``) and ``fair_jct.csv``,
 ``fair_jct_estimator.csv`` (``fair_jct.py``, ``fair_jct_estimator.py``).
 The ``*_quick.csv`` files are smoke runs and are not reported.  The simulation
 sections (comparison, sensitivity, scale, solvers, allocator speed) are in
 ``results_sim.py``, the sections on real jobs in ``results_real.py``,
-fair-jct's in ``results_fair_jct.py``, the heterogeneous cluster's in
+fair-jct's in ``results_fair_jct.py``, autoscaling's in ``results_autoscale.py``, the heterogeneous cluster's in
 ``results_typed.py``, the service's in ``results_service.py``, the simulation's speed (``encode_speed.csv``,
 ``fit_speed.csv``: ``encode_speed.py``, ``fit_speed.py``) in
 ``results_sim_speed.py``, the shared formatting in ``results_format.py``.
@@ -60,6 +60,7 @@ from results_format import (  # noqa: E402
     reduction,
     seconds,
 )
+from results_autoscale import autoscale_headline, autoscale_section  # noqa: E402
 from results_fair_jct import fair_jct_headline, fair_jct_section  # noqa: E402
 from results_typed import solver_types_section, typed_headline, typed_section  # noqa: E402
 from results_sim import (  # noqa: E402
@@ -148,6 +149,9 @@ OPTIONAL_COLUMNS = {
                            "work_rates_calls", "identical_jobs_csv"],
     "service.csv": ["target", "metric", "value", "unit", "limit", "passed", "n", "machine"],
     "dashboard.csv": ["target", "metric", "value", "unit", "limit", "passed", "n", "machine"],
+    "autoscale.csv": ["set", "workload", "rule", "grow_above", "shrink_below", "weak_scaling", "nodes", "startup_s",
+                      "jobs", "completed", "avg_jct_s", "p99_jct_s", "makespan_s", "node_hours", "cost",
+                      "most_nodes", "wall_s"],
 }
 @dataclass(frozen=True)
 class Results:
@@ -178,6 +182,7 @@ class Results:
     fair_jct_speed: pd.DataFrame | None = None
     service: pd.DataFrame | None = None
     dashboard: pd.DataFrame | None = None
+    autoscale: pd.DataFrame | None = None
 
 
 def _read(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -248,6 +253,7 @@ def load_results(results_dir: Path) -> Results:
         fair_jct_speed=tables["fair_jct_speed.csv"],
         service=tables["service.csv"],
         dashboard=tables["dashboard.csv"],
+        autoscale=tables["autoscale.csv"],
     )
 
 
@@ -295,6 +301,9 @@ def headline(results: Results) -> list[str]:
     fair = fair_jct_headline(results)
     if fair is not None:
         rows.insert(3, fair)
+    scaled = autoscale_headline(results)
+    if scaled is not None:
+        rows.insert(3, scaled)
     if results.real is not None:
         real = results.real
         workload = "mixed" if "mixed" in set(real.workload) else str(real.workload.iloc[0])
@@ -332,6 +341,7 @@ def render_doc(results: Results) -> str:
         *sensitivity_section(results),
         *fair_jct_section(results),
         *typed_section(results),
+        *autoscale_section(results),
         *scale_section(results),
         *solvers_section(results),
         *speed_section(results),
