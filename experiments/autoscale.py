@@ -11,10 +11,12 @@ Three sets (``--sets``):
   fixed clusters of several sizes.  Each run's cluster size over time goes to
   ``autoscale_timeline.csv``.
 * ``adaptdl``: the eight AdaptDL workloads under Pollux on an autoscaled
-  16 x 4 maximum (the goodput rule at several thresholds, the throughput rule),
-  beside fixed clusters of 16, 14 and 12 nodes.
+  16 x 4 maximum (the goodput rule at several thresholds, the throughput rule;
+  both also with a longer release hold, :data:`LONGER_HOLDS`), beside fixed
+  clusters of 16, 14 and 12 nodes.
 * ``sia``: the same workloads on ``sia-64``'s node types under Pollux (type-aware),
-  each type priced per node-hour (:data:`SIA_PRICES`), autoscaled and fixed.
+  each type priced per node-hour (:data:`SIA_PRICES`), autoscaled (as ``adaptdl``)
+  and fixed.
 
 Every run's nodes come up 120 s after their request (``--startup``), min 1 node.
 Writes ``OUT/autoscale.csv`` (one row per run; a rerun of the same run replaces
@@ -59,12 +61,15 @@ SIA_PRICES = {"aws": 3.912, "rtx": 8 * 3.912 / 4, "dgx-ext": 32.7726}
 #: The cloud case's job: the first ImageNet job of this workload.
 CLOUD_WORKLOAD = 6
 #: The columns that name one run.
-RUN_KEY = ["set", "workload", "rule", "grow_above", "shrink_below", "weak_scaling", "nodes"]
+RUN_KEY = ["set", "workload", "rule", "grow_above", "shrink_below", "weak_scaling", "nodes", "release_after_s"]
 QUICK_JOBS = 12
 #: Goodput-rule thresholds (grow_above; shrink_below is half of it) per set.
 GOODPUT_GROW = {"cloud": (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.7), "adaptdl": (0.3, 0.5, 0.7),
                 "sia": (0.25, 0.5, 1.0)}
 THROUGHPUT_GROW = 0.5
+#: Longer release holds (seconds a smaller size must be wanted before nodes go; the
+#: default is the start-up delay), run with the goodput rule at 0.5 and the throughput rule.
+LONGER_HOLDS = {"cloud": (), "adaptdl": (600.0,), "sia": (600.0,)}
 #: Fixed cluster sizes per set (nodes of 4; None: the whole ``sia-64``).
 FIXED_NODES = {"cloud": (2, 4, 8, 12, 16), "adaptdl": (12, 14, 16), "sia": (None,)}
 #: The largest cluster of the 4-GPU-node sets: 16 x 4, the paper's.
@@ -92,7 +97,7 @@ def run_one(task: dict) -> tuple[dict, list[dict]]:
         cluster, prices = Cluster.uniform(task["nodes"] or MAX_NODES, 4), None
     scale = None if task["rule"] == "fixed" else ScaleOptions(
         min_nodes=1, rule=task["rule"], grow_above=task["grow_above"], shrink_below=task["shrink_below"],
-        startup_s=task["startup"])
+        startup_s=task["startup"], release_after=task["hold"])
     res = simulate(_jobs(task), profiles, "pollux", cluster=cluster, config=SimConfig(weak_scaling=task["weak"]),
                    out_dir=task["out_dir"], autoscale=scale, prices=prices)
     sizes = node_timeline(read_events(Path(task["out_dir"]) / "events.jsonl"))
@@ -103,7 +108,8 @@ def run_one(task: dict) -> tuple[dict, list[dict]]:
         "set": task["set"], "workload": task["name"], "rule": task["rule"],
         "grow_above": task["grow_above"], "shrink_below": task["shrink_below"], "weak_scaling": task["weak"],
         "nodes": len(cluster.nodes),
-        "startup_s": task["startup"], "jobs": res.num_jobs, "completed": res.completed,
+        "startup_s": task["startup"],
+        "release_after_s": None if scale is None else scale.hold_s, "jobs": res.num_jobs, "completed": res.completed,
         "avg_jct_s": res.avg_jct, "p99_jct_s": res.p99_jct, "makespan_s": res.makespan,
         "node_hours": res.node_hours, "cost": res.cost,
         "most_nodes": int(total.max()) if len(total) else len(cluster.nodes),
@@ -119,11 +125,11 @@ def tasks_for(args) -> list[dict]:
     base = {"traces": str(args.traces), "quick": args.quick, "startup": args.startup}
     out = []
 
-    def add(set_, name, rule, grow=None, weak=False, nodes=None):
+    def add(set_, name, rule, grow=None, weak=False, nodes=None, hold=None):
         shrink = None if grow is None else grow / 2
-        run = f"{set_}-{name}-{rule}-{grow}-{weak}-{nodes}"
+        run = f"{set_}-{name}-{rule}-{grow}-{weak}-{nodes}" + ("" if hold is None else f"-hold{hold:g}")
         out.append({**base, "set": set_, "name": name, "workload": name.split("-")[-1], "rule": rule,
-                    "grow_above": grow, "shrink_below": shrink, "weak": weak, "nodes": nodes,
+                    "grow_above": grow, "shrink_below": shrink, "weak": weak, "nodes": nodes, "hold": hold,
                     "out_dir": str(Path(args.runs) / run)})
 
     for set_ in args.sets:
@@ -133,6 +139,9 @@ def tasks_for(args) -> list[dict]:
             for g in grows:
                 add(set_, name, "goodput", g)
             add(set_, name, "throughput", THROUGHPUT_GROW)
+            for hold in () if args.quick else LONGER_HOLDS[set_]:
+                add(set_, name, "goodput", 0.5, hold=hold)
+                add(set_, name, "throughput", THROUGHPUT_GROW, hold=hold)
             if set_ == "cloud":
                 add(set_, name, "throughput", THROUGHPUT_GROW, weak=True)
                 add(set_, name, "fixed", weak=True, nodes=16)
@@ -155,9 +164,12 @@ def _sia_cluster() -> Cluster:
 def _task_key(task: dict) -> str:
     """A task's :func:`_keys` string, as its row will have it."""
     nodes = task["nodes"] or (MAX_NODES if task["set"] != "sia" else len(_sia_cluster().nodes))
+    hold = None if task["rule"] == "fixed" else (task["startup"] if task["hold"] is None else task["hold"])
     row = {"set": task["set"], "workload": task["name"], "rule": task["rule"], "grow_above": task["grow_above"],
-           "shrink_below": task["shrink_below"], "weak_scaling": task["weak"], "nodes": nodes}
-    return _keys(pd.DataFrame([row]).astype({"grow_above": float, "shrink_below": float})).iloc[0]
+           "shrink_below": task["shrink_below"], "weak_scaling": task["weak"], "nodes": nodes,
+           "release_after_s": hold}
+    return _keys(pd.DataFrame([row]).astype({"grow_above": float, "shrink_below": float,
+                                             "release_after_s": float})).iloc[0]
 
 
 def _merge(path: Path, new: pd.DataFrame, key: list[str]) -> pd.DataFrame:

@@ -23,7 +23,9 @@ def run_label(row) -> str:
     weak = " (weak scaling)" if bool(row["weak_scaling"]) else ""
     if row["rule"] == "fixed":
         return f"fixed {int(row['nodes'])}{weak}"
-    return f"{row['rule']} {row['grow_above']:g}/{row['shrink_below']:g}{weak}"
+    hold = row.get("release_after_s")
+    held = "" if missing(hold) or hold == row["startup_s"] else f", hold {hold:g} s"
+    return f"{row['rule']} {row['grow_above']:g}/{row['shrink_below']:g}{held}{weak}"
 
 
 def _labelled(df: pd.DataFrame) -> pd.DataFrame:
@@ -120,7 +122,8 @@ def autoscale_section(results: Results) -> list[str]:
         "cluster is billed for all its nodes from the first submission to the last completion. "
         "\"goodput G/S\": the goodput rule growing while a node's slots each add at least G of a one-slot "
         "job's rate (per price unit) and shrinking below S; \"throughput 0.5/0.25\": the same band over "
-        "throughput at each job's submitted per-GPU batch." + machine_note(df),
+        "throughput at each job's submitted per-GPU batch; \"hold H s\": nodes go once a smaller size has been "
+        "wanted for H s (otherwise for the start-up delay)." + machine_note(df),
         "",
         *_cloud(df[df.set == "cloud"]),
         *_plots(results, "autoscale_cloud.png", "nodes provisioned over time in the cloud case"),

@@ -67,8 +67,9 @@ def add_autoscale_args(p: argparse.ArgumentParser, *, ray: bool) -> None:
     p.add_argument("--shrink-below", type=float, default=ScaleOptions.shrink_below,
                    help=f"release a node once its slots add less than this (default {ScaleOptions.shrink_below:g})")
     p.add_argument("--node-startup", type=float, default=DEFAULT_NODE_STARTUP_S,
-                   help="seconds from a node's request to its first replica; a smaller size waits as long "
-                        f"before nodes go (default {DEFAULT_NODE_STARTUP_S:g})")
+                   help=f"seconds from a node's request to its first replica (default {DEFAULT_NODE_STARTUP_S:g})")
+    p.add_argument("--release-after", type=float, default=None, metavar="S",
+                   help="seconds a smaller size must be wanted before nodes go (default: --node-startup)")
     if ray:
         p.add_argument("--node-cpus", type=int, default=None,
                        help="CPUs of a node Ray's autoscaler adds (default: the largest node at the start)")
@@ -90,4 +91,5 @@ def autoscale_from_args(args: argparse.Namespace):
     if not sep or bounds is None:
         raise InvalidProblem(f"--autoscale must be MIN:MAX, two node counts, got {value!r}")
     return ScaleOptions(min_nodes=bounds[0], max_nodes=bounds[1], rule=args.autoscale_rule,
-                        grow_above=args.grow_above, shrink_below=args.shrink_below, startup_s=args.node_startup)
+                        grow_above=args.grow_above, shrink_below=args.shrink_below, startup_s=args.node_startup,
+                        release_after=args.release_after)

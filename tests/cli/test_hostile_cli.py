@@ -176,6 +176,7 @@ def test_a_bad_export_json_is_named(tmp_path, capsys, content, match):
         (["--autoscale", "1:17"], "--autoscale 1:17: MAX must be at most the cluster's nodes"),
         (["--autoscale", "1:4", "--node-startup", "-5"], "autoscale startup_s must be a finite number of seconds"),
         (["--autoscale", "1:4", "--grow-above", "0.1"], "autoscale shrink_below must be at most grow_above"),
+        (["--autoscale", "1:4", "--release-after", "nan"], "autoscale release_after must be a finite number"),
         (["--node-cost", "default"], "--node-cost must be TYPE=PRICE (a price per node-hour), got 'default'"),
         (["--node-cost", "default=x"], "--node-cost must be TYPE=PRICE (a price per node-hour), got 'default=x'"),
         (["--node-cost", "gpu=2"], "prices name node type 'gpu', which the cluster lacks; its types: ['default']"),

@@ -355,9 +355,10 @@ def test_serve_autoscales_only_on_ray(fake_serve, tmp_path, capsys):
     assert main(["serve", "--state", str(tmp_path / "s"), "--autoscale", "1:3"]) == 2
     assert "--autoscale need --backend ray" in capsys.readouterr().err
     assert main(["serve", "--state", str(tmp_path / "s"), "--backend", "ray", "--autoscale", "1:3",
-                 "--node-cpus", "2", "--node-startup", "30"]) == 0
+                 "--node-cpus", "2", "--node-startup", "30", "--release-after", "300"]) == 0
     ((_, kwargs),) = fake_serve
-    assert (kwargs["autoscale"].min_nodes, kwargs["autoscale"].max_nodes, kwargs["autoscale"].startup_s) == (1, 3, 30.0)
+    scale = kwargs["autoscale"]
+    assert (scale.min_nodes, scale.max_nodes, scale.startup_s, scale.hold_s) == (1, 3, 30.0, 300.0)
     assert kwargs["node_cpus"] == 2
 
 

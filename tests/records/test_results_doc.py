@@ -307,10 +307,14 @@ def test_autoscale_section_compares_each_rule_with_its_reference_and_finds_the_c
     # the shared sets: means over workloads of runs made on all of them, against the largest fixed cluster
     shared = pd.DataFrame([row("adaptdl", f"workload-{w}", r, g, n, jct + w, nh + w)
                            for w in (1, 2)
-                           for r, g, n, jct, nh in (("fixed", None, 16, 100.0, 200.0), ("fixed", None, 12, 130.0, 170.0),
+                           for r, g, n, jct, nh in (("fixed", None, 16, 100.0, 200.0),
+                                                    ("fixed", None, 12, 130.0, 170.0),
                                                     ("goodput", 0.5, 16, 108.0, 150.0))]
                           + [row("adaptdl", "workload-1", "throughput", 0.5, 16, 90.0, 100.0)])  # one workload only
     text = "\n".join(ra._shared(ra._labelled(shared), "adaptdl"))
     assert "| goodput 0.5/0.25 | 110 | 110 | 151.5 | -24.8 % | +7.9 % |" in text
     assert "throughput" not in text
+    held = {**row("sia", "w", "goodput", 0.5, 11, 1.0, 1.0), "release_after_s": 600.0}
+    assert ra.run_label(held) == "goodput 0.5/0.25, hold 600 s"
+    assert ra.run_label({**held, "release_after_s": 120.0}) == "goodput 0.5/0.25"  # the default: the start-up
     assert "fixed 16's average JCT: goodput 0.5/0.25, 24.8 % less node-hours at +7.9 % average JCT" in text
