@@ -193,9 +193,11 @@ def plot_cloud(timeline: pd.DataFrame, runs: pd.DataFrame, path: Path) -> None:
     """The cloud case's nodes over time (hours), one step line per autoscaled run."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4))
-    ends = {run_label(r): r["makespan_s"] for r in runs.to_dict("records")}
-    for label, g in timeline.groupby("run", sort=False):
-        end = ends.get(label, float(g.t.max()))
+    ordered = runs.sort_values(["rule", "weak_scaling", "grow_above"]).to_dict("records")
+    ends = {run_label(r): r["makespan_s"] for r in ordered}
+    groups = dict(tuple(timeline.groupby("run", sort=False)))
+    for label, g in ((lab, groups[lab]) for lab in ends if lab in groups):
+        end = ends[label]
         t = list(g.t[g.t <= end]) + [end]
         n = list(g.nodes[g.t <= end])
         ax.step([x / 3600 for x in t], n + n[-1:], where="post", label=label,

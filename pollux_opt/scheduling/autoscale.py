@@ -27,7 +27,8 @@ the type cheapest per slot is 1, and a price unit is that type's price per
 slot, so without prices ``grow_above = 0.5`` reads "add a node while each of its
 slots gives at least half of what a slot gives a job that has none".  Among
 types, the one whose extra value per unit of price is highest is added
-first.  Releasing waits until the smaller size has been wanted for
+first, and the one whose last node adds least is released first (a tie: the
+cheaper is added, the dearer released).  Releasing waits until the smaller size has been wanted for
 ``release_after`` seconds (default: the node start-up delay; the
 ski-rental rule: hold an idle node for as long as getting it back would take).
 
@@ -314,7 +315,7 @@ class Autoscaler:
         while sum(sizes.values()) < self.max_nodes:
             room = [t for t in self.cluster.types if sizes[t] < self.most[t]]
             gains = {t: self._per_unit(curves, sizes, t, +1) for t in room}
-            best = max(gains, key=gains.get, default=None)
+            best = max(gains, key=lambda t: (gains[t], -self.units[t]), default=None)  # a tie: the cheaper
             if best is None or gains[best] < o.grow_above:
                 break
             sizes[best] += 1
@@ -322,7 +323,7 @@ class Autoscaler:
         while not grown and sum(sizes.values()) > o.min_nodes:
             held = [t for t in self.cluster.types if sizes[t] > 0]
             losses = {t: self._per_unit(curves, sizes, t, -1) for t in held}
-            worst = min(losses, key=losses.get)
+            worst = min(losses, key=lambda t: (losses[t], -self.units[t]))  # a tie: the dearer goes
             if losses[worst] >= o.shrink_below:
                 break
             sizes[worst] -= 1

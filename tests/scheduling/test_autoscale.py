@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pollux_opt import Cluster, InvalidProblem
 from pollux_opt.lifecycle import JobState
@@ -115,8 +117,10 @@ def test_the_type_with_the_most_value_per_price_is_added():
     four = Autoscaler(cluster, options, prices={"slow": 1.0, "fast": 4.0})
     assert two.decide(0.0, views, {"slow": 1, "fast": 0}) == {"slow": 1, "fast": 1}
     assert four.decide(0.0, views, {"slow": 1, "fast": 0}) == {"slow": 2, "fast": 0}
-    # min_nodes start on the cheapest type per slot
+    # min_nodes start on the cheapest type per slot; with nothing to run, the dearer nodes go first
     assert four.initial() == {"slow": 1, "fast": 0}
+    idle = Autoscaler(cluster, ScaleOptions(min_nodes=1, release_after=0.0), prices={"slow": 1.0, "fast": 4.0})
+    assert idle.decide(0.0, [], {"slow": 2, "fast": 2}) == {"slow": 1, "fast": 0}
 
 
 def test_curves_are_weighted_and_capped_by_exploration():
@@ -158,3 +162,39 @@ def test_the_loop_refuses_an_autoscaler_for_a_fixed_backend():
     with pytest.raises(InvalidProblem, match="autoscaler needs a backend that provisions nodes, got Fixed"):
         run(Fixed(), object(), Cluster.uniform(1, 1), None, interval=1.0,
             autoscaler=Autoscaler(Cluster.uniform(1, 1)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 4), min_size=2, max_size=2),
+    one_type=st.booleans(),
+    bounds=st.tuples(st.integers(1, 4), st.integers(0, 4)),
+    noises=st.lists(st.sampled_from([None, 8.0, 512.0, 65536.0]), max_size=6),
+    sizes=st.lists(st.integers(0, 4), min_size=2, max_size=2),
+    prices=st.lists(st.floats(0.5, 20.0), min_size=2, max_size=2),
+    band=st.tuples(st.floats(0.05, 2.0), st.floats(0.0, 1.0)),
+)
+def test_every_decision_stays_within_the_bounds_and_the_types_nodes(counts, one_type, bounds, noises, sizes, prices,
+                                                                    band):
+    from pollux_opt.model.cluster_types import ClusterTypes, NodeType
+
+    kinds = ("small",) if one_type else ("small", "big")
+    cluster = Cluster.from_types(ClusterTypes(tuple(NodeType(k, c, 2 * (i + 1))
+                                                    for i, (k, c) in enumerate(zip(kinds, counts)))))
+    lo = min(bounds[0], len(cluster.nodes))
+    hi = min(lo + bounds[1], len(cluster.nodes))
+    scaler = Autoscaler(cluster, ScaleOptions(min_nodes=lo, max_nodes=hi, grow_above=band[0],
+                                              shrink_below=band[0] * band[1], release_after=0.0),
+                        prices=dict(zip(kinds, prices)))
+    views = [_view(f"j{i}", None if n is None else _model(n), max_profiled_replicas=None if n is None else 16)
+             for i, n in enumerate(noises)]
+    have = {k: min(n, c) for k, n, c in zip(kinds, sizes, counts)}
+    want = scaler.decide(0.0, views, have)
+    assert set(want) == set(kinds) and all(0 <= want[k] <= c for k, c in zip(kinds, counts))
+    total, before = sum(want.values()), sum(have.values())
+    # shrinking stops at min_nodes, growing at max_nodes
+    assert min(lo, before) <= total <= max(hi, before)
+    if not views:
+        assert total <= max(lo, before)  # nothing to run: no node is added
+    if one_type:  # the band holds at the size chosen: a decision from there keeps it
+        assert scaler.decide(0.0, views, want) == want

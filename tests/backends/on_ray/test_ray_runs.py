@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from pollux_opt.backends.ray.nodes import NODE_ID_CHARS
 from pollux_opt.records.events import read_events
 from pollux_opt.workloads import Workload, WorkloadJob, load_workload
 
@@ -110,7 +111,7 @@ def test_a_node_added_mid_run_gets_used(two_nodes, tmp_path):
     log = read_events(tmp_path / "run" / "events.jsonl")
     (joined,) = [e for e in log if e["type"] == "nodes" and e["joined"] and not e["left"]][1:]
     (new_node,) = joined["joined"]
-    assert new_node == f"ray-{added[0].node_id[:12]}"
+    assert new_node == f"ray-{added[0].node_id[-NODE_ID_CHARS:]}"
     # Placed on before a job ended (which job goes there depends on how the random node ids sort).
     used = [e for e in log if e["type"] in ("start", "rescale_begin") and new_node in e["placement"]]
     assert used and used[0]["t"] < min(e["t"] for e in log if e["type"] == "complete")
