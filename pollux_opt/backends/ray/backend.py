@@ -153,7 +153,7 @@ class RayBackend(RealBackend):
             request_resources(bundles=[{"CPU": self._node_cpus}] * wanted)
             self._wanted = wanted
             self._emit("scale", now, None, requested={}, ready={}, released={}, sizes={DEFAULT_NODE_TYPE: wanted})
-        self._retire(now)
+        self._retire()
 
     def close(self, *, graceful: bool = True, **kwargs) -> None:
         """As :meth:`RealBackend.close`; an autoscaling run then withdraws its
@@ -174,7 +174,7 @@ class RayBackend(RealBackend):
                     held[n] = held.get(n, 0) + k
         return held
 
-    def _retire(self, now: float) -> None:
+    def _retire(self) -> None:
         """Nodes past the request are given back, the emptiest first; taken back when wanted again."""
         held = self._held()
         ids = [n.id for n in self.cluster.nodes]
