@@ -41,6 +41,9 @@ class FakePool:
     def add_node(self, node: str, count: int) -> None:
         self.slots[node] = self.slots.get(node, 0) + count
 
+    def retire_node(self, node: str) -> None:
+        self.slots[node] = 0
+
     def cancel(self, job_key: str) -> None:
         self.cancelled.append(job_key)
 
@@ -102,6 +105,44 @@ def test_a_node_that_joins_is_placed_on_and_the_jobs_of_one_that_leaves_restart_
     assert fault["job_id"] == "b" and fault["placement"] == {} and b_node in fault["reason"]
     assert [e["placement"] for e in log if e["type"] == "rescale_begin" and e["job_id"] == "b"] == [
         {"ray-cccccccccccc": 2}]
+
+
+def test_an_autoscaled_run_asks_ray_for_nodes_and_gives_back_the_emptiest(tmp_path, fake_jobs, monkeypatch):
+    sdk = pytest.importorskip("ray.autoscaler.sdk", reason="the Ray backend needs Ray")
+    from pollux_opt.scheduling.autoscale import ScaleOptions
+
+    requests = []
+    monkeypatch.setattr(sdk, "request_resources", lambda bundles: requests.append(bundles))
+    clock = fake_jobs.clock()
+    ray = FakeRay([_node("aaaa", 1), _node("bbbb", 1), _node("cccc", 1)])
+    workload = Workload("one", (WorkloadJob("j", "digits-cnn", 0.0, 1, 32),))
+    kwargs = fake_jobs.backend_kwargs(clock)
+    nodes = RayNodes(ray)
+    events = EventLog(tmp_path / "events.jsonl")
+    backend = RayBackend(tmp_path, workload, nodes.cluster(), events, nodes=nodes, fixed_batch=False,
+                         started_unix=clock.time(), pool=FakePool(), autoscale=ScaleOptions(max_nodes=3),
+                         node_cpus=1, **kwargs)
+    a, b, c = (f"ray-{x * 12}" for x in "abc")
+    backend.views()
+    backend.apply(Decision({"j": {b: 1}}, float("nan"), 0.0, DecisionStatus.FIFO))
+    backend.advance(1.0)
+    assert backend.provisioned() == {"default": 3}
+    backend.provision(1.0, {"default": 1})  # two nodes back: the empty ones, not b
+    assert requests == [[{"CPU": 1}]]
+    assert [n.id for n in backend.current_cluster().nodes] == [b] and backend.pool.slots[a] == 0
+    backend.provision(2.0, {"default": 2})  # one taken back, with a fresh slot
+    assert requests[-1] == [{"CPU": 1}] * 2 and len(backend.current_cluster().nodes) == 2
+    backend.provision(3.0, {"default": 1})
+    assert [n.id for n in backend.current_cluster().nodes] == [b]
+    ray.node_list = [_node("bbbb", 1)]  # Ray's autoscaler removed the idle ones
+    backend.advance(1.0)
+    assert [n.id for n in backend.current_cluster().nodes] == [b] and backend.jobs["j"].placement == {b: 1}
+    backend.close()
+    events.close()
+    assert requests[-1] == []  # the run's request is withdrawn at its end
+    scales = [e["sizes"] for e in read_events(tmp_path / "events.jsonl") if e["type"] == "scale"]
+    assert scales == [{"default": 1}, {"default": 2}, {"default": 1}]
+    assert c not in {n.id for n in backend.current_cluster().nodes}
 
 
 def test_work_directories_go_under_the_shared_checkpoint_directory_one_folder_per_run(tmp_path):
