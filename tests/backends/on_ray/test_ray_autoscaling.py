@@ -69,8 +69,8 @@ def _config(gcs_address: str) -> dict:
 
 @pytest.fixture
 def autoscaling_cluster(tmp_path):
-    """The address of a fake autoscaling Ray cluster this test starts (in a
-    session of its own, ended with it: no other Ray process is touched)."""
+    """The address of a fake autoscaling Ray cluster this test starts (its head
+    leads a process group of its own, stopped afterwards: no other Ray process is touched)."""
     ray = pytest.importorskip("ray", reason="the Ray backend needs Ray (pip install 'pollux-opt[ray]')")
     pytest.importorskip("torch", reason="real jobs need the CPU build of torch (pip install 'pollux-opt[jobs]')")
     ray_cli = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
@@ -88,7 +88,7 @@ def autoscaling_cluster(tmp_path):
     try:
         yield address
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # the head drains its nodes, then ends its session's processes
+        os.killpg(head.pid, signal.SIGTERM)  # the head drains its nodes, then stops its process group
         try:
             head.wait(60)
         except subprocess.TimeoutExpired:
