@@ -77,6 +77,7 @@ from results_sim_speed import sim_speed_section  # noqa: E402
 from results_real import (  # noqa: E402
     fidelity_section,
     fuzz_section,
+    gpu_section,
     kills_section,
     ray_section,
     real_section,
@@ -118,6 +119,8 @@ MEAN_COLUMNS = ["avg_jct_s", "p99_jct_s", "makespan_s", "worst_rho", "frac_rho_g
 OPTIONAL_COLUMNS = {
     "solver_comparison.csv": ["size", "solver", "status", "objective", "gap", "total_s", "solve_cpu_s"],
     "runtime_measurements.csv": ["job"],
+    "runtime_gpu.csv": ["job", "device"],
+    "real_gpu.csv": ["policy", "cluster", "avg_jct_s"],
     "fidelity.csv": ["run", "policy", "variant", "real_avg_jct_s", "sim_avg_jct_s", "rel_error"],
     "real_cluster.csv": ["workload", "policy", "avg_jct_s", "worst_rho", "avg_goodput", "overhead_pct_of_interval"],
     "solver_speed.csv": ["code", "case", "solves", "wall_median_s", "wall_p95_s", "cpu_median_s", "load_average_1min"],
@@ -183,6 +186,8 @@ class Results:
     service: pd.DataFrame | None = None
     dashboard: pd.DataFrame | None = None
     autoscale: pd.DataFrame | None = None
+    runtime_gpu: pd.DataFrame | None = None
+    real_gpu: pd.DataFrame | None = None
 
 
 def _read(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -254,6 +259,8 @@ def load_results(results_dir: Path) -> Results:
         service=tables["service.csv"],
         dashboard=tables["dashboard.csv"],
         autoscale=tables["autoscale.csv"],
+        runtime_gpu=tables["runtime_gpu.csv"],
+        real_gpu=tables["real_gpu.csv"],
     )
 
 
@@ -348,6 +355,7 @@ def render_doc(results: Results) -> str:
         *sim_speed_section(results),
         *solver_types_section(results),
         *runtime_section(results),
+        *gpu_section(results),
         *fidelity_section(results),
         *real_section(results),
         *ray_section(results),

@@ -26,13 +26,16 @@ RUNTIME_COLUMNS = [
 ]
 
 
-def runtime_section(results: Results) -> list[str]:
-    if results.runtime is None:
-        return []
-    df = results.runtime
+def _runtime_table(df) -> list[str]:
     cols = [(c, label, fmt) for c, label, fmt in RUNTIME_COLUMNS if c in df.columns]
     rows = [[str(r["job"]), *("-" if missing(r[c]) else fmt(float(r[c])) for c, _, fmt in cols)]
             for _, r in df.iterrows()]
+    return md_table(["job", *(label for _, label, _ in cols)], rows, [False] + [True] * len(cols))
+
+
+def runtime_section(results: Results) -> list[str]:
+    if results.runtime is None:
+        return []
     return [
         "## Elastic CPU training jobs",
         "",
@@ -40,9 +43,47 @@ def runtime_section(results: Results) -> list[str]:
         "verified, rescaled between 1 and 2 replicas, and its throughput model fitted on 7 profiled "
         "configurations and checked on 5 held-out ones.",
         "",
-        *md_table(["job", *(label for _, label, _ in cols)], rows, [False] + [True] * len(cols)),
+        *_runtime_table(results.runtime),
         "",
     ]
+
+
+#: real_typed.py --gpus columns shown (label, format).
+GPU_RUN_COLUMNS = [
+    ("avg_jct_s", "average JCT (s)", lambda v: f"{v:.1f}"),
+    ("p99_jct_s", "p99 JCT (s)", lambda v: f"{v:.1f}"),
+    ("makespan_s", "makespan (s)", lambda v: f"{v:.1f}"),
+    ("restarts", "restarts", lambda v: f"{v:.0f}"),
+    ("step_ratio", "cpu/gpu step time", lambda v: f"{v:.2f}"),
+]
+
+
+def gpu_section(results: Results) -> list[str]:
+    """Real jobs on GPUs (``runtime_gpu.csv``, ``real_gpu.csv``), each table with its device;
+    where neither exists, that no GPU has run them."""
+    lines = ["## Elastic jobs on GPUs", ""]
+    if results.runtime_gpu is None and results.real_gpu is None:
+        return lines + [
+            "Not measured: no machine with a GPU has run these measurements yet. The GPU code paths "
+            "([gpus.md](gpus.md)) are covered by tests that need no CUDA. On a machine with a GPU, "
+            "`experiments/runtime_measurements.py --gpus 1 --csv experiments/results/runtime_gpu.csv` and "
+            "`experiments/real_typed.py --gpus 1 --csv experiments/results/real_gpu.csv` write this section's CSVs.",
+            ""]
+    if results.runtime_gpu is not None:
+        devices = ", ".join(sorted(set(map(str, results.runtime_gpu["device"]))))
+        lines += [f"`experiments/runtime_measurements.py --gpus`, on {devices}: each built-in job to its target "
+                  "on the GPU, rescaled (between 1 and 2 GPUs, or with one GPU between the GPU and a CPU core), "
+                  "and its step-time model's held-out error.", "", *_runtime_table(results.runtime_gpu), ""]
+    if results.real_gpu is not None:
+        df = results.real_gpu
+        rows = [[display_name(str(r["policy"])), str(r["cluster"]),
+                 *("-" if missing(r.get(c)) else fmt(float(r[c])) for c, _, fmt in GPU_RUN_COLUMNS)]
+                for _, r in df.iterrows()]
+        lines += ["`experiments/real_typed.py --gpus`: the quick `hetero` set on the GPUs and the CPU cores as "
+                  "two node types.", "",
+                  *md_table(["policy", "cluster", *(label for _, label, _ in GPU_RUN_COLUMNS)], rows,
+                            [False, False] + [True] * len(GPU_RUN_COLUMNS)), ""]
+    return lines
 
 
 def fidelity_section(results: Results) -> list[str]:

@@ -8,10 +8,18 @@
 * held-out MAPE of the throughput model fitted to the job's own step times on
   (replicas, local batch, accumulation) configurations (target: <= 10 %).
 
+On GPUs (``--gpus N``, N >= 1: the first N GPUs torch sees) every replica
+runs on a GPU: the job to its target on GPU 0; the rescales alternate between
+1 and 2 GPUs, or, with one GPU, between the GPU and a CPU core (a move that
+checkpoints, forms a new process group on the other device and resumes); the
+profile covers 1 and 2 replicas on GPUs, or one replica with one GPU.  Each
+row names its device.
+
 Usage (from the repository root)::
 
     python experiments/runtime_measurements.py                 # all built-in jobs
     python experiments/runtime_measurements.py --jobs digits-cnn --parts rescale,mape
+    python experiments/runtime_measurements.py --gpus 1 --csv experiments/results/runtime_gpu.csv
 
 The machine's load average is printed with the table: on a shared machine,
 other processes stretch step times and rescales.
@@ -96,12 +104,12 @@ def _never_completes(spec: JobSpec) -> JobSpec:
     return spec.replace(target=1e300 if spec.higher_is_better else -1e300, eval_every=1e300)
 
 
-def time_to_target(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
-    """Train on one replica until verified completion; seconds from start()."""
+def time_to_target(spec: JobSpec, pool: WorkerPool, workdir: Path, gpus: list[int] | None = None) -> dict:
+    """Train on one replica (on ``gpus[0]`` where given) until verified completion; seconds from start()."""
     job = ElasticJob(spec, workdir, pool=pool)
     t0 = time.monotonic()
     try:
-        job.start(1)
+        job.start(1, gpus=gpus[:1] if gpus else None)
         report = job.wait(timeout=TARGET_TIMEOUT_S, until=lambda r: r.state.terminal or r.events_of("target_reached"))
         reached = time.monotonic() - t0
         report = job.wait(timeout=TARGET_TIMEOUT_S)
@@ -123,16 +131,25 @@ def time_to_target(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
     }
 
 
-def rescale_times(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
-    """Median and max of RESCALE_SEQUENCE rescales between 1 and 2 replicas."""
+def _rescale_targets(gpus: list[int] | None) -> list[tuple[int, list[int] | None]]:
+    """``(replicas, their GPUs)`` of each rescale of :data:`RESCALE_SEQUENCE`: on
+    CPU cores or over two GPUs, 1 and 2 replicas in turn; with one GPU, one
+    replica moving between the GPU and a CPU core."""
+    if not gpus or len(gpus) >= 2:
+        return [(k, None if not gpus else gpus[:k]) for k in RESCALE_SEQUENCE]
+    return [(1, None if k == 2 else gpus[:1]) for k in RESCALE_SEQUENCE]
+
+
+def rescale_times(spec: JobSpec, pool: WorkerPool, workdir: Path, gpus: list[int] | None = None) -> dict:
+    """Median and max of the rescales of :func:`_rescale_targets`."""
     job = ElasticJob(_never_completes(spec), workdir, pool=pool)
     try:
-        job.start(1)
+        job.start(1, gpus=gpus[:1] if gpus else None)
         job.wait(timeout=120, until=lambda r: r.state is JobState.RUNNING)
-        for k in RESCALE_SEQUENCE:
+        for i, (k, on) in enumerate(_rescale_targets(gpus)):
             time.sleep(RESCALE_GAP_S)
-            job.rescale(k)
-            job.wait(timeout=120, until=lambda r, k=k: r.state is JobState.RUNNING and r.num_replicas == k)
+            job.rescale(k, gpus=on)
+            job.wait(timeout=120, until=lambda r, n=i + 1: r.state is JobState.RUNNING and len(r.rescale_times) >= n)
         report = job.report()
         job.stop()
         job.wait(timeout=120)
@@ -142,21 +159,21 @@ def rescale_times(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
     return {"rescale_median_s": float(np.median(times)), "rescale_max_s": float(times.max()), "rescales": len(times)}
 
 
-def profile_configs(spec: JobSpec) -> tuple[list[tuple[int, int, int]], list[bool]]:
+def profile_configs(spec: JobSpec, replicas: tuple[int, ...] = (1, 2)) -> tuple[list[tuple[int, int, int]], list[bool]]:
     """(replicas, local batch, accumulation) grid and its fitting mask (False = held out).
 
-    Local batches M0/2 .. 8 M0 (capped by the job's limits) on 1 and 2
-    replicas; the 2nd and 4th sizes of each replica count, and one
+    Local batches M0/2 .. 8 M0 (capped by the job's limits) on each count of
+    ``replicas`` (1 and 2); the 2nd and 4th sizes of each replica count, and one
     accumulation configuration, are held out.
     """
     m0, hi = spec.init_batch_size, spec.max_local_bsz
     sizes = sorted({min(max(m0 * f // 2, spec.min_local_bsz), hi) for f in (1, 2, 4, 8, 16)})
     configs, train = [], []
-    for k in (1, 2):
+    for k in replicas:
         for i, m in enumerate(sizes):
             configs.append((k, m, 0))
             train.append(i not in (1, 3))
-    configs += [(1, m0, 1), (2, max(m0 // 2, spec.min_local_bsz), 1)]
+    configs += [(1, m0, 1), (max(replicas), max(m0 // 2, spec.min_local_bsz), 1)]
     train += [True, False]
     return configs, train
 
@@ -178,7 +195,7 @@ def _pooled(passes: list[Measurements]) -> Measurements:
                    compute_time=geo("compute_time"), count=sum(p.count for p in passes))
 
 
-def throughput_mape(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
+def throughput_mape(spec: JobSpec, pool: WorkerPool, workdir: Path, gpus: list[int] | None = None) -> dict:
     """Held-out MAPE of the fitted model, and the measurement noise floor.
 
     The grid is profiled in :data:`PROFILE_PASSES` or more independent passes
@@ -186,9 +203,10 @@ def throughput_mape(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
     the fitting rows and error on the held-out rows, each configuration's step
     and sync time the geometric mean over the passes.  ``repeat_pct``: mean absolute
     percentage difference between the first two passes' held-out step times,
-    i.e. how far a single pass is from repeating itself.
+    i.e. how far a single pass is from repeating itself.  On one GPU the grid
+    has one replica.
     """
-    configs, train = profile_configs(spec)
+    configs, train = profile_configs(spec, (1,) if gpus and len(gpus) == 1 else (1, 2))
     train = np.asarray(train)
     passes: list[Measurements] = []
     start = time.monotonic()
@@ -196,7 +214,7 @@ def throughput_mape(spec: JobSpec, pool: WorkerPool, workdir: Path) -> dict:
         time.monotonic() - start < PROFILE_BUDGET_S and len(passes) < PROFILE_MAX_PASSES
     ):
         rows = profile_throughput(spec, configs, steps=PROFILE_STEPS, rounds=PROFILE_ROUNDS,
-                                  workdir=workdir / f"run{len(passes)}", pool=pool)
+                                  workdir=workdir / f"run{len(passes)}", pool=pool, gpus=gpus)
         passes.append(rows.take(_in_order(rows, configs)))
     pooled = _pooled(passes)
     params, predicted, mape = heldout_error(pooled, train)
@@ -215,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", default=",".join(DEFAULT_JOBS), help="comma-separated job names")
     parser.add_argument("--parts", default="target,rescale,mape", help="comma-separated: target, rescale, mape")
     parser.add_argument("--csv", type=Path, help="also write the table to this CSV file")
+    parser.add_argument("--gpus", type=int, default=0,
+                        help="run the replicas on the first N GPUs (default 0: CPU cores)")
     args = parser.parse_args(argv)
+    gpus, device = _devices(args.gpus)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parts = set(args.parts.split(","))
     rows = []
@@ -223,13 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         pool.warm()
         for name in args.jobs.split(","):
             spec = get_job(name)
-            row = {"job": name, "M0": spec.init_batch_size}
+            row = {"job": name, "M0": spec.init_batch_size, "device": device}
             if "target" in parts:
-                row.update(time_to_target(spec, pool, Path(tmp) / f"{name}-target"))
+                row.update(time_to_target(spec, pool, Path(tmp) / f"{name}-target", gpus))
             if "rescale" in parts:
-                row.update(rescale_times(spec, pool, Path(tmp) / f"{name}-rescale"))
+                row.update(rescale_times(spec, pool, Path(tmp) / f"{name}-rescale", gpus))
             if "mape" in parts:
-                row.update(throughput_mape(spec, pool, Path(tmp) / f"{name}-profile"))
+                row.update(throughput_mape(spec, pool, Path(tmp) / f"{name}-profile", gpus))
             rows.append(row)
             print(pd.DataFrame([row]).to_string(index=False), flush=True)
     table = pd.DataFrame(rows)
@@ -240,6 +261,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         table.to_csv(args.csv, index=False)
     return 0
+
+
+def _devices(count: int) -> tuple[list[int] | None, str]:
+    """The GPUs to use (None: CPU cores) and the device's name for the table."""
+    if count <= 0:
+        import platform
+
+        return None, f"cpu ({platform.processor() or platform.machine()})"
+    import torch
+
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count > seen:
+        raise SystemExit(f"--gpus {count}: torch sees {seen} GPUs here")
+    return list(range(count)), torch.cuda.get_device_name(0)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,10 @@ Four things of a script are wrapped; the loop stays the script's::
   so fewer samples than the step's micro-batches are left out.
 * :func:`remaining_epochs_until` replaces ``range(epochs)``: after a restart
   it yields the epochs not yet completed.
+* :func:`device` is the replica's device (a GPU, or the CPU): the wrapper
+  moves the model there and the loader its batches, so a script's own
+  ``.to(device)`` calls find them there already; ``evaluate`` gets the model
+  on it.
 * ``model.backward(loss)`` is ``loss.backward()`` that also reports the
   loss (for ``steps.csv`` and the divergence rule of
   :mod:`pollux_opt.runtime.divergence`); ``loss.backward()`` works too.
@@ -58,12 +62,23 @@ from typing import Any, Callable, Iterator, Mapping
 
 from pollux_opt.runtime.user_loop import current_loop
 
-__all__ = ["ElasticDataLoader", "ElasticDataParallel", "in_job", "job_config", "remaining_epochs_until"]
+__all__ = ["ElasticDataLoader", "ElasticDataParallel", "device", "in_job", "job_config", "remaining_epochs_until"]
 
 
 def in_job() -> bool:
     """True when the script runs as a pollux-opt job (False: on its own)."""
     return current_loop() is not None
+
+
+def device():
+    """The ``torch.device`` of this replica: its GPU, or the CPU.  On its own:
+    the first GPU where torch sees one, else the CPU."""
+    import torch
+
+    user_loop = current_loop()
+    if user_loop is not None:
+        return user_loop.device if user_loop.device is not None else torch.device("cpu")
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def job_config() -> dict:

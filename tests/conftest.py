@@ -128,7 +128,7 @@ class FakeJob(JobHandle):
             self._record(self.until, "verified", metric=0.99, reached=True)
 
     def start(self, replicas, num_nodes=None, *, cpus=None, local_bsz=None, accum_steps=None, node_types=None,
-              cgroups=None):
+              cgroups=None, gpus=None):
         self._update()
         if self.state is JobState.QUEUED:
             self._go(dict(replicas), "start", FAKE_START_S)

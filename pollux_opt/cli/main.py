@@ -190,8 +190,8 @@ def _run_on_ray(args: argparse.Namespace, workload, cluster, interval: float) ->
     from pollux_opt.backends.ray import run_ray_workload
 
     if cluster is not None:
-        raise InvalidProblem("--nodes, --cpus and --cluster do not apply with --backend ray: the cluster is "
-                             "Ray's nodes")
+        raise InvalidProblem("--nodes, --cpus, --gpus and --cluster do not apply with --backend ray: the "
+                             "cluster is Ray's nodes")
     return run_ray_workload(args.out, workload, args.policy, address=args.ray_address,
                             checkpoint_dir=args.checkpoint_dir, interval=interval, progress=not args.quiet,
                             repair=args.repair_log, autoscale=autoscale_from_args(args), node_cpus=args.node_cpus)

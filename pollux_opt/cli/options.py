@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 from solvers import InvalidProblem
 
 __all__ = ["add_autoscale_args", "add_backend_args", "add_cluster_args", "autoscale_from_args", "cluster_from_args"]
 
+log = logging.getLogger(__name__)
+
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    """``--nodes``, ``--cpus`` and ``--cluster``: this machine's CPUs as nodes (read by :func:`cluster_from_args`)."""
+    """``--nodes``, ``--cpus``, ``--gpus`` and ``--cluster``: this machine's CPUs and GPUs as nodes
+    (read by :func:`cluster_from_args`)."""
     p.add_argument("--nodes", type=int, help="split this machine's CPUs into this many nodes (default 1)")
     p.add_argument("--cpus", type=int, help="CPUs to use (default: all this process may use)")
     p.add_argument("--cluster", metavar="FILE|PRESET",
                    help="node types instead of --nodes/--cpus: a JSON description (as for simulate) or a "
                         "preset, e.g. local-hetero (one fast and one slow node of one CPU each; a type's "
-                        "cpu_quota < 1 throttles its nodes with cgroup CPU quotas, which need root)")
+                        "cpu_quota < 1 throttles its nodes with cgroup CPU quotas, which need root; a type's "
+                        "slot \"gpu\" puts one replica on each of its GPUs)")
+    p.add_argument("--gpus", metavar="N|all", default=None,
+                   help="offer N of this machine's GPUs (all: every one torch sees) as node type 'gpu', one "
+                        "replica per GPU, beside the remaining CPU cores as node type 'cpu' (default: CPU cores only)")
 
 
 def add_backend_args(p: argparse.ArgumentParser, run_dir_flag: str) -> None:
@@ -40,14 +48,32 @@ def cluster_from_args(args: argparse.Namespace):
         from pollux_opt.backends.local.nodes import typed_cluster
         from pollux_opt.model.cluster_types import load_cluster_types
 
-        if args.nodes is not None or args.cpus is not None:
-            raise InvalidProblem("--cluster describes the nodes: give it without --nodes and --cpus")
+        if args.nodes is not None or args.cpus is not None or getattr(args, "gpus", None) is not None:
+            raise InvalidProblem("--cluster describes the nodes: give it without --nodes, --cpus and --gpus")
         types = load_cluster_types(args.cluster)
-        typed_cluster(types)  # more CPUs than this process may use is refused before anything runs
+        typed_cluster(types)  # more CPUs or GPUs than there are is refused before anything runs
         return types
+    if getattr(args, "gpus", None) is not None:
+        from pollux_opt.backends.local.nodes import gpu_cluster
+        from pollux_opt.runtime.device import machine_gpus
+
+        if args.nodes is not None:
+            raise InvalidProblem("--gpus gives one node of GPUs and one of CPU cores: describe other nodes "
+                                 "with --cluster, not --nodes")
+        gpus = machine_gpus() if args.gpus == "all" else _count("--gpus", args.gpus)
+        if args.gpus == "all" and not gpus:
+            log.warning("--gpus all: torch sees no GPU here; the jobs run on CPU cores only")
+        return gpu_cluster(gpus, args.cpus) if gpus else default_cluster(1, args.cpus)
     if args.nodes is None and args.cpus is None:
         return None
     return default_cluster(1 if args.nodes is None else args.nodes, args.cpus)
+
+
+def _count(flag: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidProblem(f"{flag} must be a number of GPUs or 'all', got {text!r}") from None
 
 
 def add_autoscale_args(p: argparse.ArgumentParser, *, ray: bool) -> None:

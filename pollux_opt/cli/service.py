@@ -153,9 +153,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     """Run the service until SIGINT or SIGTERM (:func:`pollux_opt.service.server.serve`)."""
 
     if args.backend == "ray":
-        if args.cluster is not None or args.nodes is not None or args.cpus is not None:
-            raise InvalidProblem("--nodes, --cpus and --cluster do not apply with --backend ray: the cluster is "
-                                 "Ray's nodes")
+        if any(getattr(args, f) is not None for f in ("cluster", "nodes", "cpus", "gpus")):
+            raise InvalidProblem("--nodes, --cpus, --gpus and --cluster do not apply with --backend ray: the "
+                                 "cluster is Ray's nodes")
     elif args.ray_address is not None or args.checkpoint_dir is not None or args.autoscale is not None:
         raise InvalidProblem("--ray-address, --checkpoint-dir and --autoscale need --backend ray")
     cluster = cluster_from_args(args)

@@ -1,8 +1,9 @@
 """Node types of a heterogeneous cluster: the GPU types of Sia's artifact and cluster descriptions.
 
 A heterogeneous cluster is a list of *node types*, each with a count of
-identical nodes, the replica slots (GPUs, or CPU cores on this project's local
-backend) per node, the rule that caps a job's per-replica batch on that type
+identical nodes, the replica slots per node and their kind (``slot``: a GPU
+each, or a CPU core each; the allocator and the simulator count slots of any
+kind alike, real jobs run a replica on one of them), the rule that caps a job's per-replica batch on that type
 (device memory) and, for the local backend, the CPU-bandwidth fraction its
 replicas run under (see :mod:`pollux_opt.backends.local.throttle`).  A job runs
 on one type at a time (Sia, Jayaram Subramanya et al., SOSP 2023).
@@ -11,7 +12,8 @@ Descriptions come from a JSON file or a named preset (:data:`PRESETS`)::
 
     {"node_types": [
         {"name": "aws", "count": 6, "replicas_per_node": 4, "memory_gb": 16},
-        {"name": "rtx", "count": 3, "replicas_per_node": 8, "memory_gb": 11, "cpu_quota": 0.5}
+        {"name": "rtx", "count": 3, "replicas_per_node": 8, "memory_gb": 11, "cpu_quota": 0.5},
+        {"name": "h100", "count": 1, "replicas_per_node": 1, "slot": "gpu"}
     ]}
 
 :meth:`ClusterTypes.nodes` lists ``(node id, type, capacity)``, the rows a
@@ -29,9 +31,11 @@ from typing import Any
 
 from solvers import MAX_CPUS, InvalidProblem
 
-from pollux_opt.model.domains import NAME, REQUIRED, Integer, Real, check_fields, domain_field, shown
+from pollux_opt.model.domains import NAME, REQUIRED, Choice, Integer, Real, check_fields, domain_field, shown
 
 __all__ = [
+    "CPU_SLOT",
+    "GPU_SLOT",
     "GPU_TYPES",
     "PRESETS",
     "REFERENCE_MEMORY_GB",
@@ -115,6 +119,9 @@ def memory_scaled_local_bsz(reference_max: int, memory_gb: float, *, max_batch_s
 
 #: Replica slots of a node and node counts (the solvers' bound on a node's capacity).
 _COUNT = Integer(gt=0, le=MAX_CPUS)
+#: The kinds of a node type's slots: one CPU core, or one GPU (which a real
+#: run's replica holds with a CPU core of its own for its process).
+CPU_SLOT, GPU_SLOT = "cpu", "gpu"
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,8 @@ class NodeType:
         memory_gb: device memory per replica, GB; None: the reference (T4) memory.
         cpu_quota: fraction of one CPU each replica slot may use on the local
             backend, in (0, 1]; 1 is unthrottled.
+        slot: what a slot is, ``"cpu"`` (a CPU core) or ``"gpu"`` (a GPU):
+            where a real job's replica runs (:mod:`pollux_opt.runtime.device`).
     """
 
     name: str = domain_field(REQUIRED, NAME)
@@ -135,6 +144,7 @@ class NodeType:
     replicas_per_node: int = domain_field(REQUIRED, _COUNT)
     memory_gb: float | None = domain_field(None, Real(gt=0, unit="GB", none=True))
     cpu_quota: float = domain_field(1.0, Real(gt=0, le=1))
+    slot: str = domain_field(CPU_SLOT, Choice((CPU_SLOT, GPU_SLOT)))
 
     def __post_init__(self) -> None:
         check_fields(self, prefix="node type ", names=("name",))
@@ -190,7 +200,7 @@ class ClusterTypes:
 
 def _sia_type(name: str, count: int) -> NodeType:
     g = GPU_TYPES[name]
-    return NodeType(name, count, g.gpus_per_node, g.memory_gb)
+    return NodeType(name, count, g.gpus_per_node, g.memory_gb, slot=GPU_SLOT)
 
 
 #: Named cluster descriptions.  ``sia-64``: Sia's default 64-GPU cluster

@@ -88,7 +88,7 @@ EVENT_TYPES = (
     "nodes",            # cluster: nodes joined or left (Ray backend); fields: cluster, joined, left
     "scale",            # cluster: autoscaled nodes requested, up or released; fields: requested, ready, released, sizes
     "submit",           # job arrived; fields: submitted_replicas, submitted_batch_size, workload
-    "start",            # job's first start; fields: placement
+    "start",            # job's first start; fields: placement (cpus, gpus: each replica's, where held)
     "allocation",       # cluster: a decision; fields: placement, objective, solver_s, overhead_s, status
     "rescale_begin",    # fields: old_placement, placement
     "rescale_end",      # fields: placement, duration_s

@@ -17,7 +17,7 @@ from pollux_opt.agent.batch import choose_batch
 
 __all__ = ["FollowUp", "WorkerAllocation", "normalize_placement", "parse_allocation"]
 
-#: A CPU id a replica is pinned to.
+#: A CPU id a replica is pinned to, or a GPU's index.
 _CPU_ID = Integer(ge=0)
 #: Replicas and nodes of a placement given as counts.
 _POSITIVE_COUNT = Integer(ge=1)
@@ -43,6 +43,9 @@ class WorkerAllocation:
             (a throttled node's CPU quota, or the root cgroup of an unthrottled
             node; see :mod:`pollux_opt.backends.local.throttle`); None: replicas
             stay where they are.
+        gpus: the GPU of each replica in rank order (None for a replica on CPU
+            cores), as torch numbers the machine's GPUs
+            (:mod:`~pollux_opt.runtime.device`); None: every replica on CPU cores.
     """
 
     placement: Mapping[str, int]
@@ -50,6 +53,7 @@ class WorkerAllocation:
     pin: BatchConfig | None = None
     node_types: Mapping[str, str] | None = None
     cgroups: Mapping[str, str] | None = None
+    gpus: tuple[int | None, ...] | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -70,9 +74,14 @@ class WorkerAllocation:
         return [nid for nid, k in self.placement.items() for _ in range(k)]
 
     def same_workers(self, other: "WorkerAllocation | None") -> bool:
-        """Whether ``other`` asks for the same placement, CPUs, types and cgroups (whatever its batch)."""
+        """Whether ``other`` asks for the same placement, CPUs, GPUs, types and cgroups (whatever its batch)."""
         return (other is not None and self.placement == other.placement and self.cpus == other.cpus
-                and self.node_types == other.node_types and self.cgroups == other.cgroups)
+                and self.node_types == other.node_types and self.cgroups == other.cgroups
+                and self.gpus == other.gpus)
+
+    def rank_gpus(self) -> list[int | None]:
+        """The GPU of each rank (None: on CPU cores)."""
+        return list(self.gpus) if self.gpus is not None else [None] * self.num_replicas
 
 
 def normalize_placement(
@@ -135,6 +144,7 @@ def parse_allocation(
     accum_steps: int | None,
     node_types: Mapping[str, str] | None = None,
     cgroups: Mapping[str, str] | None = None,
+    gpus: Sequence[int | None] | None = None,
 ) -> WorkerAllocation:
     """The allocation of :meth:`ElasticJob.start` / ``rescale`` arguments, checked
     against the job's batch ``limits``; raises InvalidProblem naming a bad argument."""
@@ -147,6 +157,13 @@ def parse_allocation(
         if len(cpus) != k or not all(_CPU_ID.accepts(c) for c in cpus):
             raise InvalidProblem(f"cpus must list one CPU id >= 0 per replica ({k}), got {cpus!r}")
         cpus = tuple(int(c) for c in cpus)
+    if gpus is not None:
+        gpus = tuple(gpus)
+        if len(gpus) != k or not all(g is None or _CPU_ID.accepts(g) for g in gpus):
+            raise InvalidProblem(f"gpus must list one GPU index >= 0 (or None: CPU cores) per replica ({k}), "
+                                 f"got {gpus!r}")
+        gpus = None if all(g is None for g in gpus) else tuple(None if g is None else int(g) for g in gpus)
+    extra["gpus"] = gpus
     if local_bsz is None and accum_steps is None:
         choose_batch(limits, len(placement), k, None, fixed_batch_size=fixed_batch_size)  # raises if none fits
         return WorkerAllocation(placement, cpus, None, **extra)

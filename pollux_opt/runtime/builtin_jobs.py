@@ -57,7 +57,15 @@ def _parts(model, optimizer, train: tuple, loss, evaluate) -> JobParts:
                     get_batch=lambda idx: tuple(t[idx] for t in train), loss=loss, evaluate=evaluate)
 
 
+def _on_model_device(model, *tensors) -> tuple:
+    """``tensors`` on the device of ``model``'s parameters: a replica on a GPU
+    evaluates there (its batches come to it from the runtime)."""
+    device = next(model.parameters()).device
+    return tuple(t.to(device) for t in tensors)
+
+
 def _accuracy(model, x, y, chunk: int = 4096) -> float:
+    x, y = _on_model_device(model, x, y)
     correct = 0
     for i in range(0, x.shape[0], chunk):
         correct += int((model(x[i : i + chunk]).argmax(dim=1) == y[i : i + chunk]).sum())
@@ -154,8 +162,13 @@ def build_synth_regress(ctx: BuildContext) -> JobParts:
         torch.nn.Linear(width, 1),
     )
     mse = torch.nn.functional.mse_loss
+
+    def evaluate(m):
+        x, y = _on_model_device(m, x_va, y_va)
+        return float(mse(m(x).squeeze(1), y))
+
     return _parts(model, torch.optim.Adam(model.parameters(), lr=cfg.get("lr", 2e-3)), train,
-                  lambda m, b: mse(m(b[0]).squeeze(1), b[1]), lambda m: float(mse(m(x_va).squeeze(1), y_va)))
+                  lambda m, b: mse(m(b[0]).squeeze(1), b[1]), evaluate)
 
 
 # -------------------------------------------------------------- character LM
@@ -206,8 +219,9 @@ def build_stdlib_charlm(ctx: BuildContext) -> JobParts:
 
     def evaluate(m):
         total = 0.0
+        (windows_on_device,) = _on_model_device(m, val_windows)
         for i in range(0, val_windows.shape[0], 4096):
-            w = val_windows[i : i + 4096]
+            w = windows_on_device[i : i + 4096]
             total += float(torch.nn.functional.cross_entropy(m(w[:, :-1]), w[:, -1], reduction="sum"))
         return total / val_windows.shape[0]
 
@@ -269,8 +283,11 @@ def build_ratings_mf(ctx: BuildContext) -> JobParts:
         reg = (m.user(uu).pow(2).sum(1) + m.item(ii).pow(2).sum(1)).mean()
         return torch.nn.functional.mse_loss(pred, rr) + weight_decay * reg
 
-    return _parts(model, optimizer, train, loss,
-                  lambda m: float(torch.sqrt(torch.nn.functional.mse_loss(m(u_va, i_va), r_va))))
+    def evaluate(m):
+        uu, ii, rr = _on_model_device(m, u_va, i_va, r_va)
+        return float(torch.sqrt(torch.nn.functional.mse_loss(m(uu, ii), rr)))
+
+    return _parts(model, optimizer, train, loss, evaluate)
 
 
 #: The built-in jobs (registered by ``pollux_opt.runtime.entry``).  Targets

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pollux_opt.model import BatchConfig
 from pollux_opt.runtime.allocation import WorkerAllocation
 from pollux_opt.runtime.checkpoint import CheckpointInfo
+from pollux_opt.runtime.device import collective_backend
 from pollux_opt.runtime.pool import Worker, WorkerPool
 from pollux_opt.runtime.protocol import ERROR, PAUSED, RESUMED, RUN, Assignment
 from pollux_opt.runtime.report import RuntimeOptions
@@ -73,7 +74,8 @@ class Generation:
         gen = cls(previous.number + 1, pool.regroup(previous.workers, alloc, job_key=job_id), kind, t0,
                   time.time(), resume_from, previous.paused.get(0))
         store = pool.rendezvous(gen.workers, workdir, gen.number) if alloc.num_replicas > 1 else None
-        rank_nodes = alloc.rank_nodes()
+        rank_nodes, rank_gpus = alloc.rank_nodes(), alloc.rank_gpus()
+        backend = collective_backend(rank_gpus)
         for rank, w in enumerate(gen.workers):
             w.job_key = job_id
             a = Assignment(
@@ -83,6 +85,7 @@ class Generation:
                 local_bsz=config.local_bsz, accum_steps=config.accum_steps,
                 cpu=None if alloc.cpus is None else alloc.cpus[rank], node_type=alloc.node_type,
                 cgroup=None if alloc.cgroups is None else alloc.cgroups[rank_nodes[rank]],
+                gpu=rank_gpus[rank], backend=backend, mixed=len({g is None for g in rank_gpus}) > 1,
                 job_id=job_id, spec_json=spec_json, workdir=workdir, options=options, params=params,
             )
             w.send(RUN, a)  # a worker gone is noticed as a lost worker

@@ -146,6 +146,7 @@ class ElasticJob:
         accum_steps: int | None = None,
         node_types: Mapping[str, str] | None = None,
         cgroups: Mapping[str, str] | None = None,
+        gpus: Sequence[int | None] | None = None,
     ) -> None:
         """Start (or resume from the newest good checkpoint) on an allocation.
 
@@ -162,12 +163,14 @@ class ElasticJob:
                 type it runs on); None on an untyped cluster.
             cgroups: ``{node: cgroup directory}`` each replica moves itself
                 into (a throttled node's CPU quota); None: no cgroups.
+            gpus: the GPU of each replica (rank order; None for one on CPU
+                cores), as torch numbers this machine's GPUs; None: CPU cores only.
 
         Returns at once; the job is ``rescaling`` until its workers train.
         Raises InvalidProblem for a bad allocation or a finished job.
         """
         alloc = parse_allocation(self.limits, self.options.fixed_batch_size, replicas, num_nodes, cpus,
-                                 local_bsz, accum_steps, node_types, cgroups)
+                                 local_bsz, accum_steps, node_types, cgroups, gpus)
         self._check_open()
         check_installed("torch", TORCH_MISSING)  # a launch needs torch
         self._queue(self._ctl.request_alloc, alloc, time.monotonic())  # its rescale time counts from now
@@ -182,6 +185,7 @@ class ElasticJob:
         accum_steps: int | None = None,
         node_types: Mapping[str, str] | None = None,
         cgroups: Mapping[str, str] | None = None,
+        gpus: Sequence[int | None] | None = None,
     ) -> None:
         """Move the job to a new allocation (arguments as in :meth:`start`).
 
@@ -193,7 +197,7 @@ class ElasticJob:
         restart, also while the job is still starting.
         """
         self.start(replicas, num_nodes, cpus=cpus, local_bsz=local_bsz, accum_steps=accum_steps,
-                   node_types=node_types, cgroups=cgroups)
+                   node_types=node_types, cgroups=cgroups, gpus=gpus)
 
     def stop(self) -> None:
         """Checkpoint and release all workers (state ``queued``; resume with start)."""

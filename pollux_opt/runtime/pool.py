@@ -33,7 +33,7 @@ from pollux_opt.runtime.lifeline import own_temp_dir, pool_process_main, process
 from pollux_opt.runtime.protocol import EXIT, PREPARE, send
 from pollux_opt.runtime.worker import worker_main
 
-__all__ = ["Worker", "WorkerHandle", "WorkerPool"]
+__all__ = ["Worker", "WorkerHandle", "WorkerPool", "serves"]
 
 logger = logging.getLogger("pollux_opt.runtime")
 
@@ -76,6 +76,9 @@ class WorkerHandle:
     created: float = field(default_factory=time.monotonic)
     #: job_id of the parts the worker has built (warm for that job), if any.
     job_key: str | None = None
+    #: The GPU the process is bound to once it served one (it serves no other
+    #: GPU, nor CPU replicas: it holds a CUDA context there); None: not bound.
+    gpu: int | None = None
 
     @property
     def pid(self) -> int:
@@ -93,6 +96,13 @@ class WorkerHandle:
 
     def join(self, timeout: float | None = None) -> None:
         self.process.join(timeout)
+
+
+def serves(worker: WorkerHandle, gpu: int | None) -> bool:
+    """Whether ``worker`` can serve a replica on GPU ``gpu`` (None: CPU cores):
+    a process bound to a GPU serves only that one; an unbound one serves any,
+    and is bound by the first GPU it serves (:class:`~pollux_opt.runtime.device.GpuBinding`)."""
+    return worker.gpu == gpu or (worker.gpu is None and gpu is not None)
 
 
 class WorkerPool:
@@ -171,20 +181,24 @@ class WorkerPool:
             w.conn.close()
 
     # ------------------------------------------------------------ acquire/release
-    def acquire(self, count: int, job_key: str | None = None) -> list[WorkerHandle]:
-        """``count`` workers for a job: idle ones warm for ``job_key`` first, then
-        other idle ones, then newly spawned ones (which start in the background;
+    def acquire(self, count: int, job_key: str | None = None, gpu: int | None = None) -> list[WorkerHandle]:
+        """``count`` workers for a job's replicas on GPU ``gpu`` (None: on CPU
+        cores): idle ones that can serve it (:func:`serves`) and are warm for
+        ``job_key`` first, then other such idle ones (bound to ``gpu`` before
+        unbound ones), then newly spawned ones (which start in the background;
         messages sent to them wait in their pipe).  Then spares are replenished."""
         if self._closed:
             raise RuntimeError("the worker pool is closed")
         with self._lock:
             self._prune_locked()
-            self._idle.sort(key=lambda w: (w.job_key != job_key, w.created))
-            taken = self._idle[:count]
-            del self._idle[:count]
+            fitting = sorted((w for w in self._idle if serves(w, gpu)),
+                             key=lambda w: (w.job_key != job_key, w.gpu != gpu, w.created))
+            taken = fitting[:count]
+            self._idle = [w for w in self._idle if w not in taken]
             while len(taken) < count:
                 taken.append(self._spawn())
-            while len(self._idle) < self.spares:
+            # Spares for any replica: workers bound to a GPU serve only that GPU.
+            while sum(1 for w in self._idle if w.gpu is None) < self.spares:
                 self._idle.append(self._spawn())
         return taken
 
@@ -236,15 +250,26 @@ class WorkerPool:
 
     def regroup(self, workers: list[WorkerHandle], alloc, job_key: str | None = None) -> list[WorkerHandle]:
         """The workers, in rank order, of a job's next generation on ``alloc`` (a
-        ``WorkerAllocation``): its live current ``workers`` first (kept warm),
-        then acquired ones; the others are released.  Every worker of this pool
-        runs on this machine, so the placement's nodes do not matter here."""
-        k = alloc.num_replicas
-        reuse = [w for w in workers if w.alive()][:k]
-        surplus = [w for w in workers if w not in reuse]
+        ``WorkerAllocation``): for each rank a live current worker that can
+        serve its GPU or CPU core (kept warm), else an acquired one; the others
+        are released.  Every worker of this pool runs on this machine, so the
+        placement's nodes do not matter here, its GPUs do."""
+        live = [w for w in workers if w.alive()]
+        chosen: list[WorkerHandle | None] = []
+        for gpu in alloc.rank_gpus():
+            w = next((w for w in live if w.gpu == gpu), None) or next((w for w in live if serves(w, gpu)), None)
+            if w is not None:
+                live.remove(w)
+            chosen.append(w)
+        surplus = [w for w in workers if w not in chosen]
         if surplus:
             self.release(surplus)
-        return reuse + (self.acquire(k - len(reuse), job_key=job_key) if len(reuse) < k else [])
+        out = []
+        for w, gpu in zip(chosen, alloc.rank_gpus()):
+            w = w if w is not None else self.acquire(1, job_key=job_key, gpu=gpu)[0]
+            w.gpu = gpu if gpu is not None else w.gpu
+            out.append(w)
+        return out
 
     def rendezvous(self, workers: list[WorkerHandle], workdir, generation: int) -> str:
         """Where ``workers`` (more than one) form generation ``generation``'s gloo

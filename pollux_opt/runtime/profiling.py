@@ -46,6 +46,7 @@ def profile_throughput(
     workdir: str | Path | None = None,
     pool: WorkerPool | None = None,
     timeout_s: float = 120.0,
+    gpus: Sequence[int] | None = None,
 ) -> Measurements:
     """Run ``spec`` on each ``(num_replicas, local_bsz, accum_steps)`` in turn, one
     node, ``steps`` measured steps (after warm-up) per visit, for ``rounds``
@@ -65,6 +66,8 @@ def profile_throughput(
         workdir: where the profiling job lives (a temporary directory if None).
         pool: a shared :class:`WorkerPool`, or None for a private one.
         timeout_s: limit per configuration, seconds.
+        gpus: the GPUs the replicas run on, replica ``i`` on ``gpus[i]`` (as
+            torch numbers them); None: CPU cores.
 
     The replicas are not pinned to CPUs: on 2 cores a pinned replica cannot
     leave the core the measuring process is on (pinned, ratings-mf's held-out
@@ -75,6 +78,9 @@ def profile_throughput(
     """
     if not configs:
         raise InvalidProblem("configs must list at least one (num_replicas, local_bsz, accum_steps)")
+    if gpus is not None and max(k for k, _, _ in configs) > len(gpus):
+        raise InvalidProblem(f"gpus must list a GPU for each replica of the largest configuration "
+                             f"({max(k for k, _, _ in configs)}), got {list(gpus)!r}")
     steps = check("steps", steps, _REPEATS)
     rounds = check("rounds", rounds, _REPEATS)
     probe = spec.replace(
@@ -88,7 +94,8 @@ def profile_throughput(
             visits = [(r, cfg) for r in range(1, rounds + 1) for cfg in configs]
             for i, (r, (k, m, s)) in enumerate(visits):
                 key = ConfigKey(1, k, m, s)
-                (job.rescale if i else job.start)(k, local_bsz=m, accum_steps=s)
+                (job.rescale if i else job.start)(k, local_bsz=m, accum_steps=s,
+                                                  gpus=None if gpus is None else list(gpus[:k]))
                 done = job.wait(
                     timeout=timeout_s,
                     until=lambda rep, key=key, n=r * steps: rep.measurements.count_of(key) >= n

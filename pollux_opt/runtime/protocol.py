@@ -68,6 +68,15 @@ class Assignment:
     node_type: str | None = None
     #: The cgroup directory this worker moves itself into before it trains (None: stay).
     cgroup: str | None = None
+    #: The GPU of a GPU replica, as torch numbers the GPUs its process sees before
+    #: it is bound (:class:`~pollux_opt.runtime.device.GpuBinding`; a Ray actor sees
+    #: only its own, 0); None: a CPU replica.
+    gpu: int | None = None
+    #: The process group's backend: "nccl" where every replica has a GPU, else "gloo".
+    backend: str = "gloo"
+    #: The job's replicas are on GPUs and CPU cores at once (their parameters are
+    #: re-synchronised now and then: the devices round differently).
+    mixed: bool = False
 
 
 def send(conn, *message) -> bool:

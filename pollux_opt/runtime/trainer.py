@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pollux_opt.runtime.checkpoint import CheckpointInfo, checkpoint_dir, prune, save_checkpoint
+from pollux_opt.runtime.device import broadcast_from_rank0, to_device
 from pollux_opt.runtime.divergence import check_divergence
 from pollux_opt.agent.measurements import ConfigKey, profile_to_json, record_step
 from pollux_opt.agent.stats import adascale_gain, lr_factor, micro_batch_estimates
@@ -44,9 +45,16 @@ from pollux_opt.runtime.state import (
     EVAL_HISTORY_KEPT, EpochSampler, TrainingState, param_checksum, rng_state, step_seed,
 )
 
-__all__ = ["Trainer"]
+__all__ = ["MIXED_SYNC_STEPS", "Trainer"]
 
 logger = logging.getLogger("pollux_opt.runtime.worker")
+
+#: Steps between re-synchronisations of the parameters of a job over GPUs and
+#: CPU cores at once: every rank applies the same reduced gradient, but a GPU
+#: and a CPU round the update differently (fused multiply-adds), so their
+#: parameters drift apart by rounding errors; rank 0's are broadcast every so
+#: many steps and when the job pauses (whose report compares the ranks' checksums).
+MIXED_SYNC_STEPS = 50
 
 
 class Trainer:
@@ -59,10 +67,13 @@ class Trainer:
             the rule scales them for the step, and they are put back after it).
         extra: more checkpointed objects, by name, each with ``state_dict()``
             and ``load_state_dict()`` (a user's LR scheduler, its own state).
+        device: the replica's torch device (default: the CPU), where the model,
+            its batches and the step's gradient sum live; the collectives' buffers
+            live there under NCCL and in host memory under gloo.
     """
 
     def __init__(self, torch, dist, conn, a: Assignment, spec: JobSpec, parts: JobParts, base_lrs,
-                 state: TrainingState, extra: Mapping[str, Any] | None = None):
+                 state: TrainingState, extra: Mapping[str, Any] | None = None, device=None):
         self.torch, self.dist, self.conn, self.a, self.spec, self.parts = torch, dist, conn, a, spec, parts
         self.base_lrs = base_lrs
         self.extra = dict(extra or {})
@@ -75,8 +86,11 @@ class Trainer:
         self.buffers = list(parts.model.buffers())
         self.buffers_before_step: list | None = None  # copies while a step is under way
         self.numel = sum(p.numel() for p in self.params)
-        self.vec = torch.zeros(self.numel + 2, dtype=torch.float32)
-        self.ctrl = torch.zeros(3, dtype=torch.int64)
+        self.device = torch.device("cpu") if device is None else device
+        #: Where the collectives' buffers live (NCCL reduces device memory, gloo host memory).
+        self.comm_device = self.device if a.backend == "nccl" else torch.device("cpu")
+        self.vec = torch.zeros(self.numel + 2, dtype=torch.float32, device=self.comm_device)
+        self.ctrl = torch.zeros(3, dtype=torch.int64, device=self.comm_device)
         self.config = (a.local_bsz, a.accum_steps)
         self.pending_config = self.config
         self.stop_requested = False
@@ -142,9 +156,12 @@ class Trainer:
         if config != self.config:
             self.config = config
             self.since_change = 0
-        # The CPU generator only: torch.manual_seed also seeds accelerator
-        # generators, at about a millisecond per call.
-        self.torch.default_generator.manual_seed(step_seed(self.spec.seed, self.state.step, self.rank))
+        # The CPU generator and the replica's GPU's: torch.manual_seed seeds every
+        # accelerator generator, at about a millisecond per call.
+        seed = step_seed(self.spec.seed, self.state.step, self.rank)
+        self.torch.default_generator.manual_seed(seed)
+        if self.device.type != "cpu":
+            self.torch.cuda.manual_seed(seed)
         if self.buffers:
             self.buffers_before_step = [b.detach().clone() for b in self.buffers]
         self.vec.zero_()
@@ -162,7 +179,7 @@ class Trainer:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         self._sqr_sum += float(flat.dot(flat))
-        acc.add_(flat)
+        acc.add_(flat.to(acc.device))
         if loss is not None:
             self._loss_sum += float(loss.detach())
             self._losses += 1
@@ -205,6 +222,8 @@ class Trainer:
         self.buffers_before_step = None
 
         state.step += 1
+        if self.a.mixed and state.step % MIXED_SYNC_STEPS == 0:
+            self.sync_parameters()
         state.progress += gain
         state.samples += batch
         step_time = time.perf_counter() - self._t_start
@@ -234,7 +253,7 @@ class Trainer:
         m, s = self.begin_step()
         for j in range(s + 1):
             idx = self.sampler.take(state.samples + (self.rank * (s + 1) + j) * m, m)
-            loss = parts.loss(parts.model, parts.get_batch(idx))
+            loss = parts.loss(parts.model, to_device(parts.get_batch(idx), self.device))
             loss.backward()
             self.add_micro(loss)
         self.finish_step()
@@ -247,7 +266,7 @@ class Trainer:
             k = p.numel()
             # A view of the reduced buffer: the optimizer only reads it, and the
             # buffer is not reused before the grads are dropped below.
-            p.grad = acc[offset : offset + k].view_as(p)
+            p.grad = acc[offset : offset + k].view_as(p).to(p.device)
             offset += k
         if parts.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, parts.max_grad_norm)
@@ -349,8 +368,17 @@ class Trainer:
         self.send_report(CHECKPOINT, meta_path=str(info.meta_path), final=final, checksum=meta["checksum"])
         return info
 
+    def sync_parameters(self) -> None:
+        """Every rank takes rank 0's parameters and buffers (a collective)."""
+        with self.torch.no_grad():
+            for tensor in self.params + self.buffers:
+                broadcast_from_rank0(self.dist, tensor, self.a.backend, collective)
+
     def finish(self, code: int) -> int:
-        """Rank 0 after stop ``code``: report and checkpoint (final at the target); returns ``code``."""
+        """After stop ``code`` (every rank): rank 0 reports and checkpoints (final
+        at the target); returns ``code``."""
+        if self.a.mixed:
+            self.sync_parameters()
         if self.rank == 0:
             self._report()
             if code == STOP_TARGET:

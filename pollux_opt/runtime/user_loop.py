@@ -37,6 +37,7 @@ from contextvars import ContextVar
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Mapping
 
+from pollux_opt.runtime.device import to_device
 from pollux_opt.runtime.protocol import STOP_TARGET, CollectiveError, StopTraining
 from pollux_opt.runtime.spec import JobParts, JobSpec
 from pollux_opt.runtime.state import EpochSampler
@@ -101,10 +102,13 @@ def checkpointed(scheduler=None, extra: Mapping[str, Any] | None = None) -> dict
 class UserLoop:
     """One assignment (or one verification) of a user's loop; ``attach_fn``:
     ``(user_loop, parts, extra) -> Trainer``, what the worker (or the
-    verification) does when the wrapper is created."""
+    verification) does when the wrapper is created; ``device``: the replica's
+    torch device (None: the CPU), where the wrapper moves the model and the
+    loader its batches."""
 
-    def __init__(self, spec: JobSpec, rank: int, world: int, attach_fn: Callable) -> None:
+    def __init__(self, spec: JobSpec, rank: int, world: int, attach_fn: Callable, device=None) -> None:
         self.spec, self.rank, self.world = spec, rank, world
+        self.device = device
         self._attach_fn = attach_fn
         self.trainer = None
         self.train_size: int | None = None
@@ -125,6 +129,8 @@ class UserLoop:
         if evaluate is None and self.spec.target is not None:
             raise ValueError(f"job {self.spec.name!r} completes at a metric target ({self.spec.metric}), "
                              "so ElasticDataParallel needs evaluate=")
+        if self.device is not None:
+            model.to(self.device)  # in place: the optimizer keeps its parameters
         parts = JobParts(model=model, optimizer=optimizer, train_size=self.train_size or 1, get_batch=None,
                          loss=None, evaluate=evaluate, scaler=scaler, max_grad_norm=max_grad_norm)
         self.trainer = self._attach_fn(self, parts, checkpointed(scheduler, extra))
@@ -296,6 +302,7 @@ def _batches(user_loop: UserLoop, size: int, order, fetch: Callable[[StepBatches
     ``fetch`` over :class:`StepBatches`, replaced when a step brings another
     batch configuration; end the epoch after its last step."""
     state = user_loop.trainer.state
+    device = None if user_loop.device is None or user_loop.device.type == "cpu" else user_loop.device
     it, expected = None, None
     while True:
         b = user_loop.begin_step(size - state.epoch_pos)
@@ -307,6 +314,6 @@ def _batches(user_loop: UserLoop, size: int, order, fetch: Callable[[StepBatches
             it = fetch(StepBatches(order, state.epoch_pos, user_loop.world, user_loop.rank, m, s))
         expected = (state.epoch_pos + user_loop.world * (s + 1) * b, m, s)
         for _ in range(s + 1):
-            yield next(it)
+            yield next(it) if device is None else to_device(next(it), device)
         if user_loop.plan is not None:
             raise RuntimeError("call optimizer.step() once for every batch of an ElasticDataLoader")

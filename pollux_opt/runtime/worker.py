@@ -2,10 +2,12 @@
 
 A worker (:func:`worker_main`) imports torch once, then serves *assignments*
 from its controller (the messages of :mod:`~pollux_opt.runtime.protocol`):
-build (or reuse) the job's parts, join a gloo group of ``world`` workers, load
-the checkpoint, train (:mod:`~pollux_opt.runtime.trainer`) until told to stop
-or until the target or step limit, checkpoint, leave the group and wait for the
-next assignment.
+build (or reuse) the job's parts on the replica's device (a CPU core, or the
+one GPU the process is bound to: :mod:`~pollux_opt.runtime.device`), join a
+process group of ``world`` workers (NCCL where every replica has a GPU, else
+gloo), load the checkpoint, train (:mod:`~pollux_opt.runtime.trainer`) until
+told to stop or until the target or step limit, checkpoint, leave the group
+and wait for the next assignment.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from pollux_opt.runtime.checkpoint import WriterLock, list_checkpoints, load_payload
+from pollux_opt.runtime.device import GpuBinding, broadcast_from_rank0
 from pollux_opt.runtime.entry import LOOP, entry_protocol
 from pollux_opt.runtime.lifeline import ORPHAN_GRACE_S, Lifeline, ProcessIdentity
 from pollux_opt.extras import TORCH_MISSING, require
@@ -73,8 +76,9 @@ class PartsCache:
 class _Launch:
     """One assignment being set up and trained: the timings its "resumed" report gives."""
 
-    def __init__(self, conn, a: Assignment, torch, dist, received: float) -> None:
+    def __init__(self, conn, a: Assignment, torch, dist, received: float, device) -> None:
         self.conn, self.a, self.torch, self.dist, self.received = conn, a, torch, dist, received
+        self.device = device
         self.spec = JobSpec.from_json(a.spec_json)
         self.info = None  # the checkpoint to resume from (None: a fresh start)
         if a.checkpoint_meta is not None:
@@ -90,7 +94,7 @@ class _Launch:
         if a.world > 1:
             store = rendezvous_store(dist, a)
             collective(
-                dist.init_process_group, "gloo", store=store, rank=a.rank, world_size=a.world,
+                dist.init_process_group, a.backend, store=store, rank=a.rank, world_size=a.world,
                 timeout=timedelta(seconds=a.options.collective_timeout_s),
             )
         self.t_group = time.perf_counter() - t
@@ -105,24 +109,14 @@ class _Launch:
             if a.world > 1:
                 with torch.no_grad():
                     for tensor in list(parts.model.parameters()) + list(parts.model.buffers()):
-                        collective(self.dist.broadcast, tensor, src=0)
+                        broadcast_from_rank0(self.dist, tensor, a.backend, collective)
             state = TrainingState(next_eval=self.spec.eval_every)
         else:
-            payload = load_payload(info)
-            parts.model.load_state_dict(payload["model"])
-            parts.optimizer.load_state_dict(payload["optimizer"])
-            if parts.scaler is not None and payload.get("scaler") is not None:
-                parts.scaler.load_state_dict(payload["scaler"])
-            saved = payload.get("extra") or {}
-            for name, obj in (extra or {}).items():
-                if name in saved:
-                    obj.load_state_dict(saved[name])
-            restore_rng(torch, payload["rng"])
-            state = TrainingState.from_dict(payload["runtime"])
+            state = load_state(torch, parts, load_payload(info), extra)
         if a.params is not None:
             state.params = a.params
         t_load = time.perf_counter() - t
-        trainer = Trainer(torch, self.dist, self.conn, a, self.spec, parts, base_lrs, state, extra)
+        trainer = Trainer(torch, self.dist, self.conn, a, self.spec, parts, base_lrs, state, extra, self.device)
         if a.world > 1:
             collective(self.dist.barrier)
         trainer.send_report(RESUMED, checksum=param_checksum(parts.model), pid=os.getpid(),
@@ -142,6 +136,7 @@ class _Launch:
             t0 = time.perf_counter()
             parts, base_lrs = cache.get((a.job_id, a.workdir, a.spec_json), spec, Path(a.workdir), torch,
                                         reuse=self.info is not None)
+            parts.model.to(self.device)  # in place: the optimizer keeps its parameters
             self.t_build = time.perf_counter() - t0
             self.join_group()
             trainer = self.trainer(parts, base_lrs)
@@ -154,7 +149,7 @@ class _Launch:
             self.t_build = time.perf_counter() - t0  # the user's setup until the wrapper
             return self.trainer(parts, None, extra)
 
-        user_loop = UserLoop(spec, a.rank, a.world, attach)
+        user_loop = UserLoop(spec, a.rank, a.world, attach, self.device)
         torch.manual_seed(spec.seed)
         random.seed(spec.seed)
         with saving:
@@ -162,9 +157,10 @@ class _Launch:
 
 
 def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cpus,
-                     lifeline: Lifeline | None = None) -> bool:
+                     lifeline: Lifeline | None = None, gpus: GpuBinding | None = None) -> bool:
     """Run one assignment; returns False if the controller is gone.  ``lifeline``:
-    the pool process's, which gives an orphaned rank 0 its grace to checkpoint."""
+    the pool process's, which gives an orphaned rank 0 its grace to checkpoint;
+    ``gpus``: the process's GPU binding (one per process)."""
     received = time.time()
     workdir = Path(a.workdir)
     log_dir = workdir / "logs"
@@ -194,7 +190,8 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
             # assignment: a replica of a throttled node must not train unthrottled.
             Path(a.cgroup, "cgroup.procs").write_text(str(os.getpid()))
         saving = lifeline.saving_state() if lifeline is not None and a.rank == 0 else contextlib.nullcontext()
-        code, trainer = _Launch(conn, a, torch, dist, received).train(cache, saving)
+        device = (gpus or GpuBinding()).device(torch, a.gpu)
+        code, trainer = _Launch(conn, a, torch, dist, received, device).train(cache, saving)
         writer.release()  # before PAUSED: the controller may launch the next writer then
         checksum = param_checksum(trainer.parts.model)
         if a.world > 1:
@@ -213,6 +210,23 @@ def serve_assignment(conn, a: Assignment, cache: PartsCache, torch, dist, all_cp
         root.removeHandler(handler)
         handler.close()
         prints.close()
+
+
+def load_state(torch, parts: JobParts, payload: dict, extra: dict | None = None) -> TrainingState:
+    """Restore a checkpoint's ``payload`` (read onto the CPU) into ``parts`` and
+    the ``extra`` objects (by name) on whatever device they live: each tensor is
+    copied to its parameter's device (the optimizer's state follows its
+    parameters), the RNG of the process's device too; returns the training state."""
+    parts.model.load_state_dict(payload["model"])
+    parts.optimizer.load_state_dict(payload["optimizer"])
+    if parts.scaler is not None and payload.get("scaler") is not None:
+        parts.scaler.load_state_dict(payload["scaler"])
+    saved = payload.get("extra") or {}
+    for name, obj in (extra or {}).items():
+        if name in saved:
+            obj.load_state_dict(saved[name])
+    restore_rng(torch, payload["rng"])
+    return TrainingState.from_dict(payload["runtime"])
 
 
 def prepare_parts(cache: PartsCache, job_id: str, spec_json: str, workdir: str, torch) -> None:
@@ -276,6 +290,7 @@ def worker_main(conn, scheduler: ProcessIdentity) -> None:
     multiprocessing.current_process()._config["daemon"] = False
     torch, dist, all_cpus = worker_setup()
     cache = PartsCache()
+    gpus = GpuBinding()
     while True:
         try:
             msg = conn.recv()
@@ -290,7 +305,7 @@ def worker_main(conn, scheduler: ProcessIdentity) -> None:
             continue  # a late command for a finished assignment
         a: Assignment = msg[1]
         try:
-            alive = serve_assignment(conn, a, cache, torch, dist, all_cpus, lifeline)
+            alive = serve_assignment(conn, a, cache, torch, dist, all_cpus, lifeline, gpus)
         except BaseException as exc:  # noqa: BLE001 - reported to the controller, then exit
             send(conn, ERROR, error_report(a, exc))
             # The process group may be half-formed and peers blocked in it: do

@@ -37,14 +37,15 @@ def _one_cpu(monkeypatch):
 # ------------------------------------------------------------------ descriptions
 @needs_two_cpus
 def test_local_hetero_is_one_fast_and_one_throttled_node():
-    cluster, quotas = typed_cluster(PRESETS["local-hetero"])
+    cluster, quotas, _ = typed_cluster(PRESETS["local-hetero"])
     assert [(n.id, n.cpus, n.type) for n in cluster.nodes] == [("fast-0", 1, "fast"), ("slow-0", 1, "slow")]
     assert quotas == {"slow": 0.5} and cluster.typed
 
 
 def test_a_description_with_more_cpus_than_this_process_may_use_is_refused(monkeypatch):
     _one_cpu(monkeypatch)
-    with pytest.raises(InvalidProblem, match=r"has 2 CPUs \(fast: 1 x 1, slow: 1 x 1\) but this process may use 1"):
+    refusal = r"has 2 slots \(fast: 1 x 1, slow: 1 x 1\) but this process may use 1 CPUs"
+    with pytest.raises(InvalidProblem, match=refusal):
         typed_cluster(PRESETS["local-hetero"])
 
 
@@ -89,7 +90,7 @@ def test_a_throttled_cluster_without_cgroups_fails_up_front_with_the_reason(monk
 def test_cli_refuses_cluster_with_nodes(capsys):
     assert main(["run", "--workload", "hetero", "--policy", "fixed", "--out", "x", "--cluster", "local-hetero",
                  "--nodes", "2"]) == 2
-    assert "--cluster describes the nodes: give it without --nodes and --cpus" in capsys.readouterr().err
+    assert "--cluster describes the nodes: give it without --nodes, --cpus and --gpus" in capsys.readouterr().err
 
 
 def test_cli_names_an_unknown_cluster(tmp_path, capsys):
@@ -121,7 +122,7 @@ def test_cli_reports_missing_cgroups_before_writing_the_run(tmp_path, capsys, mo
 # ------------------------------------------------------------- real cgroups
 @needs_two_cpus
 def test_node_cgroups_give_throttled_nodes_a_group_and_others_the_root(cgroups):
-    cluster, quotas = typed_cluster(PRESETS["local-hetero"])
+    cluster, quotas, _ = typed_cluster(PRESETS["local-hetero"])
     nodes = RunNodes(cluster, quotas)
     try:
         dirs = nodes.command_kwargs({"fast-0": 1, "slow-0": 1})["cgroups"]

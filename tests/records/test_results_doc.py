@@ -318,3 +318,22 @@ def test_autoscale_section_compares_each_rule_with_its_reference_and_finds_the_c
     assert ra.run_label(held) == "goodput 0.5/0.25, hold 600 s"
     assert ra.run_label({**held, "release_after_s": 120.0}) == "goodput 0.5/0.25"  # the default: the start-up
     assert "fixed 16's average JCT: goodput 0.5/0.25, 24.8 % less node-hours at +7.9 % average JCT" in text
+
+
+def test_the_gpu_section_names_each_device_or_says_no_gpu_measured(tmp_path, rd):
+    results = _copy_required(rd, tmp_path / "results")
+    out = tmp_path / "results.md"
+    assert rd.main(["--results", str(results), "--out", str(out), "--no-readme", "--log-level", "WARNING"]) == 0
+    assert "## Elastic jobs on GPUs\n\nNot measured: no machine with a GPU has run these measurements" in \
+        out.read_text()
+    pd.DataFrame([{"job": "digits-cnn", "device": "NVIDIA H100 80GB HBM3", "rescale_median_s": 1.25,
+                   "mape_pct": 6.5}]).to_csv(results / "runtime_gpu.csv", index=False)
+    pd.DataFrame([{"policy": p, "cluster": "1 x NVIDIA H100 80GB HBM3 + 15 CPU cores", "avg_jct_s": j,
+                   "p99_jct_s": 2 * j, "makespan_s": 3 * j, "restarts": 1, "step_ratio": 4.0}
+                  for p, j in (("fixed", 30.0), ("pollux", 20.0))]).to_csv(results / "real_gpu.csv", index=False)
+    assert rd.main(["--results", str(results), "--out", str(out), "--no-readme", "--log-level", "WARNING"]) == 0
+    doc = out.read_text()
+    assert "Not measured" not in doc and "on NVIDIA H100 80GB HBM3: each built-in job" in doc
+    assert "| digits-cnn | 1.250 | 6.5 % |" in doc
+    gpu = doc[doc.index("## Elastic jobs on GPUs"):]
+    assert _row(gpu, "Pollux")[1:4] == ["1 x NVIDIA H100 80GB HBM3 + 15 CPU cores", "20.0", "40.0"]

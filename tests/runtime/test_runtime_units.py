@@ -564,8 +564,8 @@ def test_profiling_visits_each_configuration_in_turn_leaving_replicas_unpinned(m
         def __init__(self, *args, **kwargs):
             self.rows = {}
 
-        def _run(self, how, k, local_bsz, accum_steps, cpus=None):
-            calls.append((how, k, cpus))
+        def _run(self, how, k, local_bsz, accum_steps, cpus=None, gpus=None):
+            calls.append((how, k, cpus, gpus))
             self.rows[f"1,{k},{local_bsz},{accum_steps}"] = {"count": 99, "step": 99.0, "sync": 0.0, "compute": 99.0}
 
         start = functools.partialmethod(_run, "start")
@@ -584,8 +584,13 @@ def test_profiling_visits_each_configuration_in_turn_leaving_replicas_unpinned(m
 
     monkeypatch.setattr(_profiling, "ElasticJob", FakeJob)
     rows = _profiling.profile_throughput(get_job("digits-cnn"), [(1, 32, 0), (2, 32, 0)], steps=1)
-    assert calls == [("start", 1, None), ("rescale", 2, None)]
+    assert calls == [("start", 1, None, None), ("rescale", 2, None, None)]
     assert list(rows.num_replicas) == [1, 2]
+    calls.clear()  # on GPUs: replica i on the i-th GPU given
+    _profiling.profile_throughput(get_job("digits-cnn"), [(1, 32, 0), (2, 32, 0)], steps=1, gpus=[3, 5])
+    assert calls == [("start", 1, None, [3]), ("rescale", 2, None, [3, 5])]
+    with pytest.raises(InvalidProblem, match=r"gpus must list a GPU for each replica of the largest configuration \(2\)"):
+        _profiling.profile_throughput(get_job("digits-cnn"), [(2, 32, 0)], steps=1, gpus=[0])
 
 
 # ----------------------------------------------------------- divergence rule

@@ -46,7 +46,7 @@ import pollux_opt.backends.local.polling as polling
 from pollux_opt.backends.local.handle import (
     STOP_GRACE_S, JobBookkeeping, JobFactory, JobOpener, elastic_factory, elastic_opener, stop_jobs,
 )
-from pollux_opt.backends.local.nodes import CpuPinning, RunNodes
+from pollux_opt.backends.local.nodes import ReplicaSlots, RunNodes
 from pollux_opt.lifecycle import JobState
 from pollux_opt.model import Cluster
 from pollux_opt.records.events import EventLog, read_events
@@ -117,6 +117,8 @@ class RealBackend:
         should_stop: once true, the backend stops (see the module docstring).
         cpu_quota: ``{node type: fraction}`` of the cluster's throttled types,
             whose nodes get a cgroup CPU quota (:class:`~pollux_opt.backends.local.nodes.RunNodes`).
+        gpu_types: the cluster's node types whose slots are GPUs: each replica
+            there holds one of this machine's GPUs (:class:`~pollux_opt.backends.local.nodes.GpuSlots`).
     """
 
     def __init__(
@@ -138,6 +140,7 @@ class RealBackend:
         report_every_s: float = REPORT_EVERY_S,
         should_stop: Callable[[], bool] = lambda: False,
         cpu_quota: Mapping[str, float] | None = None,
+        gpu_types: Sequence[str] = (),
         history: Sequence[dict] | None = None,
         cancel_grace_s: float = STOP_GRACE_S,
     ) -> None:
@@ -161,7 +164,7 @@ class RealBackend:
         self._factory, self._opener, self.pool = job_factory, job_opener, pool
         self.poll_seconds = 0.0  # wall time spent polling in advance(): scheduler overhead
         self._wake = False
-        self._pinning = CpuPinning(cluster, pin_cpus)
+        self._pinning = ReplicaSlots(cluster, pin_cpus, gpu_types)
         self._node_ids = frozenset(n.id for n in cluster.nodes)
         self.jobs: dict[str, JobBookkeeping] = {}
         self._add_jobs()
@@ -421,12 +424,12 @@ class RealBackend:
 
     def _move(self, job: JobBookkeeping, target: dict[str, int], now: float) -> None:
         """Stop ``job`` (``target`` empty), start it (its first placement) or rescale it, and log it."""
-        old, cpus = job.placement, self._pinning.grow(job.id, target)
+        old, (cpus, gpus) = job.placement, self._pinning.grow(job.id, target)
         try:
             if not target:
                 job.handle.stop()
             else:
-                job.handle.start(target, cpus=cpus, **self.nodes.command_kwargs(target))
+                job.handle.start(target, cpus=cpus, **_gpu_field(gpus), **self.nodes.command_kwargs(target))
         except InvalidProblem as exc:
             # The job finished (or failed) since the views were read; the next poll records it.
             log.warning("job %s: could not apply %s: %s", job.id, target, exc)
@@ -434,10 +437,11 @@ class RealBackend:
             return
         if not job.started:
             job.started = True
-            self._emit("start", now, job.id, placement=target, cpus=cpus)
+            self._emit("start", now, job.id, placement=target, cpus=cpus, **_gpu_field(gpus))
         else:
             job.restarts += 1 if target else 0
-            self._emit("rescale_begin", now, job.id, old_placement=old, placement=target, cpus=cpus)
+            self._emit("rescale_begin", now, job.id, old_placement=old, placement=target, cpus=cpus,
+                       **_gpu_field(gpus))
         job.hold(now, target)
         job.change_t, job.report_t = now, math.nan
 
@@ -457,3 +461,8 @@ class RealBackend:
 
     def finished(self) -> bool:
         return self.source.closed and all(j.submitted and j.finished for j in self.jobs.values())
+
+
+def _gpu_field(gpus: list[int | None] | None) -> dict:
+    """``{"gpus": gpus}`` of a command or event on a placement with a GPU node (else nothing)."""
+    return {} if gpus is None else {"gpus": gpus}

@@ -44,9 +44,10 @@ class JobHandle(Protocol):
 
     def start(self, replicas: Mapping[str, int], num_nodes: int | None = None, *,
               cpus: Sequence[int] | None = None, node_types: Mapping[str, str] | None = None,
-              cgroups: Mapping[str, str] | None = None) -> None:
+              cgroups: Mapping[str, str] | None = None, gpus: Sequence[int | None] | None = None) -> None:
         """Start on a placement, resuming from the newest good checkpoint if there
-        is one, or move a started job there; the job picks its own batch there."""
+        is one, or move a started job there; the job picks its own batch there.
+        ``gpus``: each replica's GPU (None on CPU cores; all None: leave it out)."""
 
     def stop(self) -> None:
         """Checkpoint and release all workers (the job can be started again)."""

@@ -202,8 +202,9 @@ def run_workload(
     from pollux_opt.records.metrics import summarize
 
     quotas: dict[str, float] = {}
+    gpu_types: tuple[str, ...] = ()
     if isinstance(cluster, ClusterTypes):
-        cluster, quotas = typed_cluster(cluster)
+        cluster, quotas, gpu_types = typed_cluster(cluster)
         check_throttle(quotas)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -212,6 +213,7 @@ def run_workload(
             repair_log(run_dir / EVENTS_FILE)
         cfg, resumed = open_run_config(run_dir, workload, policy, cluster=cluster, interval=interval,
                                        pin_cpus=pin_cpus, runtime_options=runtime_options, cpu_quota=quotas,
+                                       gpu_types=gpu_types,
                                        open_queue=service is not None and service.open_queue)
         _run(run_dir, cfg, resumed, signals, progress, backend_kwargs, backend_class, service)
         summary = summarize(read_events(run_dir / EVENTS_FILE))
@@ -249,6 +251,8 @@ def _run(run_dir: Path, cfg: dict, resumed: bool, signals: StopSignals, progress
         extra = dict(backend_kwargs or {})
         if cfg.get("cpu_quota"):
             extra["cpu_quota"] = cfg["cpu_quota"]
+        if cfg.get("gpu_types"):
+            extra["gpu_types"] = tuple(cfg["gpu_types"])
         backend = backend_class(
             run_dir, source, cluster, events, fixed_batch=pol.fixed_batch,
             started_unix=cfg["started_unix"], pin_cpus=cfg["pin_cpus"],

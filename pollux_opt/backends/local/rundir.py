@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from solvers import InvalidProblem
 
@@ -97,6 +97,7 @@ def open_run_config(
     runtime_options: Mapping[str, Any] | None,
     cpu_quota: Mapping[str, float] | None = None,
     open_queue: bool = False,
+    gpu_types: Sequence[str] = (),
 ) -> tuple[dict, bool]:
     """The run's configuration and whether it resumes an earlier run.
 
@@ -105,7 +106,8 @@ def open_run_config(
     ``open_queue``, has no workload: its ``"workload"`` is null) and a new
     ``config.json`` is written from the arguments (``cluster`` None: this
     machine, one node), stamped with the current Unix time as the run's start;
-    ``cpu_quota`` (``{node type: fraction}`` of the throttled types) only where there is one.
+    ``cpu_quota`` (``{node type: fraction}`` of the throttled types) and
+    ``gpu_types`` (the types whose slots are GPUs) only where there is one.
 
     Raises:
         InvalidProblem: a mismatch with the stored run (a service's state for a
@@ -140,12 +142,15 @@ def open_run_config(
         "cluster": cluster_to_json(cluster), "interval_s": float(interval), "pin_cpus": bool(pin_cpus),
         "runtime_options": dict(runtime_options or {}), "started_unix": time.time(),
     }
-    if cpu_quota:
-        unknown = sorted(set(cpu_quota) - set(cluster.types))
+    for name, listed in (("cpu_quota", cpu_quota or {}), ("gpu_types", gpu_types)):
+        unknown = sorted(set(listed) - set(cluster.types))
         if unknown:
-            raise InvalidProblem(f"cpu_quota names node type {unknown[0]!r}, which the cluster lacks "
+            raise InvalidProblem(f"{name} names node type {unknown[0]!r}, which the cluster lacks "
                                  f"(types: {list(cluster.types)})")
+    if cpu_quota:
         cfg["cpu_quota"] = {t: float(q) for t, q in cpu_quota.items()}
+    if gpu_types:
+        cfg["gpu_types"] = list(gpu_types)
     atomic_write_json(run_dir / CONFIG_FILE, cfg)
     return cfg, False
 

@@ -62,11 +62,13 @@ class ReplicaActor:
     def __init__(self) -> None:
         import ray
 
+        from pollux_opt.runtime.device import GpuBinding
         from pollux_opt.runtime.worker import PartsCache, worker_setup
 
         # torch imported here, once: two methods importing it at the same time abort the process.
         self._torch, self._dist, self._all_cpus = worker_setup(interface_of(ray.util.get_node_ip_address()))
         self._cache = PartsCache()
+        self._gpus = GpuBinding()  # Ray shows an actor holding a GPU only that one
         self._busy = threading.Lock()  # one assignment at a time (they share the cache)
         self._lock = threading.Lock()  # guards the links
         self._links: dict[tuple[str, int], Link] = {}  # by (job id, generation)
@@ -77,6 +79,10 @@ class ReplicaActor:
         import ray
 
         return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def visible_gpus(self) -> str | None:
+        """The GPUs Ray shows this actor (``CUDA_VISIBLE_DEVICES``; None: Ray set none)."""
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
 
     def lifetime(self) -> None:
         """Return only when the actor dies (its caller then sees the error)."""
@@ -98,7 +104,7 @@ class ReplicaActor:
 
         try:
             with self._busy:
-                serve_assignment(link, a, self._cache, self._torch, self._dist, self._all_cpus)
+                serve_assignment(link, a, self._cache, self._torch, self._dist, self._all_cpus, gpus=self._gpus)
         except BaseException as exc:  # noqa: BLE001 - reported; the supervisor then ends this actor
             send(link, ERROR, error_report(a, exc))
         finally:

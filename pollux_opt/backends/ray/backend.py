@@ -41,7 +41,7 @@ from solvers import InvalidProblem
 
 from pollux_opt.backends.local.backend import JOBS_DIR, RealBackend
 from pollux_opt.backends.local.handle import JobBookkeeping
-from pollux_opt.backends.local.nodes import CpuPinning
+from pollux_opt.backends.local.nodes import ReplicaSlots
 from pollux_opt.backends.local.rundir import cluster_to_json
 from pollux_opt.backends.local.run import DEFAULT_INTERVAL_S, run_workload
 from pollux_opt.backends.ray.nodes import RayNodes, first_nodes
@@ -98,6 +98,9 @@ class RayBackend(RealBackend):
         self._workdirs = shared_workdir_root(run_dir, checkpoint_dir)
         #: Autoscaling: the rule (None: Ray's nodes as they are), the CPUs of a
         #: node Ray's autoscaler adds, the nodes requested, and those being given back.
+        if autoscale is not None and nodes.gpu_types:
+            raise InvalidProblem("autoscale: Ray's autoscaler is asked for CPU nodes only, and this Ray cluster "
+                                 "has nodes with GPUs; run it without autoscale")
         self._node_cpus = int(node_cpus or max(n.cpus for n in cluster.nodes))
         self.autoscaler = None if autoscale is None else Autoscaler(
             Cluster.uniform(autoscale.max_nodes or len(cluster.nodes), self._node_cpus), autoscale)
@@ -182,7 +185,7 @@ class RayBackend(RealBackend):
         extra = len(ids) - self._wanted
         for nid in sorted(self._retired, key=lambda n: -held.get(n, 0))[:max(len(self._retired) - extra, 0)]:
             self._retired.discard(nid)  # its slots: those its jobs hold, and new idle ones for the rest
-            self.pool.add_node(nid, self._nodes.get(nid).cpus - held.get(nid, 0))
+            self.pool.add_node(nid, self._nodes.get(nid).slots - held.get(nid, 0))
         keep = sorted((n for n in ids if n not in self._retired), key=lambda n: (held.get(n, 0), n))
         for nid in keep[:max(extra - len(self._retired), 0)]:
             self._retired.add(nid)
@@ -204,7 +207,7 @@ class RayBackend(RealBackend):
         log.info("Ray nodes changed: joined %s, left %s", joined, left)
         if cluster is not None:
             self.cluster = cluster
-            self._pinning = CpuPinning(cluster, False)
+            self._pinning = ReplicaSlots(cluster, False, self._nodes.gpu_types, own_gpu_only=True)
             for node in cluster.nodes:
                 if node.id in joined:
                     self.pool.add_node(node.id, node.cpus)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from solvers import InvalidProblem
 
+from pollux_opt.backends.local.nodes import CPU_TYPE_NAME, GPU_TYPE_NAME
 from pollux_opt.model import Cluster, Node
 
 __all__ = ["NODE_ID_CHARS", "NODE_WAIT_S", "NodeInfo", "RayNodes", "first_nodes"]
@@ -25,11 +26,18 @@ NODE_WAIT_S = 600.0
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """One alive Ray node with CPUs: scheduler id, Ray's node id (hex), CPUs."""
+    """One alive Ray node with CPUs: scheduler id, Ray's node id (hex), CPUs and GPUs."""
 
     id: str
     ray_id: str
     cpus: int
+    gpus: int = 0
+
+    @property
+    def slots(self) -> int:
+        """Its replica slots: one per GPU where it has GPUs (each replica's actor
+        holds a CPU too), else one per CPU."""
+        return min(self.gpus, self.cpus) if self.gpus else self.cpus
 
 
 class RayNodes:
@@ -48,15 +56,28 @@ class RayNodes:
         """Re-read Ray's nodes; the new cluster (None where there is no node with CPUs)."""
         infos = []
         for n in self.ray.nodes():
-            cpus = int(n.get("Resources", {}).get("CPU", 0))
+            resources = n.get("Resources", {})
+            cpus, gpus = int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
             if n.get("Alive") and cpus > 0:
-                infos.append(NodeInfo(f"ray-{n['NodeID'][-NODE_ID_CHARS:]}", n["NodeID"], cpus))
+                infos.append(NodeInfo(f"ray-{n['NodeID'][-NODE_ID_CHARS:]}", n["NodeID"], cpus, gpus))
         self._nodes = {i.id: i for i in sorted(infos, key=lambda i: i.id)}
         return self.cluster()
 
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        """The node types whose slots are GPUs: ``("gpu",)`` where a node has GPUs."""
+        return (GPU_TYPE_NAME,) if any(i.gpus for i in self._nodes.values()) else ()
+
     def cluster(self) -> Cluster | None:
+        """The nodes as the scheduler's cluster (None: no node with CPUs): nodes with
+        GPUs of type ``gpu`` (a slot per GPU), the others of type ``cpu`` (a slot
+        per CPU); untyped where no node has a GPU."""
         nodes = list(self._nodes.values())
-        return Cluster(tuple(Node(i.id, i.cpus) for i in nodes)) if nodes else None
+        if not nodes:
+            return None
+        if not self.gpu_types:
+            return Cluster(tuple(Node(i.id, i.cpus) for i in nodes))
+        return Cluster(tuple(Node(i.id, i.slots, GPU_TYPE_NAME if i.gpus else CPU_TYPE_NAME) for i in nodes))
 
     def get(self, node_id: str) -> NodeInfo | None:
         """The alive node ``node_id`` as last read (None: unknown or gone)."""

@@ -4,7 +4,7 @@ each a :class:`~pollux_opt.runtime.pool.Worker` of its job's supervisor (:class:
 The pool has the local pool's interface, so that a Ray job is the runtime's own
 :class:`~pollux_opt.runtime.job.ElasticJob` with Ray doing placement, process
 start, messages and failure detection (docs/ray.md, "How jobs run on Ray").
-Each CPU of each node is one slot: a long-lived
+Each CPU of each node is one slot (each GPU, on a node with GPUs): a long-lived
 :class:`~pollux_opt.backends.ray.actors.ReplicaActor` pinned to its node,
 started as the node is seen (:meth:`RayWorkerPool.add_node`) and kept warm.  A
 job's next generation keeps its live replicas on the nodes its placement still
@@ -211,19 +211,20 @@ class RayWorkerPool(WorkerPool):
         info = self._nodes.get(node)
         if info is None or self._closed or node in self._retired:
             return
-        actor = self._new_actor(1, info.ray_id, soft=False)
+        actor = self._new_actor(1, info.ray_id, soft=False, gpus=1 if info.gpus else 0)
         with self._cond:
             slot = RayWorker(self._ray, actor, node, self._timeout)
             self._idle.setdefault(node, []).append(slot)
             self._cond.notify_all()
 
-    def _new_actor(self, cpus: int, ray_node: str, soft: bool):
-        """A new replica actor holding ``cpus`` Ray CPUs on the Ray node ``ray_node``
+    def _new_actor(self, cpus: int, ray_node: str, soft: bool, gpus: int = 0):
+        """A new replica actor holding ``cpus`` Ray CPUs and ``gpus`` GPUs (Ray then
+        shows it only those: ``CUDA_VISIBLE_DEVICES``) on the Ray node ``ray_node``
         (``soft``: elsewhere where that node cannot take it)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         return self._actor_class.options(
-            num_cpus=cpus, max_concurrency=ACTOR_SLOTS,
+            num_cpus=cpus, num_gpus=gpus, max_concurrency=ACTOR_SLOTS,
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=soft),
         ).remote()
 

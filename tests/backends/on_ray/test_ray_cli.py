@@ -19,8 +19,8 @@ RUN = ["run", "--workload", "mixed", "--quick", "--policy", "pollux"]
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--backend", "ray", "--nodes", "2"], "--nodes, --cpus and --cluster do not apply with --backend ray"),
-    (["--backend", "ray", "--cluster", "local-hetero"], "--nodes, --cpus and --cluster do not apply with --backend ray"),
+    (["--backend", "ray", "--nodes", "2"], "--nodes, --cpus, --gpus and --cluster do not apply with --backend ray"),
+    (["--backend", "ray", "--cluster", "local-hetero"], "--nodes, --cpus, --gpus and --cluster do not apply with --backend ray"),
     (["--ray-address", "10.0.0.1:6379"], "--ray-address, --checkpoint-dir and --autoscale need --backend ray"),
     (["--checkpoint-dir", "/tmp/x"], "--ray-address, --checkpoint-dir and --autoscale need --backend ray"),
     (["--autoscale", "1:4"], "--ray-address, --checkpoint-dir and --autoscale need --backend ray"),

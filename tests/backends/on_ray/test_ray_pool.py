@@ -77,3 +77,30 @@ def test_slots_are_called_by_method_and_an_erring_or_killed_slot_is_a_lost_worke
         pool.close()
     wa.join(WAIT_S)
     assert not wa.alive()
+
+
+def test_a_node_with_gpus_offers_a_slot_per_gpu_each_holding_one(two_nodes):
+    """Ray's test cluster declares GPUs that do not exist: placement and bookkeeping need no CUDA."""
+    from pollux_opt.backends.ray.nodes import RayNodes
+    from pollux_opt.backends.ray.pool import RayWorkerPool
+
+    cluster, ray = two_nodes
+    cluster.add_node(num_cpus=3, num_gpus=2)
+    cluster.wait_for_nodes()
+    nodes = RayNodes(ray)
+    (gpu_node,) = [n for n in nodes.cluster().nodes if n.type == "gpu"]
+    cpu_node = next(n for n in nodes.cluster().nodes if n.type == "cpu")
+    assert gpu_node.cpus == 2 and nodes.get(gpu_node.id).gpus == 2  # two slots: one per GPU
+    pool, workers = RayWorkerPool(nodes), []
+    try:
+        pool.add_node(gpu_node.id, gpu_node.cpus)
+        pool.add_node(cpu_node.id, 1)
+        workers = pool.regroup([], SimpleNamespace(placement={gpu_node.id: 2, cpu_node.id: 1}), job_key="g")
+        seen = [ray.get(w.actor.visible_gpus.remote(), timeout=WAIT_S) for w in workers]
+        assert sorted(seen[:2]) == ["0", "1"] and seen[2] in (None, "")  # one GPU each; none on a CPU node
+        assert all(ray.get(w.actor.identity.remote())[1] == nodes.get(n).ray_id
+                   for w, n in zip(workers, [gpu_node.id, gpu_node.id, cpu_node.id]))
+    finally:
+        for w in workers:
+            w.end()  # held by the job: a job's workers are ended by the job
+        pool.close()

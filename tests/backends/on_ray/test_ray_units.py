@@ -28,8 +28,9 @@ class FakeRay:
         return [dict(n) for n in self.node_list]
 
 
-def _node(hex_id: str, cpus: float, alive: bool = True, ip: str = "10.0.0.1") -> dict:
-    return {"NodeID": hex_id * 4, "Alive": alive, "NodeManagerAddress": ip, "Resources": {"CPU": cpus}}
+def _node(hex_id: str, cpus: float, alive: bool = True, ip: str = "10.0.0.1", gpus: float = 0) -> dict:
+    resources = {"CPU": cpus} | ({"GPU": gpus} if gpus else {})
+    return {"NodeID": hex_id * 4, "Alive": alive, "NodeManagerAddress": ip, "Resources": resources}
 
 
 class FakePool:
@@ -64,6 +65,29 @@ def test_the_cluster_is_rays_alive_nodes_with_cpus():
     assert not nodes.alive("ray-dddddddddddd") and nodes.get("ray-cccccccccccc") is None
     ray.node_list = [_node("bbbb", 0)]
     assert nodes.refresh() is None
+
+
+def test_nodes_with_gpus_are_a_node_type_whose_slots_are_their_gpus(tmp_path, fake_jobs):
+    """A node Ray reports GPUs for offers a slot per GPU (an actor holding one,
+    which sees it as its GPU 0); the others a slot per CPU."""
+    ray = FakeRay([_node("aaaa", 8, gpus=2), _node("bbbb", 2), _node("cccc", 1, gpus=4)])
+    nodes = RayNodes(ray)
+    assert [(n.id, n.cpus, n.type) for n in nodes.cluster().nodes] == [
+        ("ray-aaaaaaaaaaaa", 2, "gpu"), ("ray-bbbbbbbbbbbb", 2, "cpu"), ("ray-cccccccccccc", 1, "gpu")]
+    assert nodes.gpu_types == ("gpu",)
+    clock = fake_jobs.clock()
+    workload = Workload("two", (WorkloadJob("a", "digits-cnn", 0.0, 2, 32), WorkloadJob("b", "digits-cnn", 0.0, 2, 32)))
+    backend, events = _backend(tmp_path, ray, clock, fake_jobs, workload)
+    assert backend.pool.slots == {"ray-aaaaaaaaaaaa": 2, "ray-bbbbbbbbbbbb": 2, "ray-cccccccccccc": 1}
+    assert len(backend.views()) == 2
+    backend.apply(Decision({"a": {"ray-aaaaaaaaaaaa": 2}, "b": {"ray-bbbbbbbbbbbb": 1, "ray-cccccccccccc": 1}},
+                           float("nan"), 0.0, DecisionStatus.FIFO))
+    backend.close()
+    events.close()
+    starts = {e["job_id"]: e for e in read_events(tmp_path / "events.jsonl") if e["type"] == "start"}
+    assert starts["a"]["gpus"] == [0, 0] and starts["b"]["gpus"] == [None, 0]
+    untyped = RayNodes(FakeRay([_node("aaaa", 2)]))
+    assert untyped.gpu_types == () and untyped.cluster().nodes[0].type != "gpu"
 
 
 def _backend(tmp_path, ray, clock, fake_jobs, workload):
@@ -193,7 +217,7 @@ def test_a_replicas_commands_reach_the_assignment_of_their_job_and_generation_on
     from pollux_opt.backends.ray import actors
     from pollux_opt.runtime import worker
 
-    def echo_commands(link, *args) -> None:  # an assignment reporting the commands it reads
+    def echo_commands(link, *args, **kwargs) -> None:  # an assignment reporting the commands it reads
         while link.poll():
             link.send(link.recv())
 
