@@ -40,6 +40,14 @@ Four things of a script are wrapped; the loop stays the script's::
 * ``model.backward(loss)`` is ``loss.backward()`` that also reports the
   loss (for ``steps.csv`` and the divergence rule of
   :mod:`pollux_opt.runtime.divergence`); ``loss.backward()`` works too.
+* Mixed precision: give the ``torch.amp.GradScaler`` as ``scaler=``.  Then
+  ``model.backward(loss)`` scales the loss itself (pass it unscaled), and the
+  usual ``scaler.scale(loss).backward(); scaler.step(optimizer);
+  scaler.update()`` works too: in a job the runtime unscales the *reduced*
+  gradient once per step, skips a step whose gradient overflowed on every
+  replica alike and updates the scale then, so ``scaler.step`` is the
+  wrapped ``optimizer.step()`` and ``scaler.update()`` does nothing.  Clip
+  with ``max_grad_norm=`` rather than ``scaler.unscale_`` and your own clip.
 
 Run on its own (``python script.py``), nothing changes: the loader is a
 ``DataLoader``, the wrapper calls the model, the epochs are ``range(epochs)``.
@@ -100,7 +108,8 @@ class ElasticDataParallel:
         evaluate: ``model -> float``, the validation metric (deterministic);
             required when the job completes at a metric target.
         scheduler: the script's LR scheduler (checkpointed).
-        scaler: a gradient scaler or anything with ``state_dict`` (checkpointed).
+        scaler: a gradient scaler (``torch.amp.GradScaler``: see the module
+            docstring) or anything with ``state_dict`` (checkpointed).
         extra: more state to checkpoint, by name: dicts (restored in place) or
             objects with ``state_dict()`` and ``load_state_dict()``.
         max_grad_norm: optional clip of the averaged gradient's norm.
@@ -108,7 +117,8 @@ class ElasticDataParallel:
 
     def __init__(self, model, optimizer, *, evaluate: Callable[[Any], float] | None = None, scheduler=None,
                  scaler=None, extra: Mapping[str, Any] | None = None, max_grad_norm: float | None = None) -> None:
-        self.__dict__.update(module=model, optimizer=optimizer, _loss=None, _loop=current_loop())
+        amp = scaler if callable(getattr(scaler, "unscale_", None)) else None
+        self.__dict__.update(module=model, optimizer=optimizer, _loss=None, _loop=current_loop(), _amp=amp)
         user_loop = self._loop
         if user_loop is None:
             return
@@ -137,6 +147,8 @@ class ElasticDataParallel:
                 return real(*args, **kwargs)
 
             scheduler.step = scheduler_step
+        if amp is not None:
+            _take_over_scaler(amp, optimizer)
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -145,9 +157,27 @@ class ElasticDataParallel:
         return getattr(self.__dict__["module"], name)
 
     def backward(self, loss) -> None:
-        """``loss.backward()``, reporting the (mean) loss of the micro-batch."""
+        """``loss.backward()``, reporting the (mean) loss of the micro-batch; with a
+        gradient scaler, of the loss it scales."""
         self.__dict__["_loss"] = loss.detach()
-        loss.backward()
+        amp = self.__dict__["_amp"]
+        (loss if amp is None else amp.scale(loss)).backward()
+
+
+def _take_over_scaler(scaler, optimizer) -> None:
+    """A job's runtime unscales, skips and updates once per step (the trainer
+    kept the scaler's own methods): the script's per-batch calls are taken over."""
+
+    def step(opt, *args, **kwargs):
+        if opt is not optimizer:
+            raise ValueError("scaler.step() must be given the optimizer of the ElasticDataParallel")
+        return opt.step()
+
+    def unscale_(opt):
+        raise RuntimeError("in a pollux-opt job the runtime unscales the reduced gradient once per step: clip with "
+                           "ElasticDataParallel(max_grad_norm=...) instead of scaler.unscale_()")
+
+    scaler.step, scaler.update, scaler.unscale_ = step, lambda new_scale=None: None, unscale_
 
 
 def _zero_grad(optimizer):

@@ -86,6 +86,12 @@ class Trainer:
         self.buffers = list(parts.model.buffers())
         self.buffers_before_step: list | None = None  # copies while a step is under way
         self.numel = sum(p.numel() for p in self.params)
+        #: A gradient scaler of mixed precision (torch.amp.GradScaler), whose
+        #: ``unscale_`` and ``update`` the trainer calls once per step (a
+        #: user's loop's calls are taken over by the wrapper: see :mod:`pollux_opt.elastic`).
+        self.scaler = parts.scaler if callable(getattr(parts.scaler, "unscale_", None)) else None
+        if self.scaler is not None:
+            self._unscale, self._scaler_update = self.scaler.unscale_, self.scaler.update
         self.device = torch.device("cpu") if device is None else device
         #: Where the collectives' buffers live (NCCL reduces device memory, gloo host memory).
         self.comm_device = self.device if a.backend == "nccl" else torch.device("cpu")
@@ -165,6 +171,8 @@ class Trainer:
         if self.buffers:
             self.buffers_before_step = [b.detach().clone() for b in self.buffers]
         self.vec.zero_()
+        # A scaler's gradients are its loss scale times the true ones (the same scale on every rank).
+        self._inv_scale = 1.0 if self.scaler is None else 1.0 / self.scaler.get_scale()
         self._micro = self._losses = 0
         self._sqr_sum = self._loss_sum = 0.0
         self._t_micro = time.perf_counter()
@@ -178,7 +186,8 @@ class Trainer:
         acc = self.vec[: self.numel]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        self._sqr_sum += float(flat.dot(flat))
+        true = flat if self._inv_scale == 1.0 else flat * self._inv_scale  # squared, a scaled one may overflow
+        self._sqr_sum += float(true.dot(true))
         acc.add_(flat.to(acc.device))
         if loss is not None:
             self._loss_sum += float(loss.detach())
@@ -210,21 +219,23 @@ class Trainer:
 
         n = self.world * micro
         batch = n * m
+        self._set_grads(acc)
         mean_sqr = float(acc.dot(acc))
+        applied = math.isfinite(mean_sqr)  # False: a scaler's overflow, the step is skipped on every rank
         scale = batch / self.m0
         est_sqr = est_var = math.nan
-        if n >= 2 and full:
+        if n >= 2 and full and applied:
             est_sqr, est_var = micro_batch_estimates(float(vec[self.numel]), mean_sqr, n, m, self.m0)
             state.ema.update(est_sqr, est_var, scale)
         gain = adascale_gain(state.ema.estimate(), scale)
         factor = lr_factor(self.spec.lr_scaling, gain, scale)
-        self._update(acc, factor)
+        self._update(factor, applied)
         self.buffers_before_step = None
 
         state.step += 1
         if self.a.mixed and state.step % MIXED_SYNC_STEPS == 0:
             self.sync_parameters()
-        state.progress += gain
+        state.progress += gain if applied else 0.0
         state.samples += batch
         step_time = time.perf_counter() - self._t_start
         state.train_seconds += step_time
@@ -233,8 +244,11 @@ class Trainer:
             loss_mean = float(vec[self.numel + 1]) / n if self._losses else math.nan
             if self._losses and not math.isfinite(loss_mean):
                 raise FloatingPointError(f"training loss is {loss_mean} at step {state.step}")
-            if not math.isfinite(mean_sqr):
+            if not applied and self.scaler is None:
                 raise FloatingPointError(f"gradient's squared norm is {mean_sqr} at step {state.step}")
+            if not applied:
+                logger.info("step %d skipped: a non-finite gradient at loss scale %g", state.step,
+                            1.0 / self._inv_scale)
             if self.since_change > self.a.options.warmup_steps and full:
                 key = ConfigKey(self.a.num_nodes, self.world, m, s)
                 record_step(state.profile, key, step_time, t_sync, t_compute)
@@ -254,30 +268,42 @@ class Trainer:
         for j in range(s + 1):
             idx = self.sampler.take(state.samples + (self.rank * (s + 1) + j) * m, m)
             loss = parts.loss(parts.model, to_device(parts.get_batch(idx), self.device))
-            loss.backward()
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
             self.add_micro(loss)
         self.finish_step()
 
-    def _update(self, acc, factor: float) -> None:
-        """Apply the reduced mean gradient ``acc`` with the learning rates scaled by ``factor``."""
-        torch, parts = self.torch, self.parts
+    def _set_grads(self, acc) -> None:
+        """The parameters' gradients: the reduced mean gradient ``acc``, unscaled
+        in place by a scaler (once per step: the library records its overflow check)."""
         offset = 0
         for p in self.params:
             k = p.numel()
             # A view of the reduced buffer: the optimizer only reads it, and the
-            # buffer is not reused before the grads are dropped below.
+            # buffer is not reused before the grads are dropped in _update.
             p.grad = acc[offset : offset + k].view_as(p).to(p.device)
             offset += k
-        if parts.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.params, parts.max_grad_norm)
-        groups = parts.optimizer.param_groups
-        bases = self.base_lrs if self.base_lrs is not None else [float(g["lr"]) for g in groups]
-        for group, base in zip(groups, bases):
-            group["lr"] = base * factor
-        self.optimizer_step()
-        if self.base_lrs is None:
+        if self.scaler is not None:
+            self._unscale(self.parts.optimizer)
+            if self.comm_device != self.device:  # the grads are copies of the host buffer: unscale it too
+                acc.mul_(self._inv_scale)
+
+    def _update(self, factor: float, finite: bool = True) -> None:
+        """Apply the gradients with the learning rates scaled by ``factor``, only if
+        ``finite``; update a scaler (which lowers its scale after an overflow)."""
+        torch, parts = self.torch, self.parts
+        if finite:
+            if parts.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(self.params, parts.max_grad_norm)
+            groups = parts.optimizer.param_groups
+            bases = self.base_lrs if self.base_lrs is not None else [float(g["lr"]) for g in groups]
             for group, base in zip(groups, bases):
-                group["lr"] = base  # the schedule's rate stays the schedule's
+                group["lr"] = base * factor
+            self.optimizer_step()
+            if self.base_lrs is None:
+                for group, base in zip(groups, bases):
+                    group["lr"] = base  # the schedule's rate stays the schedule's
+        if self.scaler is not None:
+            self._scaler_update()
         for p in self.params:
             p.grad = None
 

@@ -100,3 +100,20 @@ def test_a_builtin_job_reaches_its_target_on_a_gpu_and_is_verified(tmp_path, poo
     assert report.state is JobState.SUCCEEDED, report.error
     assert report.final_metric is not None and report.final_metric >= spec.target
     assert [e.kind for e in report.events][-2:] == ["target_reached", "verified"]
+
+
+@needs_a_gpu
+def test_mixed_precision_on_a_gpu_skips_overflowing_steps_and_completes(tmp_path, pool):
+    from pathlib import Path
+
+    from pollux_opt.runtime.entry import entry_spec
+
+    loops = Path(__file__).parent / "user_loops"
+    spec = entry_spec("loop_jobs.py:main", loops, name="amp-gpu", where="test", fields={
+        "init_batch_size": 16, "max_batch_size": 128, "epochs": 2, "lr_scaling": "linear", "eval_every": 1e9,
+        "metric": "mse", "higher_is_better": False,
+        "config": {"samples": 256, "amp": {"init_scale": 2.0 ** 24}}})
+    with ElasticJob(spec, tmp_path / "job", pool=pool, options=RuntimeOptions(fixed_batch_size=16)) as job:
+        job.start(1, gpus=[0])
+        report = job.wait(timeout=WAIT_S)
+    assert report.state is JobState.SUCCEEDED, report.error

@@ -292,3 +292,41 @@ def test_the_example_scripts_run_to_verified_completion_from_the_cli(tmp_path, p
         record = json.loads((out / "jobs" / job / "verification.json").read_text())
         assert record["reached"]
     assert json.loads((out / "jobs" / "charlm" / "verification.json").read_text())["epochs"] == 1
+
+
+# ------------------------------------------------------------ mixed precision
+def _scaler_state(messages) -> dict:
+    final = Path(_last(messages, "checkpoint")["meta_path"]).with_suffix(".pt")
+    return torch.load(final, weights_only=False)["scaler"]
+
+
+def test_an_overflowing_loss_scale_skips_steps_backs_off_and_then_trains(tmp_path):
+    """A scale of 2**127 overflows the first steps' gradients: each such step is
+    skipped (no progress, no update), the scale halves, and training goes on."""
+    spec = _spec(epochs=2, config={"samples": 256, "amp": {"init_scale": 2.0 ** 127}})
+    messages = _serve(tmp_path / "job", spec, local_bsz=8, accum_steps=1)
+    assert _last(messages, "paused")["reason"] == "target"
+    rows = _rows(messages)
+    progress = [row[14] for row in rows]
+    skipped = sum(1 for before, after in zip([0.0, *progress], progress) if after == before)
+    assert 1 <= skipped < len(rows) // 2 and progress[-1] > 0
+    scale = _scaler_state(messages)["scale"]
+    assert scale == 2.0 ** (127 - skipped)  # halved once per skipped step, never grown (interval 2000)
+    assert all(math.isfinite(row[9]) and row[9] < 1e3 for row in rows[skipped:])  # the unscaled loss reported
+
+
+def test_the_usual_scaler_calls_update_the_scale_once_per_step_not_per_micro_batch(tmp_path):
+    spec = _spec(epochs=2, config={"samples": 256, "amp": {"init_scale": 2.0 ** 8, "growth_interval": 4,
+                                                           "usual": True}})
+    messages = _serve(tmp_path / "job", spec, local_bsz=8, accum_steps=1)  # two micro-batches a step
+    steps = len(_rows(messages))
+    assert _last(messages, "paused")["reason"] == "target" and steps == 2 * 256 // 16
+    assert _scaler_state(messages)["scale"] == 2.0 ** (8 + steps // 4)  # grown after every 4 finite steps
+
+
+def test_two_replicas_skip_the_same_overflowing_steps(tmp_path, pool):
+    spec = _spec(epochs=2, config={"samples": 256, "amp": {"init_scale": 2.0 ** 127}})
+    with ElasticJob(spec, tmp_path / "job", pool=pool, options=RuntimeOptions(fixed_batch_size=16)) as job:
+        job.start(2)
+        report = job.wait(timeout=WAIT_S)
+    assert report.state is JobState.SUCCEEDED, report.error  # the ranks' parameters agreed at every pause

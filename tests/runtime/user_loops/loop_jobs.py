@@ -9,7 +9,11 @@ worker processes import this file by its path.  The job's ``config``
 * ``schedule``: ``"batch"`` (a LambdaLR stepped per batch) or ``"epoch"``;
 * ``raise_at_batch``: print a line, then raise ValueError at that batch; ``diverge_at_batch``:
   from that batch on report a loss 1e9 higher (the gradient is unchanged);
-* ``num_workers``: DataLoader worker processes; ``delay_s``: sleep per batch.
+* ``num_workers``: DataLoader worker processes; ``delay_s``: sleep per batch;
+* ``amp``: mixed precision (bfloat16 autocast on the CPU, float16 on a GPU) with a GradScaler of
+  ``init_scale`` and ``growth_interval``; ``usual``: the script calls
+  ``scaler.scale(loss).backward()``, ``scaler.step`` and ``scaler.update``
+  itself, else ``model.backward(loss)`` and ``optimizer.step()``.
 """
 
 import os
@@ -59,9 +63,13 @@ def main() -> None:
     optimizer = RecordingSGD(model.parameters(), lr=0.05)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule) if cfg.get("schedule") else None
     counts = {"batches": 0, "epochs": 0}
+    amp, device = cfg.get("amp"), elastic.device()
+    scaler = None if amp is None else torch.amp.GradScaler(
+        device.type, init_scale=amp["init_scale"], growth_interval=amp.get("growth_interval", 2000))
+    held_out = (data.x[:128].to(device), data.y[:128].to(device))
     model = elastic.ElasticDataParallel(
-        model, optimizer, scheduler=scheduler, extra={"counts": counts},
-        evaluate=lambda m: float(torch.nn.functional.mse_loss(m(data.x[:128]).squeeze(1), data.y[:128])),
+        model, optimizer, scheduler=scheduler, extra={"counts": counts}, scaler=scaler,
+        evaluate=lambda m: float(torch.nn.functional.mse_loss(m(held_out[0]).squeeze(1), held_out[1])),
     )
     trace = None
     if cfg.get("trace_dir"):
@@ -77,11 +85,19 @@ def main() -> None:
             if cfg.get("delay_s"):
                 time.sleep(cfg["delay_s"])
             optimizer.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+            half = torch.bfloat16 if device.type == "cpu" else torch.float16
+            with torch.autocast(device.type, dtype=half, enabled=amp is not None):
+                out = model(x).squeeze(1)
+            loss = torch.nn.functional.mse_loss(out.float(), y)
             if cfg.get("diverge_at_batch") is not None and counts["batches"] >= cfg["diverge_at_batch"]:
                 loss = loss + DIVERGENCE_OFFSET
-            model.backward(loss)
-            optimizer.step()
+            if amp is not None and amp.get("usual"):
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                model.backward(loss)
+                optimizer.step()
             if cfg.get("schedule") == "batch":
                 scheduler.step()
             counts["batches"] += 1
