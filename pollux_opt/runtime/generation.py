@@ -76,6 +76,8 @@ class Generation:
         store = pool.rendezvous(gen.workers, workdir, gen.number) if alloc.num_replicas > 1 else None
         rank_nodes, rank_gpus = alloc.rank_nodes(), alloc.rank_gpus()
         backend = collective_backend(rank_gpus)
+        gpu_types = {(alloc.node_types or {}).get(n) for n, g in zip(rank_nodes, rank_gpus) if g is not None}
+        mixed = len({g is None for g in rank_gpus}) > 1 or len(gpu_types) > 1
         for rank, w in enumerate(gen.workers):
             w.job_key = job_id
             a = Assignment(
@@ -85,7 +87,7 @@ class Generation:
                 local_bsz=config.local_bsz, accum_steps=config.accum_steps,
                 cpu=None if alloc.cpus is None else alloc.cpus[rank], node_type=alloc.node_type,
                 cgroup=None if alloc.cgroups is None else alloc.cgroups[rank_nodes[rank]],
-                gpu=rank_gpus[rank], backend=backend, mixed=len({g is None for g in rank_gpus}) > 1,
+                gpu=rank_gpus[rank], backend=backend, mixed=mixed,
                 job_id=job_id, spec_json=spec_json, workdir=workdir, options=options, params=params,
             )
             w.send(RUN, a)  # a worker gone is noticed as a lost worker

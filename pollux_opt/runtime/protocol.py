@@ -74,8 +74,9 @@ class Assignment:
     gpu: int | None = None
     #: The process group's backend: "nccl" where every replica has a GPU, else "gloo".
     backend: str = "gloo"
-    #: The job's replicas are on GPUs and CPU cores at once (their parameters are
-    #: re-synchronised now and then: the devices round differently).
+    #: The job's replicas are on GPUs and CPU cores at once, or on GPUs of several
+    #: node types (their parameters are re-synchronised now and then: the devices
+    #: may round differently).
     mixed: bool = False
 
 

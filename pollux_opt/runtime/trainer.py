@@ -50,10 +50,11 @@ __all__ = ["MIXED_SYNC_STEPS", "Trainer"]
 logger = logging.getLogger("pollux_opt.runtime.worker")
 
 #: Steps between re-synchronisations of the parameters of a job over GPUs and
-#: CPU cores at once: every rank applies the same reduced gradient, but a GPU
-#: and a CPU round the update differently (fused multiply-adds), so their
-#: parameters drift apart by rounding errors; rank 0's are broadcast every so
-#: many steps and when the job pauses (whose report compares the ranks' checksums).
+#: CPU cores at once (or GPUs of several types): every rank applies the same
+#: reduced gradient, but a GPU and a CPU round the update differently (fused
+#: multiply-adds), so their parameters drift apart by rounding errors; rank 0's
+#: are broadcast every so many steps and when the job pauses (whose report
+#: compares the ranks' checksums).
 MIXED_SYNC_STEPS = 50
 
 

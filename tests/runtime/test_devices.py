@@ -184,3 +184,32 @@ def test_the_gpu_measurements_rescale_across_gpus_or_between_a_gpu_and_a_core(ex
     spec = SimpleNamespace(init_batch_size=32, max_local_bsz=256, min_local_bsz=1)
     configs, train = rm.profile_configs(spec, (1,))
     assert {k for k, _, _ in configs} == {1} and not all(train) and any(train)
+
+
+def _assignments(tmp_path, alloc):
+    """The assignments a generation on ``alloc`` sends its workers."""
+    from pollux_opt.model import BatchConfig
+    from pollux_opt.runtime.generation import Generation
+    from pollux_opt.runtime.report import RuntimeOptions
+
+    sent = []
+    pool = SimpleNamespace(
+        regroup=lambda workers, alloc, job_key=None: [SimpleNamespace(job_key=None, send=lambda *m: sent.append(m[1]))
+                                                      for _ in range(alloc.num_replicas)],
+        rendezvous=lambda workers, workdir, generation: str(tmp_path / "store"))
+    previous = SimpleNamespace(number=0, workers=[], paused={})
+    Generation.launch(pool, previous, alloc, BatchConfig(8, 0), "start", 0.0, None, job_id="j", spec_json="{}",
+                      workdir=str(tmp_path), options=RuntimeOptions(), params=None)
+    return sent
+
+
+def test_a_job_over_gpus_and_cores_or_two_gpu_types_reduces_with_gloo_or_resynchronises(tmp_path):
+    def run(placement, gpus, types=None):
+        sent = _assignments(tmp_path, WorkerAllocation(placement, gpus=gpus, node_types=types))
+        assert len({(a.backend, a.mixed) for a in sent}) == 1  # every rank alike
+        return [a.gpu for a in sent], sent[0].backend, sent[0].mixed
+
+    assert run({"g": 2}, (0, 1)) == ([0, 1], "nccl", False)
+    assert run({"g": 1, "c": 1}, (0, None)) == ([0, None], "gloo", True)
+    assert run({"a": 1, "b": 1}, (0, 1), {"a": "a100", "b": "t4"}) == ([0, 1], "nccl", True)
+    assert run({"c": 2}, None) == ([None, None], "gloo", False)

@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 
 #: CPUs a real run uses (0 is an error, not "unset": None is).
 _CPUS = Integer(ge=1)
-#: GPUs a real run offers (0: none).
-_GPUS = Integer(ge=0)
+#: GPUs :func:`gpu_cluster` offers.
+_GPUS = Integer(ge=1)
 #: The node types of :func:`gpu_cluster`.
 GPU_TYPE_NAME, CPU_TYPE_NAME = "gpu", "cpu"
 #: CFS period of a real run's throttled nodes, microseconds (20 ms; longer
@@ -84,7 +84,7 @@ def gpu_cluster(gpus: int, cpus: int | None = None) -> ClusterTypes:
         solvers.InvalidProblem: ``gpus`` not an integer >= 1, or more than the
             GPUs torch sees or the CPU cores there are.
     """
-    gpus = check("gpus", gpus, Integer(ge=1))
+    gpus = check("gpus", gpus, _GPUS)
     total = len(os.sched_getaffinity(0)) if cpus is None else check("cpus", cpus, _CPUS)
     seen = machine_gpus()
     if gpus > seen:
@@ -99,15 +99,15 @@ def gpu_cluster(gpus: int, cpus: int | None = None) -> ClusterTypes:
     return ClusterTypes(tuple(types))
 
 
-def typed_cluster(types: ClusterTypes, gpus: int | None = None) -> tuple[Cluster, dict[str, float], tuple[str, ...]]:
+def typed_cluster(types: ClusterTypes) -> tuple[Cluster, dict[str, float], tuple[str, ...]]:
     """The run's cluster of a node-type description, ``{node type: cpu_quota}``
     of its throttled types (empty where every type is unthrottled) and the
-    names of its GPU types.  ``gpus``: the GPUs there are (default: those torch sees).
+    names of its GPU types.
 
     Raises:
         InvalidProblem: the description has more slots than this process may
             use CPUs (``os.sched_getaffinity``; a GPU replica's process holds a
-            core too), or more GPU slots than there are GPUs.
+            core too), or more GPU slots than torch sees GPUs.
     """
     if not isinstance(types, ClusterTypes):
         raise InvalidProblem(f"types must be a ClusterTypes, got {types!r}")
@@ -119,7 +119,7 @@ def typed_cluster(types: ClusterTypes, gpus: int | None = None) -> tuple[Cluster
             f"process may use {available} CPUs; a real run pins each slot's replica to a CPU of its own")
     gpu_types = tuple(t.name for t in types.types if t.slot == GPU_SLOT)
     wanted = sum(types.capacity()[name] for name in gpu_types)
-    there = machine_gpus() if gpus is None and wanted else gpus or 0
+    there = machine_gpus() if wanted else 0
     if wanted > there:
         raise InvalidProblem(
             f"cluster: node type {', '.join(repr(n) for n in gpu_types)} has {wanted} GPU slots but torch sees "
