@@ -55,7 +55,7 @@ def test_half_quota_roughly_doubles_a_real_replicas_measured_step(tmp_path):
     from pollux_opt.runtime.entry import get_job
     from pollux_opt.runtime.report import RuntimeOptions
 
-    cluster, quotas = typed_cluster(PRESETS["local-hetero"])
+    cluster, quotas, _ = typed_cluster(PRESETS["local-hetero"])
     cpu = sorted(os.sched_getaffinity(0))[0]
     affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {cpu})
