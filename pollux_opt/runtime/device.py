@@ -1,18 +1,19 @@
 """A replica's device: one CPU core or one GPU, and what follows from it.
 
 A node type's slots are CPU cores or GPUs (``NodeType.slot``,
-:mod:`pollux_opt.model.cluster_types`).  A replica on a GPU slot runs in a process that sees only
-its GPU: the local backend's worker sets ``CUDA_VISIBLE_DEVICES`` to that one
-device before CUDA starts in the process (:class:`GpuBinding`); Ray does the
-same for an actor that holds ``num_gpus=1``.  The replica's model, batches and
+:mod:`pollux_opt.model.cluster_types`).  A replica on a GPU slot runs in a
+process that sees only its GPU: the local backend's worker sets
+``CUDA_VISIBLE_DEVICES`` to that one device before CUDA starts in the process
+(:class:`GpuBinding`); Ray does the same for an actor that holds ``num_gpus=1``.  The replica's model, batches and
 optimizer state live on its device (:func:`to_device`), and a job whose
 replicas are all on GPUs reduces its gradients with NCCL, any other with gloo
 (:func:`collective_backend`).
 
 Checkpoints hold whatever device the tensors were on; they are read onto the
-CPU (``map_location``) and copied into the replica's parameters, optimizer
-state and RNG on its device, so a job moves between GPUs and CPU cores and
-resumes at the same step (:func:`~pollux_opt.runtime.checkpoint.load_payload`).
+CPU (``map_location``) and copied into the replica's parameters and optimizer
+state on its device (its generators are seeded per step), so a job moves
+between GPUs and CPU cores and resumes at the same step
+(:func:`~pollux_opt.runtime.checkpoint.load_payload`).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def to_device(obj: Any, device) -> Any:
     """``obj`` with every tensor in it (nested in tuples, lists and dicts) on
     ``device``; anything else unchanged.  A tensor already there is not copied."""
     if hasattr(obj, "to") and hasattr(obj, "device") and hasattr(obj, "dtype"):
-        return obj.to(device, non_blocking=True)
+        return obj.to(device)
     if isinstance(obj, Mapping):
         return type(obj)((k, to_device(v, device)) for k, v in obj.items())
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
