@@ -51,14 +51,15 @@ def broadcast_from_rank0(dist, tensor, backend: str, collective) -> None:
 def machine_gpus() -> int:
     """GPUs torch sees on this machine (0 without torch, or without a CUDA build or driver).
 
-    Reads the device count without starting CUDA in this process (torch asks
-    NVML), so that the processes forked from it may still choose their GPU.
+    ``torch.cuda.device_count()``, which asks NVML where it can rather than
+    starting CUDA in this process.  (The workers that bind a GPU are forked
+    from the pool's fork server, never from the process that counts.)
     """
     try:
         import torch
     except ImportError:
         return 0
-    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    return int(torch.cuda.device_count())
 
 
 def to_device(obj: Any, device) -> Any:
