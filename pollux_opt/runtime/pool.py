@@ -250,15 +250,21 @@ class WorkerPool:
 
     def regroup(self, workers: list[WorkerHandle], alloc, job_key: str | None = None) -> list[WorkerHandle]:
         """The workers, in rank order, of a job's next generation on ``alloc`` (a
-        ``WorkerAllocation``): for each rank a live current worker that can
-        serve its GPU or CPU core (kept warm), else an acquired one; the others
-        are released.  Every worker of this pool runs on this machine, so the
-        placement's nodes do not matter here, its GPUs do."""
+        ``WorkerAllocation``): for each rank a live current worker on its GPU or
+        CPU cores, else (a GPU rank) an idle worker already bound to its GPU
+        (its CUDA context is up), else a live current worker that can serve it,
+        else an acquired one; the other current workers are released.  Every
+        worker of this pool runs on this machine, so the placement's nodes do
+        not matter here, its GPUs do."""
         live = [w for w in workers if w.alive()]
         chosen: list[WorkerHandle | None] = []
         for gpu in alloc.rank_gpus():
-            w = next((w for w in live if w.gpu == gpu), None) or next((w for w in live if serves(w, gpu)), None)
-            if w is not None:
+            w = next((w for w in live if w.gpu == gpu), None)
+            if w is None and gpu is not None:
+                w = self.take_bound(gpu, job_key)
+            if w is None:
+                w = next((w for w in live if serves(w, gpu)), None)
+            if w in live:
                 live.remove(w)
             chosen.append(w)
         surplus = [w for w in workers if w not in chosen]
@@ -270,6 +276,15 @@ class WorkerPool:
             w.gpu = gpu if gpu is not None else w.gpu
             out.append(w)
         return out
+
+    def take_bound(self, gpu: int, job_key: str | None = None) -> WorkerHandle | None:
+        """An idle worker bound to GPU ``gpu`` (one warm for ``job_key`` first), taken; None if none."""
+        with self._lock:
+            self._prune_locked()
+            bound = sorted((w for w in self._idle if w.gpu == gpu), key=lambda w: (w.job_key != job_key, w.created))
+            if bound:
+                self._idle.remove(bound[0])
+            return bound[0] if bound else None
 
     def rendezvous(self, workers: list[WorkerHandle], workdir, generation: int) -> str:
         """Where ``workers`` (more than one) form generation ``generation``'s gloo

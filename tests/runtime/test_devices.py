@@ -152,11 +152,21 @@ def test_regroup_keeps_each_rank_on_a_worker_that_can_serve_its_slot():
         acquired.append(gpu)
         return [_worker() for _ in range(count)]
 
-    pool = SimpleNamespace(release=released.extend, acquire=acquire)
+    idle = []
+
+    def take_bound(gpu, job_key=None):
+        return next((w for w in idle if w.gpu == gpu), None)
+
+    pool = SimpleNamespace(release=released.extend, acquire=acquire, take_bound=take_bound)
     alloc = WorkerAllocation({"gpu-0": 1, "cpu-0": 1}, gpus=(1, None))
     out = WorkerPool.regroup(pool, [on0, on1], alloc, job_key="j")
     assert out[0] is on1 and out[1] is not on0 and released == [on0] and acquired == [None]
-    # an unbound worker takes a GPU rank and is bound to it
+    # back to GPU 0 from a CPU core: the idle worker bound to GPU 0 (its CUDA up) before the job's CPU worker
+    idle.append(on0)
+    out = WorkerPool.regroup(pool, [cpu_worker], WorkerAllocation({"gpu-0": 1}, gpus=(0,)), job_key="j")
+    assert out == [on0] and cpu_worker.gpu is None
+    # with none idle there, an unbound worker takes the GPU rank and is bound to it
+    idle.clear()
     out = WorkerPool.regroup(pool, [cpu_worker], WorkerAllocation({"gpu-0": 1}, gpus=(0,)), job_key="j")
     assert out == [cpu_worker] and cpu_worker.gpu == 0
 
@@ -213,3 +223,16 @@ def test_a_job_over_gpus_and_cores_or_two_gpu_types_reduces_with_gloo_or_resynch
     assert run({"g": 1, "c": 1}, (0, None)) == ([0, None], "gloo", True)
     assert run({"a": 1, "b": 1}, (0, 1), {"a": "a100", "b": "t4"}) == ([0, 1], "nccl", True)
     assert run({"c": 2}, None) == ([None, None], "gloo", False)
+
+
+def test_take_bound_hands_out_an_idle_worker_of_that_gpu_warm_for_the_job_first():
+    pool = WorkerPool(spares=0)
+    try:
+        cold, warm, other = (SimpleNamespace(gpu=g, job_key=k, created=c, alive=lambda: True)
+                             for g, k, c in ((0, None, 1.0), (0, "j", 2.0), (1, "j", 0.0)))
+        pool._idle = [cold, warm, other]
+        assert pool.take_bound(0, "j") is warm and pool.take_bound(0, "j") is cold
+        assert pool.take_bound(0, "j") is None and pool._idle == [other]
+    finally:
+        pool._idle = []
+        pool.close()
