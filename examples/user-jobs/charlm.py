@@ -67,7 +67,8 @@ class CharMLP(nn.Module):
 @torch.no_grad()
 def val_loss(model, text: torch.Tensor) -> float:
     x, y = collate(list(text.unfold(0, CONTEXT + 1, 1)))
-    return nn.functional.cross_entropy(model(x), y).item()
+    device = next(model.parameters()).device  # evaluate where the model is: a GPU, or the CPU
+    return nn.functional.cross_entropy(model(x.to(device)), y.to(device)).item()
 
 
 def main() -> None:

@@ -48,8 +48,9 @@ def make_model() -> nn.Module:
 
 @torch.no_grad()
 def accuracy(model, data: Digits) -> float:
+    device = next(model.parameters()).device  # evaluate where the model is: a GPU, or the CPU
     model.eval()
-    correct = (model(data.x).argmax(dim=1) == data.y).float().mean().item()
+    correct = (model(data.x.to(device)).argmax(dim=1) == data.y.to(device)).float().mean().item()
     model.train()
     return correct
 
