@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from real_cluster import LoadSampler  # noqa: E402
+from runtime_measurements import devices  # noqa: E402
 
 from pollux_opt.backends.local import run_demo  # noqa: E402
 from pollux_opt.backends.local.nodes import CPU_TYPE_NAME, GPU_TYPE_NAME, gpu_cluster  # noqa: E402
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     rows = [run_policy(out, p, args.interval, cluster, types) for p in args.policies]
     ratio = sweep_ratio(rows, kinds, *SLOW_FAST[cluster])
-    label = CLUSTER if types is None else f"{args.gpus} x {_gpu_name()} + {types.total_replicas - args.gpus} CPU cores"
+    label = CLUSTER if types is None else (f"{args.gpus} x {devices(args.gpus)[1]} + "
+                                           f"{types.total_replicas - args.gpus} CPU cores")
     table = pd.DataFrame([{k: v for k, v in r.items() if k != "_times"} for r in rows]).assign(
         sweep_step_ratio=ratio, sweep=args.sweep, cluster=label, workload=f"{WORKLOAD}-quick")
     print(table.set_index("policy").to_string(float_format=lambda x: f"{x:.3g}"))
@@ -136,12 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv is not None:
         table.to_csv(args.csv, mode="a", header=not args.csv.exists(), index=False)
     return 0
-
-
-def _gpu_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0)
 
 
 if __name__ == "__main__":

@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=0,
                         help="run the replicas on the first N GPUs (default 0: CPU cores)")
     args = parser.parse_args(argv)
-    gpus, device = _devices(args.gpus)
+    gpus, device = devices(args.gpus)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parts = set(args.parts.split(","))
     rows = []
@@ -263,15 +263,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _devices(count: int) -> tuple[list[int] | None, str]:
-    """The GPUs to use (None: CPU cores) and the device's name for the table."""
+def devices(count: int) -> tuple[list[int] | None, str]:
+    """The first ``count`` GPUs (None: CPU cores) and the device's name for a table."""
     if count <= 0:
         import platform
 
         return None, f"cpu ({platform.processor() or platform.machine()})"
     import torch
 
-    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    from pollux_opt.runtime.device import machine_gpus
+
+    seen = machine_gpus()
     if count > seen:
         raise SystemExit(f"--gpus {count}: torch sees {seen} GPUs here")
     return list(range(count)), torch.cuda.get_device_name(0)

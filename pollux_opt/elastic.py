@@ -68,6 +68,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Mapping
 
+from pollux_opt.runtime.spec import grad_scaler
 from pollux_opt.runtime.user_loop import current_loop
 
 __all__ = ["ElasticDataLoader", "ElasticDataParallel", "device", "in_job", "job_config", "remaining_epochs_until"]
@@ -117,7 +118,7 @@ class ElasticDataParallel:
 
     def __init__(self, model, optimizer, *, evaluate: Callable[[Any], float] | None = None, scheduler=None,
                  scaler=None, extra: Mapping[str, Any] | None = None, max_grad_norm: float | None = None) -> None:
-        amp = scaler if callable(getattr(scaler, "unscale_", None)) else None
+        amp = grad_scaler(scaler)
         self.__dict__.update(module=model, optimizer=optimizer, _loss=None, _loop=current_loop(), _amp=amp)
         user_loop = self._loop
         if user_loop is None:

@@ -273,7 +273,8 @@ class WorkerPool:
         out = []
         for w, gpu in zip(chosen, alloc.rank_gpus()):
             w = w if w is not None else self.acquire(1, job_key=job_key, gpu=gpu)[0]
-            w.gpu = gpu if gpu is not None else w.gpu
+            if gpu is not None:
+                w.gpu = gpu  # bound by the assignment it is about to serve
             out.append(w)
         return out
 

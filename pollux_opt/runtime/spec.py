@@ -60,7 +60,7 @@ from pollux_opt.model.domains import (
 
 __all__ = [
     "BUILTIN_JOBS_MODULE", "LR_SCALING_RULES", "BuildContext", "JobParts", "JobSpec", "check_declared_builder",
-    "declare_builder_modules", "import_from", "refuse_stdlib", "resolve_builder",
+    "declare_builder_modules", "grad_scaler", "import_from", "refuse_stdlib", "resolve_builder",
 ]
 
 #: Learning-rate scaling rules a job may declare, as functions of the batch
@@ -378,8 +378,10 @@ class JobParts:
         loss: ``(model, batch) -> scalar tensor``, the *mean* loss over the batch.
         evaluate: ``model -> float``, the validation metric (called under
             ``torch.no_grad()`` with ``model.eval()``); must be deterministic.
-        scaler: optional object with ``state_dict()`` / ``load_state_dict()``
-            (e.g. a gradient scaler), checkpointed with the job.
+        scaler: optional object with ``state_dict()`` / ``load_state_dict()``,
+            checkpointed with the job; a gradient scaler of mixed precision
+            (:func:`grad_scaler`) also scales the loss, and the runtime
+            unscales each step's reduced gradient and skips an overflowed step.
         max_grad_norm: optional clip of the averaged gradient's norm.
     """
 
@@ -405,6 +407,12 @@ class JobParts:
         for name in ("get_batch", "loss", "evaluate"):
             if not callable(getattr(self, name)):
                 raise InvalidProblem(f"builder {builder!r}: {name} must be callable, got {getattr(self, name)!r}")
+
+
+def grad_scaler(scaler: Any) -> Any:
+    """``scaler`` where it is a gradient scaler of mixed precision (it unscales
+    gradients, as ``torch.amp.GradScaler`` does), else None."""
+    return scaler if callable(getattr(scaler, "unscale_", None)) else None
 
 
 def workdir_path(workdir: str | Path) -> Path:

@@ -40,7 +40,7 @@ from pollux_opt.runtime.protocol import (
     BATCH, CHECKPOINT, CONTINUE, METRICS, STOP, STOP_LIMIT, STOP_PARENT, STOP_REQUEST, STOP_TARGET, Assignment,
     CollectiveError, StopTraining, collective, send,
 )
-from pollux_opt.runtime.spec import JobParts, JobSpec
+from pollux_opt.runtime.spec import JobParts, JobSpec, grad_scaler
 from pollux_opt.runtime.state import (
     EVAL_HISTORY_KEPT, EpochSampler, TrainingState, param_checksum, rng_state, step_seed,
 )
@@ -90,12 +90,13 @@ class Trainer:
         #: A gradient scaler of mixed precision (torch.amp.GradScaler), whose
         #: ``unscale_`` and ``update`` the trainer calls once per step (a
         #: user's loop's calls are taken over by the wrapper: see :mod:`pollux_opt.elastic`).
-        self.scaler = parts.scaler if callable(getattr(parts.scaler, "unscale_", None)) else None
+        self.scaler = grad_scaler(parts.scaler)
         if self.scaler is not None:
             self._unscale, self._scaler_update = self.scaler.unscale_, self.scaler.update
         self.device = torch.device("cpu") if device is None else device
         #: Where the collectives' buffers live (NCCL reduces device memory, gloo host memory).
         self.comm_device = self.device if a.backend == "nccl" else torch.device("cpu")
+        self._one_device = self.comm_device == self.device  # nothing to copy between them (a CPU replica)
         self.vec = torch.zeros(self.numel + 2, dtype=torch.float32, device=self.comm_device)
         self.ctrl = torch.zeros(3, dtype=torch.int64, device=self.comm_device)
         self.config = (a.local_bsz, a.accum_steps)
@@ -189,7 +190,7 @@ class Trainer:
         flat = torch.cat([g.reshape(-1) for g in grads])
         true = flat if self._inv_scale == 1.0 else flat * self._inv_scale  # squared, a scaled one may overflow
         self._sqr_sum += float(true.dot(true))
-        acc.add_(flat.to(acc.device))
+        acc.add_(flat if self._one_device else flat.to(acc.device))
         if loss is not None:
             self._loss_sum += float(loss.detach())
             self._losses += 1
@@ -268,7 +269,8 @@ class Trainer:
         m, s = self.begin_step()
         for j in range(s + 1):
             idx = self.sampler.take(state.samples + (self.rank * (s + 1) + j) * m, m)
-            loss = parts.loss(parts.model, to_device(parts.get_batch(idx), self.device))
+            batch = parts.get_batch(idx)
+            loss = parts.loss(parts.model, batch if self.device.type == "cpu" else to_device(batch, self.device))
             (loss if self.scaler is None else self.scaler.scale(loss)).backward()
             self.add_micro(loss)
         self.finish_step()
@@ -281,11 +283,12 @@ class Trainer:
             k = p.numel()
             # A view of the reduced buffer: the optimizer only reads it, and the
             # buffer is not reused before the grads are dropped in _update.
-            p.grad = acc[offset : offset + k].view_as(p).to(p.device)
+            view = acc[offset : offset + k].view_as(p)
+            p.grad = view if self._one_device else view.to(p.device)
             offset += k
         if self.scaler is not None:
             self._unscale(self.parts.optimizer)
-            if self.comm_device != self.device:  # the grads are copies of the host buffer: unscale it too
+            if not self._one_device:  # the grads are copies of the host buffer: unscale it too
                 acc.mul_(self._inv_scale)
 
     def _update(self, factor: float, finite: bool = True) -> None:

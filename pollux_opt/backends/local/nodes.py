@@ -200,6 +200,15 @@ class SlotOwners:
         return out
 
 
+def _consecutive(nodes, ids) -> dict[str, list[int]]:
+    """``{node id: ids}``: each of ``nodes`` the next ``node.cpus`` (its slots) of ``ids``, in order."""
+    ids, out, i = list(ids), {}, 0
+    for node in nodes:
+        out[node.id] = ids[i:i + node.cpus]
+        i += node.cpus
+    return out
+
+
 class CpuPinning(SlotOwners):
     """Which CPU each job's replicas are pinned to: node ``i`` of ``cluster`` gets
     the next ``cpus`` CPUs of this process's affinity, in order.  Pinning is off
@@ -212,13 +221,7 @@ class CpuPinning(SlotOwners):
         if pin and not self.enabled:
             log.warning("cluster has %d CPUs but only %d are available: replicas are not pinned",
                         cluster.total_cpus, len(affinity))
-        node_cpus: dict[str, list[int]] = {}
-        i = 0
-        for node in cluster.nodes:
-            if self.enabled:
-                node_cpus[node.id] = affinity[i:i + node.cpus]
-            i += node.cpus
-        super().__init__(node_cpus)
+        super().__init__(_consecutive(cluster.nodes, affinity) if self.enabled else {})
 
 
 class GpuSlots(SlotOwners):
@@ -228,13 +231,8 @@ class GpuSlots(SlotOwners):
     None on a node of CPU cores (None for a target without a GPU node)."""
 
     def __init__(self, cluster: Cluster, gpu_types=()) -> None:
-        node_gpus: dict[str, list[int]] = {}
-        i = 0
-        for node in cluster.nodes:
-            if node.type in gpu_types:
-                node_gpus[node.id] = list(range(i, i + node.cpus))
-                i += node.cpus
-        super().__init__(node_gpus)
+        gpu_nodes = [n for n in cluster.nodes if n.type in gpu_types]
+        super().__init__(_consecutive(gpu_nodes, range(sum(n.cpus for n in gpu_nodes))))
 
 
 class ReplicaSlots:
