@@ -19,16 +19,21 @@ JCT_ALLOWANCE = 0.10
 
 
 def run_label(row) -> str:
-    """A run's name from its ``autoscale.csv`` row: ``goodput 0.25/0.125``, ``fixed 12``, ..."""
+    """A run's name from its ``autoscale.csv`` row: ``goodput λ=16`` (the cost rule),
+    ``goodput 0.25/0.125`` (the threshold rule), ``fixed 12``, ..."""
     weak = " (weak scaling)" if bool(row["weak_scaling"]) else ""
     if row["rule"] == "fixed":
         return f"fixed {int(row['nodes'])}{weak}"
     hold = row.get("release_after_s")
     held = "" if missing(hold) or hold == row["startup_s"] else f", hold {hold:g} s"
-    return f"{row['rule']} {row['grow_above']:g}/{row['shrink_below']:g}{held}{weak}"
+    lam = row.get("time_value")
+    bar = f"{row['grow_above']:g}/{row['shrink_below']:g}" if missing(lam) else f"λ={lam:g}"
+    return f"{row['rule']} {bar}{held}{weak}"
 
 
 def _labelled(df: pd.DataFrame) -> pd.DataFrame:
+    if "time_value" not in df:  # rows of the threshold rules and fixed clusters only
+        df = df.assign(time_value=float("nan"))
     return df.assign(run=[run_label(r) for r in df.to_dict("records")])
 
 
@@ -61,7 +66,7 @@ def _cloud(df: pd.DataFrame) -> list[str]:
     r = ref.iloc[0]
     rows = [[x.run, str(int(x.most_nodes)), f"{x.avg_jct_s / 3600:.2f}", f"{x.node_hours:.1f}",
              _change(x.node_hours, r.node_hours), _change(x.avg_jct_s, r.avg_jct_s)]
-            for x in df.sort_values(["rule", "weak_scaling", "grow_above", "nodes"]).itertuples()]
+            for x in df.sort_values(["rule", "weak_scaling", "time_value", "grow_above", "nodes"]).itertuples()]
     return [
         "**Pollux's cloud case**: the first ImageNet job of AdaptDL's workload-6, alone, on at most 16 x 4 "
         "GPUs. The throughput rule's reference run is Or et al.'s system (the job keeps its submitted "
@@ -77,7 +82,28 @@ def _cloud(df: pd.DataFrame) -> list[str]:
     ]
 
 
-def _shared(df: pd.DataFrame, set_: str) -> list[str]:
+def node_hours_bound(bound: pd.DataFrame, jct: float) -> float:
+    """The least mean node-hours per workload of any schedule of ``bound``'s workloads whose
+    average JCT is at most ``jct`` seconds: the Lagrangian bound over the relaxation's points
+    (``autoscale_bound.py``), ``max_lambda N(lambda) + lambda / s * sum_jobs (T(lambda) - jct)``."""
+    per = bound.assign(excess=bound.jobs * (bound.avg_jct_s - jct) * bound.time_value / bound.slots_per_node / 3600)
+    sums = per.groupby("time_value")[["node_hours", "excess"]].mean()
+    return float((sums.node_hours + sums.excess).max())
+
+
+def _bound_line(bound: pd.DataFrame | None, ref) -> list[str]:
+    if bound is None or ref is None:
+        return []
+    least = node_hours_bound(bound, (1 + JCT_ALLOWANCE) * float(ref.avg_jct_s))
+    same = node_hours_bound(bound, float(ref.avg_jct_s))
+    return [f"A lower bound (`autoscale_bound.py`: every job alone from its arrival, on the number of slots "
+            f"cheapest for it in each epoch, with no contention, node start-up or restart): no schedule with "
+            f"an average JCT within {pct(JCT_ALLOWANCE)} of {ref.run}'s takes fewer than {least:.1f} node-hours "
+            f"per workload, {pct(1 - least / float(ref.node_hours), 1)} less than {ref.run}; at its average JCT, "
+            f"fewer than {same:.1f} ({pct(1 - same / float(ref.node_hours), 1)} less).", ""]
+
+
+def _shared(df: pd.DataFrame, set_: str, bound: pd.DataFrame | None = None) -> list[str]:
     """Means over the set's workloads (of the runs made on all of them), against the largest fixed cluster."""
     sub = df[df.set == set_]
     if sub.empty:
@@ -87,7 +113,8 @@ def _shared(df: pd.DataFrame, set_: str) -> list[str]:
     priced = bool(runs.cost.notna().all())
     cost, unit = ("cost", "cost") if priced else ("node_hours", "node-hours")
     cols = ["avg_jct_s", "p99_jct_s", "node_hours"] + (["cost"] if priced else [])
-    means = runs.groupby(["run", "rule"], as_index=False)[cols].mean().sort_values(["rule", "run"])
+    means = (runs.groupby(["run", "rule", "time_value", "grow_above"], as_index=False, dropna=False)[cols].mean()
+             .sort_values(["rule", "time_value", "grow_above", "run"]))
     fixed = means[means.rule == "fixed"]
     ref = means.loc[fixed.node_hours.idxmax()] if len(fixed) else None
     head = ["run", "avg JCT (s)", "p99 JCT (s)", "node-hours"] + (["cost (USD)"] if priced else [])
@@ -105,7 +132,7 @@ def _shared(df: pd.DataFrame, set_: str) -> list[str]:
     if ref is not None:
         best = _best_within(means, float(ref.avg_jct_s), float(ref[cost]), cost)
         out += [_target_line("average JCT", best, ref.run, unit), ""]
-    return out
+    return out + _bound_line(bound, ref)
 
 
 def autoscale_section(results: Results) -> list[str]:
@@ -120,14 +147,16 @@ def autoscale_section(results: Results) -> list[str]:
         "`experiments/autoscale.py` (the rules in [`docs/autoscaling.md`](autoscaling.md)), simulated: "
         f"nodes come up {startup} s after their request and are billed from request to release; a fixed "
         "cluster is billed for all its nodes from the first submission to the last completion. "
-        "\"goodput G/S\": the goodput rule growing while a node's slots each add at least G of a one-slot "
-        "job's rate (per price unit) and shrinking below S; \"throughput 0.5/0.25\": the same band over "
-        "throughput at each job's submitted per-GPU batch; \"hold H s\": nodes go once a smaller size has been "
-        "wanted for H s (otherwise for the start-up delay)." + machine_note(df),
+        "\"goodput λ=L\": the cost rule, a node bought while it lowers node cost plus L slot-seconds per "
+        "second of each active job, per unit of goodput (band 0.1); \"goodput G/S\": the threshold rule, "
+        "growing while a node's slots each add at least G of a one-slot job's rate (per price unit) and "
+        "shrinking below S; \"throughput 0.5/0.25\": the threshold rule over throughput at each job's submitted "
+        "per-GPU batch; \"hold H s\": nodes go once a smaller size has been wanted for H s (otherwise for the "
+        "start-up delay)." + machine_note(df),
         "",
         *_cloud(df[df.set == "cloud"]),
         *_plots(results, "autoscale_cloud.png", "nodes provisioned over time in the cloud case"),
-        *_shared(df, "adaptdl"),
+        *_shared(df, "adaptdl", results.autoscale_bound),
         *_shared(df, "sia"),
         *_plots(results, "autoscale_cost.png", "node-hours or cost against average JCT per rule"),
     ]

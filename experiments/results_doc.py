@@ -21,7 +21,8 @@ each adding a section when present: ``solver_comparison.csv``
 ``ray_fidelity.csv``: ``sim_fidelity.py`` on its Ray runs), ``user_jobs.csv``
 (``user_jobs.py``), ``fuzz.csv`` (``fuzz_instances.py``), ``kills.csv``
 (``kill_runs.py``), ``service.csv`` (``service_targets.py``), ``dashboard.csv``
-(``dashboard_targets.py``), ``autoscale.csv`` (``autoscale.py``) and ``fair_jct.csv``,
+(``dashboard_targets.py``), ``autoscale.csv`` (``autoscale.py``), ``autoscale_bound.csv``
+(``autoscale_bound.py``) and ``fair_jct.csv``,
 ``fair_jct_estimator.csv`` (``fair_jct.py``, ``fair_jct_estimator.py``).
 The ``*_quick.csv`` files are smoke runs and are not reported.  The simulation
 sections (comparison, sensitivity, scale, solvers, allocator speed) are in
@@ -155,6 +156,7 @@ OPTIONAL_COLUMNS = {
     "autoscale.csv": ["set", "workload", "rule", "grow_above", "shrink_below", "weak_scaling", "nodes", "startup_s",
                       "jobs", "completed", "avg_jct_s", "p99_jct_s", "makespan_s", "node_hours", "cost",
                       "most_nodes", "wall_s"],
+    "autoscale_bound.csv": ["set", "workload", "time_value", "jobs", "slots_per_node", "node_hours", "avg_jct_s"],
 }
 @dataclass(frozen=True)
 class Results:
@@ -186,6 +188,7 @@ class Results:
     service: pd.DataFrame | None = None
     dashboard: pd.DataFrame | None = None
     autoscale: pd.DataFrame | None = None
+    autoscale_bound: pd.DataFrame | None = None
     runtime_gpu: pd.DataFrame | None = None
     real_gpu: pd.DataFrame | None = None
 
@@ -259,6 +262,7 @@ def load_results(results_dir: Path) -> Results:
         service=tables["service.csv"],
         dashboard=tables["dashboard.csv"],
         autoscale=tables["autoscale.csv"],
+        autoscale_bound=tables["autoscale_bound.csv"],
         runtime_gpu=tables["runtime_gpu.csv"],
         real_gpu=tables["real_gpu.csv"],
     )

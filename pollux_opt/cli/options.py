@@ -79,7 +79,7 @@ def _count(flag: str, text: str) -> int:
 def add_autoscale_args(p: argparse.ArgumentParser, *, ray: bool) -> None:
     """``--autoscale MIN:MAX`` and the rule's settings (read by :func:`autoscale_from_args`);
     with ``ray``, also ``--node-cpus``."""
-    from pollux_opt.scheduling.autoscale import DEFAULT_NODE_STARTUP_S, ScaleOptions
+    from pollux_opt.scheduling.autoscale import DEFAULT_NODE_STARTUP_S, DEFAULT_TIME_VALUE, THRESHOLD_GROW
 
     where = ("with --backend ray: ask Ray's autoscaler for between MIN and MAX nodes each round"
              if ray else "size the cluster each round between MIN and MAX nodes (of the cluster that "
@@ -87,11 +87,16 @@ def add_autoscale_args(p: argparse.ArgumentParser, *, ray: bool) -> None:
     p.add_argument("--autoscale", default=None, metavar="MIN:MAX", help=f"{where}; default: a fixed cluster")
     p.add_argument("--autoscale-rule", default="goodput", choices=("goodput", "throughput"),
                    help="what a node is worth: the jobs' goodput (default) or their throughput (the baseline)")
-    p.add_argument("--grow-above", type=float, default=ScaleOptions.grow_above,
-                   help="add a node while each of its slots adds at least this (a slot of a job that has "
-                        f"none: 1; default {ScaleOptions.grow_above:g})")
-    p.add_argument("--shrink-below", type=float, default=ScaleOptions.shrink_below,
-                   help=f"release a node once its slots add less than this (default {ScaleOptions.shrink_below:g})")
+    p.add_argument("--time-value", type=_time_value, default=None, metavar="LAMBDA|none",
+                   help="the cost rule: add a node while it lowers node cost plus LAMBDA slot-seconds per second "
+                        f"of each waiting job, per unit of progress (default {DEFAULT_TIME_VALUE:g}); 'none': the "
+                        "threshold rule (--grow-above/--shrink-below)")
+    p.add_argument("--grow-above", type=float, default=None,
+                   help="the threshold rule: add a node while each of its slots adds at least this (a slot of a "
+                        f"job that has none: 1; default {THRESHOLD_GROW:g}; implies --time-value none)")
+    p.add_argument("--shrink-below", type=float, default=None,
+                   help="the threshold rule: release a node once its slots add less than this (default: half "
+                        "of --grow-above)")
     p.add_argument("--node-startup", type=float, default=DEFAULT_NODE_STARTUP_S,
                    help=f"seconds from a node's request to its first replica (default {DEFAULT_NODE_STARTUP_S:g})")
     p.add_argument("--release-after", type=float, default=None, metavar="S",
@@ -101,10 +106,20 @@ def add_autoscale_args(p: argparse.ArgumentParser, *, ray: bool) -> None:
                        help="CPUs of a node Ray's autoscaler adds (default: the largest node at the start)")
 
 
+def _time_value(text: str) -> float | str:
+    """``--time-value``: a number, or ``none`` (the threshold rule)."""
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number or 'none', got {text!r}") from None
+
+
 def autoscale_from_args(args: argparse.Namespace):
     """``--autoscale MIN:MAX`` and its settings as :class:`~pollux_opt.scheduling.autoscale.ScaleOptions`
     (None without ``--autoscale``)."""
-    from pollux_opt.scheduling.autoscale import ScaleOptions
+    from pollux_opt.scheduling.autoscale import DEFAULT_TIME_VALUE, ScaleOptions
 
     value = getattr(args, "autoscale", None)
     if value is None:
@@ -116,6 +131,14 @@ def autoscale_from_args(args: argparse.Namespace):
         bounds = None
     if not sep or bounds is None:
         raise InvalidProblem(f"--autoscale must be MIN:MAX, two node counts, got {value!r}")
-    return ScaleOptions(min_nodes=bounds[0], max_nodes=bounds[1], rule=args.autoscale_rule,
+    threshold = args.grow_above is not None or args.shrink_below is not None
+    if args.time_value is None:  # not given: the threshold rule where its bars are, else the default
+        time_value = None if threshold else DEFAULT_TIME_VALUE
+    elif threshold and args.time_value != "none":
+        raise InvalidProblem(f"--grow-above and --shrink-below are the threshold rule's; they do not go with "
+                             f"--time-value {args.time_value:g}")
+    else:
+        time_value = None if args.time_value == "none" else args.time_value
+    return ScaleOptions(min_nodes=bounds[0], max_nodes=bounds[1], rule=args.autoscale_rule, time_value=time_value,
                         grow_above=args.grow_above, shrink_below=args.shrink_below, startup_s=args.node_startup,
                         release_after=args.release_after)

@@ -14,34 +14,62 @@ the policy's, on the nodes that are up.
 there; on as few nodes as hold them) over its one-slot goodput on the type
 cheapest per slot, times its weight.  The curve is replaced by its upper
 concave hull (a dip, e.g. at a node boundary, is bridged: the slots that pay
-off only past it are valued at the chord's slope) and its increments are handed out greedily: the value ``S(c)`` of
-capacities ``c`` (slots per type) is the sum of the ``C`` largest increments,
-a job taking slots of one type only.  For concave curves the greedy answer is
-the optimum of ``max sum_j s_j(k_j)`` over ``sum_j k_j <= C``.
+off only past it are valued at the chord's slope).  The value ``S(c)`` of
+capacities ``c`` (slots per type) is ``max sum_j s_j(k_j)``, a job taking
+slots of one type only, over ``sum_j k_j <= c_t`` per type: with one type,
+exactly the sum of the ``c`` largest increments (the curves are concave);
+with several, a local search over which type each job takes (each type's
+value is again its largest increments), from every job on the type of its
+largest first increment.  The search matters: where one type is fastest for
+every job, a job that would do better on a slower type's many free slots
+than on its share of the fast ones must be moved there, or no slower node
+ever seems worth buying.
 
-**The marginal rule.**  A node of type ``t`` is worth adding while each slot
-of it adds at least ``grow_above`` to ``S`` per unit of price, and a node is
-released once its slots add less than ``shrink_below`` (a band between the
-two, so the size does not oscillate).  Units: a job's rate on one slot of
-the type cheapest per slot is 1, and a price unit is that type's price per
-slot, so without prices ``grow_above = 0.5`` reads "add a node while each of its
-slots gives at least half of what a slot gives a job that has none".  Among
-types, the one whose extra value per unit of price is highest is added
-first, and the one whose last node adds least is released first (a tie: the
-cheaper is added, the dearer released).  Releasing waits until the smaller size has been wanted for
-``release_after`` seconds (default: the node start-up delay; the
-ski-rental rule: hold an idle node for as long as getting it back would take).
+**The cost rule** (the default).  Paying for nodes and waiting for jobs
+both cost: the cluster's cost rate is ``C = sum_t price_t n_t + lambda W``,
+nodes at their price plus ``lambda`` (``time_value``) per second of each
+active job's weight ``W``, and per unit of progress the cluster costs
+``C / S``.  A node is added while it lowers that, i.e. while the value it
+adds per unit of its price is at least the cluster's value per unit of cost,
+``dS / price_t >= S / C``, and released once it no longer does.  Since both
+the node-seconds and the job-seconds of a run are integrals of these rates
+over its progress, choosing ``n`` to minimise ``C / S`` at every moment
+minimises ``node-seconds + lambda job-seconds`` of the run (for one job
+exactly, ignoring start-up and restarts); ``lambda`` picks the point on the
+cost-time curve.  A node whose slots go to a job that already scales
+nearly linearly is worth as much as the average, one that only grows a
+saturated batch is not, and the bar rises with the cluster's value: the
+threshold rule's fixed bar is both too low early in a job and too high
+late.  Hysteresis: ``band`` (add at ``(1 + band)`` times the average,
+release below ``(1 - band)`` times).
 
-**The throughput rule** (the baseline, after Or et al., MLSys 2020: scale
-while throughput per node stays above a fraction of its best) is the same
-band over throughput curves: each job at its submitted per-replica batch,
-growing its total batch with its replicas, no statistical efficiency.
+**The threshold rule** (Pollux's marginal-goodput rule, AdaptDL's utility
+band; ``time_value=None``).  A node of type ``t`` is worth adding while each
+slot of it adds at least ``grow_above`` to ``S`` per unit of price, and a
+node is released once its slots add less than ``shrink_below`` (a band
+between the two, so the size does not oscillate).
+
+Units: a job's rate on one slot of the type cheapest per slot is 1, and a
+price unit is that type's price per slot, so without prices ``grow_above =
+0.5`` reads "add a node while each of its slots gives at least half of what
+a slot gives a job that has none", and ``time_value = 32`` values a second of
+a job at 32 slot-seconds.  Among types, the one whose extra value per unit
+of price is highest is added first, and the one whose last node adds least
+is released first (a tie: the cheaper is added, the dearer released).  Both
+rules release nodes once the smaller size has been wanted for
+``release_after`` seconds (default: the node start-up delay; the ski-rental
+rule: hold an idle node for as long as getting it back would take).
+
+**Throughput instead of goodput** (``rule="throughput"``; the baseline, after
+Or et al., MLSys 2020, is it with the threshold rule: scale while throughput
+per node stays above a fraction of its best): the same rules over throughput
+curves, each job at its submitted per-replica batch, growing its total batch
+with its replicas, no statistical efficiency.
 """
 
 from __future__ import annotations
 
 import enum
-import heapq
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +87,8 @@ from pollux_opt.scheduling.policies.views import replica_cap
 __all__ = [
     "node_prices",
     "DEFAULT_NODE_STARTUP_S",
+    "DEFAULT_TIME_VALUE",
+    "THRESHOLD_GROW",
     "Autoscaler",
     "Provider",
     "ScaleOptions",
@@ -72,6 +102,21 @@ log = logging.getLogger(__name__)
 #: Seconds from requesting a cloud node to its first replica: the middle of the
 #: 60-300 s that cloud VMs with a GPU image typically take to boot and join.
 DEFAULT_NODE_STARTUP_S = 120.0
+
+#: The cost rule's default value of a second of one job, in slot-seconds of the
+#: cheapest slot: measured (experiments/autoscale.py, docs/results.md), it keeps
+#: completion times within a few percent of the throughput baseline's or a fixed
+#: cluster's, and Pollux's cloud case (one ImageNet job, 16 x 4 at most) then
+#: takes about a fifth fewer node-hours than the throughput baseline.
+DEFAULT_TIME_VALUE = 32.0
+#: The threshold rule's default bar: a node's slots each add half of a one-slot job's rate.
+THRESHOLD_GROW = 0.5
+
+#: Passes of :func:`cluster_value`'s local search over the jobs' types (each
+#: pass tries every job on every other type; it stops earlier once none moves).
+_SEARCH_PASSES = 4
+#: A move of the local search must add at least this much value (float noise).
+_MOVE_GAIN = 1e-9
 
 #: A node type's price per node-hour (any currency; only ratios matter to the rule).
 _PRICE = Real(gt=0, finite=True)
@@ -93,11 +138,19 @@ class ScaleOptions:
     Attributes:
         min_nodes: nodes kept whatever the load (of the cheapest type per slot).
         max_nodes: most nodes in all (None: every node of the largest cluster).
-        rule: ``goodput`` (the default) or ``throughput`` (the baseline).
-        grow_above: a node is added while each of its slots adds at least this
-            much value per price unit (see the module docstring).
-        shrink_below: a node is released once its slots add less than this
-            (at most ``grow_above``).
+        rule: what a node is worth in: ``goodput`` (the default) or
+            ``throughput`` (the baseline's).
+        time_value: the cost rule's ``lambda``: a second of an active job
+            (of weight 1) is worth this many seconds of the cheapest slot
+            (see the module docstring); None: the threshold rule.
+        band: the cost rule's hysteresis, a fraction of the cluster's value
+            per unit of cost.
+        grow_above: the threshold rule's bar (with ``time_value=None``; None:
+            :data:`THRESHOLD_GROW`): a node is added while each of its slots
+            adds at least this much value per price unit.
+        shrink_below: the threshold rule's: a node is released once its
+            slots add less than this (at most ``grow_above``; None: half of
+            it).
         startup_s: seconds from a node's request to its first replica.
         release_after: seconds a smaller size must be wanted before nodes are
             released (None: ``startup_s``).
@@ -106,8 +159,10 @@ class ScaleOptions:
     min_nodes: int = domain_field(1, Integer(ge=1))
     max_nodes: int | None = domain_field(None, Integer(ge=1, none=True))
     rule: str = domain_field(ScaleRule.GOODPUT.value, Choice(tuple(r.value for r in ScaleRule)))
-    grow_above: float = domain_field(0.5, Real(gt=0, finite=True))
-    shrink_below: float = domain_field(0.25, Real(ge=0, finite=True))
+    time_value: float | None = domain_field(DEFAULT_TIME_VALUE, Real(ge=0, finite=True, none=True))
+    band: float = domain_field(0.1, Real(ge=0, lt=1))
+    grow_above: float | None = domain_field(None, Real(gt=0, finite=True, none=True))
+    shrink_below: float | None = domain_field(None, Real(ge=0, finite=True, none=True))
     startup_s: float = domain_field(DEFAULT_NODE_STARTUP_S, Real(ge=0, finite=True, unit="seconds"))
     release_after: float | None = domain_field(None, Real(ge=0, finite=True, none=True, unit="seconds"))
 
@@ -118,7 +173,16 @@ class ScaleOptions:
         if self.max_nodes is not None and self.max_nodes < self.min_nodes:
             raise InvalidProblem(f"autoscale max_nodes must be at least min_nodes ({self.min_nodes}), "
                                  f"got {self.max_nodes}")
-        if self.shrink_below > self.grow_above:
+        threshold = self.grow_above is not None or self.shrink_below is not None
+        if threshold and self.time_value is not None:
+            raise InvalidProblem(f"autoscale grow_above and shrink_below are the threshold rule's: give "
+                                 f"time_value=None with them, got time_value={self.time_value:g}")
+        if self.time_value is None:
+            grow = THRESHOLD_GROW if self.grow_above is None else self.grow_above
+            object.__setattr__(self, "grow_above", grow)
+            if self.shrink_below is None:
+                object.__setattr__(self, "shrink_below", grow / 2)
+        if threshold and self.shrink_below > self.grow_above:
             raise InvalidProblem(f"autoscale shrink_below must be at most grow_above ({self.grow_above:g}), "
                                  f"got {self.shrink_below:g}")
 
@@ -231,30 +295,51 @@ def speedup_curves(views: Sequence[JobView], cluster: Cluster, rule: ScaleRule |
     return out
 
 
+def _top_sum(increments: Sequence[np.ndarray], slots: int) -> float:
+    """The sum of the ``slots`` largest of ``increments`` (arrays, concatenated)."""
+    if slots <= 0 or not increments:
+        return 0.0
+    inc = np.concatenate(increments)
+    if inc.size <= slots:
+        return float(inc.sum())
+    return float(np.partition(inc, inc.size - slots)[inc.size - slots:].sum())
+
+
 def cluster_value(curves: Mapping[str, Mapping[str, np.ndarray]], slots: Mapping[str, int]) -> float:
-    """``S(slots)``: the greedy value of ``slots`` per type for jobs of ``curves``
-    (each job takes slots of one type only; see the module docstring)."""
-    if len(slots) == 1:  # one type: the largest increments, in any job's order
-        (t, cap), = slots.items()
-        inc = np.concatenate([c[t] for c in curves.values() if t in c] or [np.zeros(0)])
-        if cap <= 0 or inc.size == 0:
-            return 0.0
-        return float(np.sort(inc)[::-1][:cap].sum())
-    free = {t: int(c) for t, c in slots.items()}
-    heap = [(-c[t][0], j, t, 0) for j, c in curves.items() for t in c if len(c[t]) and free.get(t, 0) > 0]
-    heapq.heapify(heap)
-    chosen: dict[str, str] = {}
-    total = 0.0
-    while heap:
-        neg, j, t, k = heapq.heappop(heap)
-        if chosen.get(j, t) != t or free[t] <= 0:
-            continue
-        chosen[j] = t
-        free[t] -= 1
-        total -= neg
-        if k + 1 < len(curves[j][t]):
-            heapq.heappush(heap, (-curves[j][t][k + 1], j, t, k + 1))
-    return total
+    """``S(slots)``: the value of ``slots`` per type to the jobs of ``curves``, each
+    job on one type (see the module docstring: exact for one type, a local search
+    over the jobs' types for several)."""
+    types = [t for t, c in slots.items() if c > 0]
+    options = {j: [t for t in types if len(c.get(t, ()))] for j, c in curves.items()}
+    options = {j: ts for j, ts in options.items() if ts}
+    if len(types) == 1:
+        (t,) = types
+        return _top_sum([curves[j][t] for j in options], slots[t])
+    assign = {j: max(ts, key=lambda t: curves[j][t][0]) for j, ts in options.items()}
+    members = {t: {j for j in assign if assign[j] == t} for t in types}
+
+    def value(t: str, jobs) -> float:
+        return _top_sum([curves[j][t] for j in sorted(jobs)], slots[t])
+
+    values = {t: value(t, members[t]) for t in types}
+    for _ in range(_SEARCH_PASSES):
+        moved = False
+        for j, ts in options.items():
+            here = assign[j]
+            left = value(here, members[here] - {j})
+            gains = {t: left + value(t, members[t] | {j}) - values[here] - values[t] for t in ts if t != here}
+            to = max(gains, key=gains.get, default=None)
+            if to is None or gains[to] <= _MOVE_GAIN:
+                continue
+            values[to] += gains[to] + values[here] - left
+            values[here] = left
+            members[here].discard(j)
+            members[to].add(j)
+            assign[j] = to
+            moved = True
+        if not moved:
+            break
+    return float(sum(values.values()))
 
 
 class Autoscaler:
@@ -306,17 +391,29 @@ class Autoscaler:
         gain = abs(self._value(curves, other) - self._value(curves, sizes))
         return gain / self.units[t]
 
+    def _bar(self, curves, sizes: Mapping[str, int], weight: float, side: int) -> float:
+        """The value per price unit a node must add to be added (``side`` 1) or kept
+        (-1, ``sizes`` without it) at ``sizes``: the threshold rule's bar, or the cost
+        rule's ``(1 +- band) S / C``."""
+        o = self.options
+        if o.time_value is None:
+            return o.grow_above if side > 0 else o.shrink_below
+        cost = sum(self.units[t] * n for t, n in sizes.items()) + o.time_value * weight
+        average = self._value(curves, sizes) / cost if cost > 0 else 0.0
+        return (1 + side * o.band) * average
+
     def target(self, views: Sequence[JobView], sizes: Mapping[str, int]) -> dict[str, int]:
-        """The sizes the band points to from ``sizes``, ignoring the release hold."""
+        """The sizes the rule points to from ``sizes``, ignoring the release hold."""
         o = self.options
         curves = speedup_curves(views, self.cluster, o.rule, reference=self._cheap[0])
+        weight = sum(float(v.weight) for v in views if v.job_id in curves)
         sizes = {t: int(sizes.get(t, 0)) for t in self.cluster.types}
         grown = False
         while sum(sizes.values()) < self.max_nodes:
             room = [t for t in self.cluster.types if sizes[t] < self.most[t]]
             gains = {t: self._per_unit(curves, sizes, t, +1) for t in room}
             best = max(gains, key=lambda t: (gains[t], -self.units[t]), default=None)  # a tie: the cheaper
-            if best is None or gains[best] < o.grow_above:
+            if best is None or gains[best] <= 0 or gains[best] < self._bar(curves, sizes, weight, +1):
                 break
             sizes[best] += 1
             grown = True
@@ -324,7 +421,8 @@ class Autoscaler:
             held = [t for t in self.cluster.types if sizes[t] > 0]
             losses = {t: self._per_unit(curves, sizes, t, -1) for t in held}
             worst = min(losses, key=lambda t: (losses[t], -self.units[t]))  # a tie: the dearer goes
-            if losses[worst] >= o.shrink_below:
+            smaller = {**sizes, worst: sizes[worst] - 1}
+            if losses[worst] > 0 and losses[worst] >= self._bar(curves, smaller, weight, -1):
                 break
             sizes[worst] -= 1
         return sizes

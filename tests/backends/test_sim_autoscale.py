@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import math
 
+import pandas as pd
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem
-from pollux_opt.backends.sim import ParametricProfile, SimBackend, SimConfig, default_trace_dir, simulate
+from pollux_opt.backends.sim import (
+    ParametricProfile, SimBackend, SimConfig, default_trace_dir, load_profiles, simulate,
+)
 from pollux_opt.backends.sim.provision import NodeState, SimNodes
 from pollux_opt.model import Node
 from pollux_opt.records.events import read_events
@@ -164,3 +167,26 @@ def test_cli_simulate_autoscales_and_prices_the_run(tmp_path, capsys):
     assert summary["node_hours"] <= 3 * summary["makespan_s"] / 3600 + 1e-9
     start = next(e for e in read_events(tmp_path / "out" / "events.jsonl") if e["type"] == "run_start")
     assert start["autoscale"]["max_nodes"] == 3 and start["node_prices"] == {"default": 1.5}
+
+
+@pytest.mark.skipif(not (TRACES / "profiles").is_dir(), reason=f"AdaptDL traces not found at {TRACES}")
+@pytest.mark.parametrize("nodes, slots", [(1, 1), (2, 4), (16, 4)])
+def test_the_node_hours_bound_lies_below_a_simulated_job_alone(tmp_path, experiment, nodes, slots):
+    """autoscale_bound's relaxation: a job alone uses at least the slot-seconds of its cheapest way
+    (time value 0) and takes at least the time of its fastest (a huge time value); on one slot the
+    cheapest way is the simulator's own run, nearly."""
+    bound = experiment("autoscale_bound")
+    profiles = load_profiles(TRACES, ["bert"])
+    bert = profiles["bert"]
+    rate = bound.best_goodput(bert)
+    start = SimConfig().restart_delay
+    cheapest, slow = bound.relaxation(bert, rate, 0.0, start)
+    dear, fastest = bound.relaxation(bert, rate, 1e9, start)
+    assert cheapest < dear and fastest < slow
+    res = simulate([WorkloadJob("b", "bert", 0.0, 1, bert.init_batch_size)], profiles, "pollux",
+                   cluster=Cluster.uniform(nodes, slots), out_dir=tmp_path)
+    assert res.completed == 1
+    job = pd.read_csv(tmp_path / "jobs.csv").iloc[0]
+    assert job.attained_service >= cheapest and job.jct >= fastest
+    if nodes * slots == 1:
+        assert job.attained_service <= 1.1 * cheapest

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from pollux_opt import Cluster, InvalidProblem
@@ -176,6 +177,18 @@ def test_trace_profile_interpolates_between_measurements():
     # An unmeasured spread (6 nodes) interpolates over scalability.csv: finite, slower than 1 node.
     assert cifar.step_sync((4,) * 6, 32)[0] > lo[0]
     assert cifar.init_batch_size == 128 and cifar.max_batch_size == 4096 and cifar.max_epochs == 100
+
+
+@pytest.mark.parametrize("profile", [pytest.param("cifar10", marks=needs_traces), "parametric"])
+def test_gradient_statistics_of_many_batch_sizes_are_those_of_each(profile):
+    p = SYNTH["synth"] if profile == "parametric" else load_profiles(names=[profile])[profile]
+    batches = np.array([128.0, 300.0, 1000.0, 4096.0])
+    for epoch in (0, 2):
+        sqr, var = p.grad_stats(batches, epoch)
+        assert sqr.shape == var.shape == batches.shape
+        each = [p.grad_stats(float(b), epoch) for b in batches]
+        assert sqr.tolist() == pytest.approx([s for s, _ in each])
+        assert var.tolist() == pytest.approx([v for _, v in each])
 
 
 @needs_traces

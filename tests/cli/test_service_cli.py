@@ -16,6 +16,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from pollux_opt.scheduling.autoscale import DEFAULT_TIME_VALUE, THRESHOLD_GROW
+
 httpx = pytest.importorskip("httpx")
 
 from pollux_opt.cli.main import main  # noqa: E402
@@ -360,6 +362,20 @@ def test_serve_autoscales_only_on_ray(fake_serve, tmp_path, capsys):
     scale = kwargs["autoscale"]
     assert (scale.min_nodes, scale.max_nodes, scale.startup_s, scale.hold_s) == (1, 3, 30.0, 300.0)
     assert kwargs["node_cpus"] == 2
+
+
+@pytest.mark.parametrize("flags, rule", [
+    ([], (DEFAULT_TIME_VALUE, None, None)),
+    (["--time-value", "40"], (40.0, None, None)),
+    (["--time-value", "none"], (None, THRESHOLD_GROW, THRESHOLD_GROW / 2)),
+    (["--grow-above", "0.3"], (None, 0.3, 0.15)),  # a threshold picks the threshold rule
+    (["--time-value", "None", "--shrink-below", "0.1"], (None, THRESHOLD_GROW, 0.1)),
+])
+def test_autoscale_flags_pick_the_cost_or_the_threshold_rule(fake_serve, tmp_path, flags, rule):
+    assert main(["serve", "--state", str(tmp_path / "s"), "--backend", "ray", "--autoscale", "1:3", *flags]) == 0
+    ((_, kwargs),) = fake_serve
+    scale = kwargs["autoscale"]
+    assert (scale.time_value, scale.grow_above, scale.shrink_below) == rule
 
 
 def test_serve_passes_the_server_its_own_arguments(tmp_path):

@@ -317,6 +317,8 @@ def test_autoscale_section_compares_each_rule_with_its_reference_and_finds_the_c
     held = {**row("sia", "w", "goodput", 0.5, 11, 1.0, 1.0), "release_after_s": 600.0}
     assert ra.run_label(held) == "goodput 0.5/0.25, hold 600 s"
     assert ra.run_label({**held, "release_after_s": 120.0}) == "goodput 0.5/0.25"  # the default: the start-up
+    cost_rule = {**row("sia", "w", "goodput", None, 11, 1.0, 1.0), "time_value": 16.0, "release_after_s": 120.0}
+    assert ra.run_label(cost_rule) == "goodput λ=16"
     assert "fixed 16's average JCT: goodput 0.5/0.25, 24.8 % less node-hours at +7.9 % average JCT" in text
 
 
@@ -337,3 +339,22 @@ def test_the_gpu_section_names_each_device_or_says_no_gpu_measured(tmp_path, rd)
     assert "| digits-cnn | 1.250 | 6.5 % |" in doc
     gpu = doc[doc.index("## Elastic jobs on GPUs"):]
     assert _row(gpu, "Pollux")[1:4] == ["1 x NVIDIA H100 80GB HBM3 + 15 CPU cores", "20.0", "40.0"]
+
+
+def test_the_node_hours_bound_is_the_relaxations_convex_frontier_and_is_reported(experiment):
+    ra = experiment("results_autoscale")
+    # two workloads of 10 jobs on 4-slot nodes; the relaxation's points (time value, node-hours, JCT),
+    # each the least of node-hours + lambda / 4 * 10 * JCT / 3600 among them at its lambda:
+    points = [(0.0, 100.0, 5000.0), (14.4, 110.0, 3000.0), (115.2, 150.0, 2000.0)]
+    bound = pd.DataFrame([{"set": "adaptdl", "workload": f"w{w}", "time_value": lam, "jobs": 10,
+                           "slots_per_node": 4, "node_hours": nh, "avg_jct_s": jct}
+                          for w in (1, 2) for lam, nh, jct in points])
+    for _, nh, jct in points:  # on the frontier, the bound at a point's JCT is its node-hours
+        assert ra.node_hours_bound(bound, jct) == pytest.approx(nh)
+    # between points, the higher of the lines through them: 110 + 14.4 / 4 * 10 / 3600 * 500
+    assert ra.node_hours_bound(bound, 2500.0) == pytest.approx(115.0)
+    assert ra.node_hours_bound(bound, 10_000.0) == pytest.approx(100.0)  # no time value pays for idling
+    ref = pd.Series({"run": "fixed 16", "avg_jct_s": 2000 / 1.1, "node_hours": 200.0})
+    text = " ".join(ra._bound_line(bound, ref))
+    assert "within 10 % of fixed 16's takes fewer than 150.0 node-hours per workload, 25.0 % less" in text
+    assert ra._bound_line(None, ref) == []

@@ -6,7 +6,8 @@ A :class:`Profile` answers what a real job would do at a configuration:
   micro-batch, no accumulation) and the part spent synchronising gradients,
   for ``placement`` = replicas per node (a tuple of positive ints);
 - ``grad_stats(batch_size, epoch)``: (grad_sqr, grad_var) measured during an
-  epoch when training at total batch ``batch_size`` (grad_var at M0);
+  epoch when training at total batch ``batch_size`` (grad_var at M0; an
+  array of batch sizes gives arrays);
 - ``progress_at(epoch)``: cumulative scale-invariant progress (optimizer steps
   at M0, AdaScale units) at the end of ``epoch`` epochs; the job completes after
   ``max_epochs`` epochs;
@@ -226,21 +227,24 @@ class TraceProfile:
         return step, sync
 
     # ------------------------------------------------------------- statistics
-    def _between(self, table: np.ndarray, batch_size: float, epoch: int) -> float:
+    def _between(self, table: np.ndarray, batch_size, epoch: int):
         e = min(max(int(epoch), 0), table.shape[1] - 1)
-        return float(np.interp(batch_size, self._bsz, table[:, e]))
+        return np.interp(batch_size, self._bsz, table[:, e])
 
     def grad_stats(self, batch_size, epoch):
+        if np.ndim(batch_size):  # many batch sizes at once (a table): arrays, not cached
+            return self._between(self._sqr, batch_size, epoch), self._between(self._var, batch_size, epoch)
         key = ("grad_stats", batch_size, epoch)  # asked again every step of an epoch: cached
         if key not in self._cache:
-            self._cache[key] = self._between(self._sqr, batch_size, epoch), self._between(self._var, batch_size, epoch)
+            self._cache[key] = (float(self._between(self._sqr, batch_size, epoch)),
+                                float(self._between(self._var, batch_size, epoch)))
         return self._cache[key]
 
     def progress_at(self, epoch):
         return 0.0 if epoch <= 0 else float(self._progress[min(epoch, self._progress.size) - 1])
 
     def iterations(self, batch_size, epoch):
-        return 0.0 if epoch <= 0 else self._between(self._iter, batch_size, epoch - 1)
+        return 0.0 if epoch <= 0 else float(self._between(self._iter, batch_size, epoch - 1))
 
 
 #: Step-time coefficients (seconds, seconds per sample), progress per epoch and noise scales.
@@ -294,6 +298,8 @@ class ParametricProfile:
         return self.noise_start * (self.noise_end / self.noise_start) ** frac
 
     def grad_stats(self, batch_size, epoch):
+        if np.ndim(batch_size):
+            return np.ones(np.shape(batch_size)), np.full(np.shape(batch_size), self._noise(epoch))
         return 1.0, self._noise(epoch)
 
     def progress_at(self, epoch):
