@@ -89,7 +89,7 @@ def add_autoscale_args(p: argparse.ArgumentParser, *, ray: bool) -> None:
                    help="what a node is worth: the jobs' goodput (default) or their throughput (the baseline)")
     p.add_argument("--time-value", type=_time_value, default=None, metavar="LAMBDA|none",
                    help="the cost rule: add a node while it lowers node cost plus LAMBDA slot-seconds per second "
-                        f"of each waiting job, per unit of progress (default {DEFAULT_TIME_VALUE:g}); 'none': the "
+                        f"of each active job, per unit of progress (default {DEFAULT_TIME_VALUE:g}); 'none': the "
                         "threshold rule (--grow-above/--shrink-below)")
     p.add_argument("--grow-above", type=float, default=None,
                    help="the threshold rule: add a node while each of its slots adds at least this (a slot of a "
