@@ -141,6 +141,8 @@ def autoscale_section(results: Results) -> list[str]:
         return []
     df = _labelled(results.autoscale)
     startup = ", ".join(f"{s:g}" for s in sorted(set(df.startup_s)))
+    band = sorted(set(df.band.dropna())) if "band" in df else []
+    bands = f" (band {', '.join(f'{b:g}' for b in band)})" if band else ""
     lines = [
         "## Autoscaling: node-hours against completion time",
         "",
@@ -148,7 +150,7 @@ def autoscale_section(results: Results) -> list[str]:
         f"nodes come up {startup} s after their request and are billed from request to release; a fixed "
         "cluster is billed for all its nodes from the first submission to the last completion. "
         "\"goodput λ=L\": the cost rule, a node bought while it lowers node cost plus L slot-seconds per "
-        "second of each active job, per unit of goodput (band 0.1); \"goodput G/S\": the threshold rule, "
+        f"second of each active job, per unit of goodput{bands}; \"goodput G/S\": the threshold rule, "
         "growing while a node's slots each add at least G of a one-slot job's rate (per price unit) and "
         "shrinking below S; \"throughput 0.5/0.25\": the threshold rule over throughput at each job's submitted "
         "per-GPU batch; \"hold H s\": nodes go once a smaller size has been wanted for H s (otherwise for the "
