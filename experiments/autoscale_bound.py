@@ -40,8 +40,10 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pollux_opt.agent.stats import adascale_gain  # noqa: E402
 from pollux_opt.backends.sim import SimConfig, default_trace_dir, load_profiles  # noqa: E402
 from pollux_opt.records.files import atomic_write_csv  # noqa: E402
+from pollux_opt.runtime.allocation import normalize_placement  # noqa: E402
 from pollux_opt.workloads.adaptdl import read_adaptdl_csv  # noqa: E402
 
 log = logging.getLogger("autoscale_bound")
@@ -58,11 +60,7 @@ TIME_VALUES = (0.0, *np.geomspace(1 / 64, 1024, 49))
 
 def layouts(k: int) -> list[tuple[int, ...]]:
     """Every even split of ``k`` replicas over ``ceil(k / SLOTS_PER_NODE)`` to ``min(k, NODES)`` nodes."""
-    out = []
-    for n in range(-(-k // SLOTS_PER_NODE), min(k, NODES) + 1):
-        base, extra = divmod(k, n)
-        out.append((base + 1,) * extra + (base,) * (n - extra))
-    return out
+    return [tuple(normalize_placement(k, n).values()) for n in range(-(-k // SLOTS_PER_NODE), min(k, NODES) + 1)]
 
 
 def best_goodput(profile) -> np.ndarray:
@@ -85,8 +83,7 @@ def best_goodput(profile) -> np.ndarray:
             total = (step + (step - sync) * accum).min(axis=0)[ok]  # the best layout per local batch
             b = batch[ok].astype(float)
             for e in range(epochs):
-                sqr, var = profile.grad_stats(b, e)
-                gain = (var + sqr) / (var / (b / profile.init_batch_size) + sqr)
+                gain = adascale_gain(profile.grad_stats(b, e), b / profile.init_batch_size)
                 rate[e, k - 1] = max(rate[e, k - 1], float((gain / total).max()))
     return rate
 

@@ -385,21 +385,19 @@ class Autoscaler:
     def _value(self, curves, sizes: Mapping[str, int]) -> float:
         return cluster_value(curves, {t: sizes[t] * self.slots[t] for t in sizes})
 
-    def _per_unit(self, curves, sizes: dict[str, int], t: str, step: int) -> float:
-        """Value per slot-price unit of one node of type ``t`` added (step 1) or the last one (step -1)."""
-        other = {**sizes, t: sizes[t] + step}
-        gain = abs(self._value(curves, other) - self._value(curves, sizes))
-        return gain / self.units[t]
+    def _neighbours(self, curves, sizes: dict[str, int], types, step: int) -> dict[str, float]:
+        """The value of ``sizes`` with one node of each of ``types`` added (``step`` 1) or taken away (-1)."""
+        return {t: self._value(curves, {**sizes, t: sizes[t] + step}) for t in types}
 
-    def _bar(self, curves, sizes: Mapping[str, int], weight: float, side: int) -> float:
+    def _bar(self, sizes: Mapping[str, int], value: float, weight: float, side: int) -> float:
         """The value per price unit a node must add to be added (``side`` 1) or kept
-        (-1, ``sizes`` without it) at ``sizes``: the threshold rule's bar, or the cost
-        rule's ``(1 +- band) S / C``."""
+        (-1, ``sizes`` without it, whose value is ``value``): the threshold rule's bar,
+        or the cost rule's ``(1 +- band) S / C``."""
         o = self.options
         if o.time_value is None:
             return o.grow_above if side > 0 else o.shrink_below
         cost = sum(self.units[t] * n for t, n in sizes.items()) + o.time_value * weight
-        average = self._value(curves, sizes) / cost if cost > 0 else 0.0
+        average = value / cost if cost > 0 else 0.0
         return (1 + side * o.band) * average
 
     def target(self, views: Sequence[JobView], sizes: Mapping[str, int]) -> dict[str, int]:
@@ -408,23 +406,28 @@ class Autoscaler:
         curves = speedup_curves(views, self.cluster, o.rule, reference=self._cheap[0])
         weight = sum(float(v.weight) for v in views if v.job_id in curves)
         sizes = {t: int(sizes.get(t, 0)) for t in self.cluster.types}
+        here = self._value(curves, sizes)
         grown = False
         while sum(sizes.values()) < self.max_nodes:
             room = [t for t in self.cluster.types if sizes[t] < self.most[t]]
-            gains = {t: self._per_unit(curves, sizes, t, +1) for t in room}
+            more = self._neighbours(curves, sizes, room, +1)
+            gains = {t: abs(more[t] - here) / self.units[t] for t in room}  # per price unit
             best = max(gains, key=lambda t: (gains[t], -self.units[t]), default=None)  # a tie: the cheaper
-            if best is None or gains[best] <= 0 or gains[best] < self._bar(curves, sizes, weight, +1):
+            if best is None or gains[best] <= 0 or gains[best] < self._bar(sizes, here, weight, +1):
                 break
             sizes[best] += 1
+            here = more[best]
             grown = True
         while not grown and sum(sizes.values()) > o.min_nodes:
             held = [t for t in self.cluster.types if sizes[t] > 0]
-            losses = {t: self._per_unit(curves, sizes, t, -1) for t in held}
+            fewer = self._neighbours(curves, sizes, held, -1)
+            losses = {t: abs(here - fewer[t]) / self.units[t] for t in held}
             worst = min(losses, key=lambda t: (losses[t], -self.units[t]))  # a tie: the dearer goes
             smaller = {**sizes, worst: sizes[worst] - 1}
-            if losses[worst] > 0 and losses[worst] >= self._bar(curves, smaller, weight, -1):
+            if losses[worst] > 0 and losses[worst] >= self._bar(smaller, fewer[worst], weight, -1):
                 break
-            sizes[worst] -= 1
+            sizes = smaller
+            here = fewer[worst]
         return sizes
 
     def decide(self, now: float, views: Sequence[JobView], sizes: Mapping[str, int]) -> dict[str, int]:
