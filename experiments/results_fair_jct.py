@@ -97,7 +97,8 @@ def fair_jct_section(results: Results) -> list[str]:
         "## fair-jct: mean JCT with fairness as a constraint",
         "",
         "`experiments/fair_jct.py` (formulation in [`docs/fair-jct.md`](fair-jct.md)): a linear objective "
-        "over Pollux's goodput speedups with heSRPT-style rank weights of estimated remaining time, and a bound "
+        "over Pollux's goodput speedups with the flow-time weights (heSRPT, SmartFill) of the jobs' speedup curves "
+        "in the order of their estimated remaining time, and a bound "
         "of 2 on each job's predicted finish-time fairness rho as a constraint; 16 x 4, interval 60 s, against "
         "Pollux. What bounds it (means over the eight AdaptDL workloads; \"below Pollux\": the reduction of "
         "average JCT against Pollux at the 30 s restart delay; worst rho: the largest over the workloads): "

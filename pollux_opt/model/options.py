@@ -33,7 +33,7 @@ DEFAULT_MAX_NODES_PER_JOB = 16
 #: 0.1 % per node breaks those ties towards compact placements and is small
 #: against real speedup differences; on the eight AdaptDL workloads it
 #: lowered Pollux's average JCT by 0.3 % alone and by 0.9 % with the
-#: one-node fair-share base (``pollux_opt.scheduling.policies.views._feasible_base``).
+#: one-node fair-share base (``pollux_opt.scheduling.policies.views.feasible_base``).
 DEFAULT_SPREAD_PENALTY = 1e-3
 #: With the default penalty, the widest allowed spread keeps at least this
 #: fraction of its speedup: a cluster allowing 2000-node jobs gets a smaller

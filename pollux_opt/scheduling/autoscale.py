@@ -82,6 +82,7 @@ from solvers import InvalidProblem
 from pollux_opt.model import Cluster, GoodputModel
 from pollux_opt.model.domains import Choice, Integer, Real, check, check_fields, domain_field
 from pollux_opt.scheduling.loop import JobView
+from pollux_opt.scheduling.policies.flow_weights import hull_increments
 from pollux_opt.scheduling.policies.views import replica_cap
 
 __all__ = [
@@ -226,25 +227,6 @@ def node_prices(prices: Mapping[str, float] | None, cluster: Cluster) -> dict[st
     return {t: float((prices or {}).get(t, 1.0)) for t in cluster.types}
 
 
-def _hull_increments(values: np.ndarray) -> np.ndarray:
-    """The positive increments of the upper concave hull of ``(k, values[k])``, k = 0..K.
-
-    ``values[0]`` is 0 (no slots); returns float64[<= K], non-increasing."""
-    hull: list[int] = [0]
-    for k in range(1, len(values)):
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            # b lies on or below the chord a-k: drop it
-            if (values[b] - values[a]) * (k - a) <= (values[k] - values[a]) * (b - a):
-                hull.pop()
-            else:
-                break
-        hull.append(k)
-    inc = np.concatenate([np.full(b - a, (values[b] - values[a]) / (b - a)) for a, b in zip(hull, hull[1:])]) \
-        if len(hull) > 1 else np.zeros(0)
-    return inc[inc > 0]
-
-
 def _model_of(view: JobView, node_type: str) -> GoodputModel | None:
     models = view.goodput_models or {}
     return models.get(node_type, view.goodput_model)
@@ -290,7 +272,7 @@ def speedup_curves(views: Sequence[JobView], cluster: Cluster, rule: ScaleRule |
                                                          default=0.0)
         if best <= 0:
             continue  # nothing fits anywhere: no slot is worth anything to it
-        out[view.job_id] = {t: float(view.weight) * _hull_increments(np.concatenate([[0.0], r / best]))
+        out[view.job_id] = {t: float(view.weight) * hull_increments(np.concatenate([[0.0], r / best]))
                             for t, r in raw.items()}
     return out
 

@@ -17,7 +17,7 @@ from pollux_opt.scheduling.autoscale import (
     node_prices,
     speedup_curves,
 )
-from pollux_opt.scheduling.autoscale import _hull_increments
+from pollux_opt.scheduling.policies.flow_weights import hull_increments
 from pollux_opt.scheduling.loop import JobView, run
 
 
@@ -40,7 +40,7 @@ def _model(noise: float, *, speed: float = 1.0) -> GoodputModel:
 
 def test_hull_increments_are_the_concave_hull_and_drop_what_adds_nothing():
     values = np.array([0.0, 1.0, 1.8, 2.0, 2.9, 3.5, 3.6, 3.4])
-    inc = _hull_increments(values)
+    inc = hull_increments(values)
     # (2, 1.8) -> (5, 3.5) is one chord: the dip at 3 is bridged; the last point loses value
     assert inc == pytest.approx([1.0, 0.8, 1.7 / 3, 1.7 / 3, 1.7 / 3, 0.1])
     assert np.all(np.diff(inc) <= 1e-12)

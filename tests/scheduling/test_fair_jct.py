@@ -3,6 +3,7 @@ registry entry, and priority weights in fair-jct and pollux (a heavier job never
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from solvers import InvalidProblem
@@ -30,6 +31,7 @@ from pollux_opt.scheduling.policies.fair_jct import (
     RANK_POWER,
     _rates,
 )
+from pollux_opt.scheduling.policies.flow_weights import flow_weights, hull_increments
 from pollux_opt.scheduling.policies.views import EXPLORATION_FACTOR
 from pollux_opt.workloads.job import WorkloadJob
 from pollux_opt.model.goodput import SearchCache
@@ -117,19 +119,35 @@ def _three_sizes(pol: FairJctPolicy, m: GoodputModel):
             _view("near", goodput_model=m, progress=9000.0 * reference_rate(m), age=20000.0)]
 
 
-def test_fair_jct_weights_jobs_by_their_rank_in_remaining_time():
+def test_fair_jct_weights_are_the_flow_time_weights_of_the_jobs_in_remaining_time_order():
     m = _model()
     cluster = Cluster.uniform(1, 4)
     pol = FairJctPolicy(bound=None)
     views = _three_sizes(pol, m)
     tie = PolluxPolicy().weights(cluster, views)  # Pollux's weights: priority times tie-break
     w = pol.weights(cluster, views)
+    # completion order from the last: long, new, near; one model, so one speedup curve and base
+    goodput = np.asarray(m.optimize(np.ones(4, dtype=int), np.arange(1, 5)).goodput)
+    curve = hull_increments(np.concatenate([[0.0], goodput / goodput[0]]))
+    mu = flow_weights([curve] * 3, np.ones(3), cluster.total_cpus)
+    got = np.array([w[j] / tie[j] for j in ("long", "new", "near")])
+    np.testing.assert_allclose(got / got[-1], mu / mu[-1])
+    assert got[0] < got[1] < got[2]
+
+
+def test_fair_jct_rank_weighting_weights_jobs_by_their_rank_in_remaining_time():
+    m = _model()
+    cluster = Cluster.uniform(1, 4)
+    pol = FairJctPolicy(bound=None, weighting="rank")
+    views = _three_sizes(pol, m)
+    tie = PolluxPolicy().weights(cluster, views)
+    w = pol.weights(cluster, views)
     # ranks from the longest: long 1, new 2, near 3 (one model: the fair-share rates cancel)
     assert w["near"] == pytest.approx(tie["near"])
     assert w["new"] == pytest.approx(tie["new"] * (2 / 3) ** RANK_POWER)
     assert w["long"] == pytest.approx(tie["long"] * (1 / 3) ** RANK_POWER)
     # rank_power 0: every job as in Pollux; "rate": the expected completion rates 1 / R
-    pol0 = FairJctPolicy(bound=None, rank_power=0.0)
+    pol0 = FairJctPolicy(bound=None, weighting="rank", rank_power=0.0)
     assert pol0.weights(cluster, _three_sizes(pol0, m)) == pytest.approx(tie)
     rate = FairJctPolicy(bound=None, weighting="rate")
     w = rate.weights(cluster, _three_sizes(rate, m))

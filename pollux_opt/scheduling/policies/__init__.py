@@ -98,8 +98,9 @@ POLICIES: Mapping[str, PolicyInfo] = MappingProxyType({
                    "heterogeneity-aware goodput-optimised allocation over Sia's configurations "
                    "(Sia, SOSP 2023)"),
         PolicyInfo("fair-jct", FairJctPolicy,
-                   "goodput allocation for mean JCT: jobs weighted by their rank in estimated remaining "
-                   "time (heSRPT), under a finish-time fairness bound"),
+                   "goodput allocation for mean JCT: flow-time weights of the jobs' speedup curves in the "
+                   "order of their estimated remaining time (heSRPT, SmartFill), under a finish-time fairness "
+                   "bound"),
         PolicyInfo("tiresias", TiresiasPolicy,
                    "discretized 2D least-attained-service with the submitted configuration (Tiresias, NSDI 2019)"),
         PolicyInfo("optimus", OptimusPolicy,

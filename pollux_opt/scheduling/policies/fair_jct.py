@@ -6,35 +6,32 @@ goodput-best batch, Pollux's restart factor per job, interference avoidance:
 Pollux, OSDI 2021, section 4), with a linear objective (the power mean with
 p = 1) in place of Pollux's p = -1:
 
-    maximise  sum_j w_j s_j(o_j) f_j(o_j),      w_j = pi_j t_j (r_j / m)^beta
+    maximise  sum_j w_j s_j(o_j) f_j(o_j)
 
 * ``s_j(o)``: the speedup over the job's fair share, capped by its own replica
   limit (a one-replica job runs its fair share on one replica);
   ``f_j(o)``: Pollux's restart factor on a move, 1 otherwise;
-* ``r_j``: the job's rank among the ``m`` active jobs by expected remaining
-  time on a fair share, ``R_j / phi_j`` (1: the longest; ``m``: the shortest;
-  ties share their mean rank), ``R_j`` the online estimate of its remaining
-  work (:class:`~pollux_opt.scheduling.policies.remaining.WorkHistory`:
+* ``w_j = t_j mu_j``: the weights under which this objective minimises the
+  mean flow time of the jobs present if they complete shortest first
+  (:mod:`.flow_weights`: heSRPT, Berg, Vesilo and Harchol-Balter, SPAA 2019
+  and 2020, and SmartFill's rule for general concave speedups).  ``mu_j``
+  depends on the completion order and the jobs' speedup curves (their goodput
+  on 1..cap replicas, the cap of :func:`~.views.replica_cap`, on as few nodes
+  as hold them, concave hull), not on their sizes: completing a job lowers
+  the best weighted speed of the jobs left by its priority ``pi_j``.  The
+  order is by expected remaining time on a fair share over priority,
+  ``R_j / (phi_j pi_j)`` (Smith's rule), ``R_j`` the online estimate of its
+  remaining work (:class:`~pollux_opt.scheduling.policies.remaining.WorkHistory`:
   the mean residual work of completed jobs like it; no oracle), ``phi_j`` its
-  work rate on the fair share;
-* ``beta`` (:data:`RANK_POWER`): for jobs that share a speedup ``k^p`` and
-  are all present, the optimal allocation for mean flow time (heSRPT, Berg,
-  Vesilo and Harchol-Balter, SPAA 2019 and 2020) gives the job of rank ``i``
-  ``(i / m)^c - ((i - 1) / m)^c`` of the servers, ``c = 1 / (1 - p)``: it
-  finishes jobs shortest first yet runs them all.  Those shares maximise
-  ``sum_i w_i theta_i^p`` with ``w_i`` proportional to
-  ``theta_i^(1 - p)``, about ``i^p``: rank weights in a linear objective
-  over speedups, with the rank raised to the speedup's exponent.  SmartFill's
-  rule for general concave speedups, a constant ratio of the jobs' speedup
-  derivatives, is again the optimum of a linear objective with fixed
-  weights.  Goodput speedups have no single exponent; 0.5 (a square-root
-  speedup) measured best of 0.25, 0.5 and 1 (docs/fair-jct.md);
-* ``pi_j``: the job's priority weight, ``t_j`` Pollux's tie-break factor.
+  work rate on the fair share; ``t_j`` is Pollux's tie-break factor.
 
-``weighting="rate"`` uses the expected completion rates ``phi_j / R_j`` as
-the weights instead of the ranks (the objective is then the cluster's
-expected completion rate); measured, it gives the shortest jobs CPUs far past
-their efficient scale (docs/fair-jct.md).
+``weighting="rank"`` uses heSRPT's weights for a speedup ``k^beta``,
+``pi_j t_j (r_j / m)^beta`` (``r_j`` the job's rank among the ``m`` active
+jobs by ``R_j / phi_j``, 1: the longest; ``beta`` = :data:`RANK_POWER`), and
+``weighting="rate"`` the expected completion rates ``phi_j / R_j`` (the
+objective is then the cluster's expected completion rate, which gives the
+shortest jobs CPUs far past their efficient scale); both measure worse
+(docs/fair-jct.md).
 
 Fairness is a constraint, not a weight (:mod:`.rho_bound`): a job whose
 predicted finish-time fairness ``rho`` would pass ``bound`` (2 by default) if
@@ -68,26 +65,32 @@ from pollux_opt.model.domains import Boolean, Choice, Real, domain_field
 from pollux_opt.model.goodput import SearchCache, isolated_rate
 from pollux_opt.scheduling.loop import JobView
 from pollux_opt.scheduling.policies.goodput import AllocatorPolicy
+from pollux_opt.scheduling.policies.flow_weights import flow_weights, hull_increments
 from pollux_opt.scheduling.policies.optimus import StepOracle
 from pollux_opt.scheduling.policies.remaining import MIN_WORK_S, WorkHistory, one_node_rates, work_done
 from pollux_opt.scheduling.policies.rho_bound import PAST_BOUND_RULES, RhoOutlook, bound_rho
-from pollux_opt.scheduling.policies.views import EXPLORATION_FACTORS, fair_share, job_for_allocator
+from pollux_opt.scheduling.policies.views import (
+    EXPLORATION_FACTORS, fair_share, feasible_base, job_for_allocator, replica_cap,
+)
 
 __all__ = [
     "FAIRNESS_BOUND", "FAIR_JCT_EXPLORATION", "Estimate", "FairJctOraclePolicy", "FairJctPolicy", "RANK_POWER",
+    "WEIGHTINGS",
 ]
 
 #: Default bound on a job's predicted finish-time fairness rho (project choice:
 #: twice its JCT alone on a fair share).
 FAIRNESS_BOUND = 2.0
-#: ``beta``, the exponent of the rank weights (see the module docstring).
+#: ``beta``, the exponent of ``weighting="rank"`` (see the module docstring).
 RANK_POWER = 0.5
+#: How the objective weights the jobs (see the module docstring); the first is the default.
+WEIGHTINGS = ("flow", "rank", "rate")
 #: fair-jct's exploration cap: a job may get this many times the replicas it
 #: has been measured on (Pollux: 2).  Project choice: the short jobs reach their
 #: first efficient scale in one restart fewer (docs/fair-jct.md).
 FAIR_JCT_EXPLORATION = 4
 #: fair-jct's relative MIP gap (Pollux's: 1e-4).  Project choice: the weights
-#: rank estimated remaining times, so answers within 0.1 % of the best are
+#: rest on estimated remaining times, so answers within 0.1 % of the best are
 #: equally good; on the linear objective HiGHS's branch and bound is most of the
 #: extra time, and this gap takes about a fifth of it away (docs/fair-jct.md).
 FAIR_JCT_MIP_GAP = 1e-3
@@ -145,8 +148,10 @@ class FairJctPolicy(AllocatorPolicy):
         options: the allocation options; ``p`` must be 1 (the objective is
             linear); default: ``mip_gap`` :data:`FAIR_JCT_MIP_GAP`.
         bound: the bound on a job's predicted rho (> 1; None: no bound).
-        rank_power: ``beta``, the exponent of the rank weights (>= 0; 0: every job alike).
-        weighting: ``"rank"`` (heSRPT's rank weights) or ``"rate"`` (expected completion rates).
+        rank_power: ``beta``, the exponent of ``weighting="rank"`` (>= 0; 0: every job alike).
+        weighting: ``"flow"`` (the flow-time weights of the jobs' speedup curves),
+            ``"rank"`` (heSRPT's weights of a speedup ``k^beta``) or ``"rate"``
+            (expected completion rates).
         past_bound: what a job already past the bound may take: ``"hold"``
             (at least its fair-share speed) or ``"fastest"`` (its most rho-reducing options).
         by_family: estimate a job's work from completed jobs of its own model
@@ -158,7 +163,7 @@ class FairJctPolicy(AllocatorPolicy):
     options: Options = field(default_factory=lambda: Options(p=1.0, mip_gap=FAIR_JCT_MIP_GAP))
     bound: float | None = domain_field(FAIRNESS_BOUND, Real(gt=1, none=True))
     rank_power: float = domain_field(RANK_POWER, Real(ge=0))
-    weighting: str = domain_field("rank", Choice(("rank", "rate")))
+    weighting: str = domain_field(WEIGHTINGS[0], Choice(WEIGHTINGS))
     past_bound: str = domain_field("hold", Choice(PAST_BOUND_RULES))
     by_family: bool = domain_field(True, Boolean())
     exploration_factor: int = domain_field(FAIR_JCT_EXPLORATION, EXPLORATION_FACTORS)
@@ -197,10 +202,44 @@ class FairJctPolicy(AllocatorPolicy):
         base = super().weights(cluster, active)  # priority times tie-break
         est = self.estimates(cluster, active)
         speed = np.array([est[v.job_id].phi / est[v.job_id].remaining for v in active])  # 1 / time left
-        index = rankdata(speed) ** self.rank_power if self.weighting == "rank" else speed
-        index = index / index.max()
+        if self.weighting == "flow":
+            index = self._flow_index(cluster, active, speed, np.array([base[v.job_id] for v in active]))
+        else:
+            index = rankdata(speed) ** self.rank_power if self.weighting == "rank" else speed
+        top = float(index.max())
+        index = index / top if top > 0 else np.ones(len(active))
         self._outlook = self._rho_outlook(cluster, active, est)
         return {v.job_id: max(base[v.job_id] * float(x), MIN_WEIGHT) for v, x in zip(active, index)}
+
+    def _flow_index(self, cluster: Cluster, active: Sequence[JobView], speed: np.ndarray,
+                    base: np.ndarray) -> np.ndarray:
+        """``mu_j / pi_j`` in units of each job's fair-share speedup (see the module docstring);
+        ``base``: the jobs' priorities times tie-break factors, which order jobs of equal time left."""
+        nodes, share = fair_share(cluster, len(active))
+        node_cpus = max(n.cpus for n in cluster.nodes)
+        priority = np.array([v.weight for v in active], dtype=float)
+        curves = [self._curve(v, cluster, (nodes, _own_share(v, share)), node_cpus) for v in active]
+        order = np.lexsort((base, speed * priority))  # the last to complete first
+        mu = np.empty(len(active))
+        mu[order] = flow_weights([curves[i][0] for i in order], priority[order], cluster.total_cpus)
+        return mu * np.array([unit for _, unit in curves]) / priority
+
+    def _curve(self, view: JobView, cluster: Cluster, share: tuple[int, int],
+               node_cpus: int) -> tuple[np.ndarray, float]:
+        """(the hull increments of the job's speedup over 1..cap replicas in units of its
+        one-replica goodput, its fair-share base in the same units): the linear prior
+        without a model, as the allocator's :func:`~.views.job_for_allocator`."""
+        cap = replica_cap(view, cluster, self.exploration_factor)
+        if view.goodput_model is None:
+            return np.ones(cap), float(share[1])
+        ks = np.arange(1, cap + 1)
+        base = feasible_base(view, share)
+        choice = view.goodput_model.optimize(np.append(-(-ks // node_cpus), base[0]), np.append(ks, base[1]),
+                                             fixed_batch_size=view.fixed_batch_size, cache=self._search_cache)
+        goodput = np.asarray(choice.goodput, dtype=float)
+        if not goodput[0] > 0:
+            return np.zeros(0), 1.0
+        return hull_increments(np.concatenate([[0.0], goodput[:-1] / goodput[0]])), float(goodput[-1] / goodput[0])
 
     def _rho_outlook(self, cluster: Cluster, active: Sequence[JobView], est: dict[str, Estimate]) -> RhoOutlook:
         """Each job's predicted rho on a fair share and its isolated JCT (see the module docstring)."""

@@ -29,6 +29,7 @@ __all__ = [
     "EXPLORATION_FACTORS",
     "active_views",
     "fair_share",
+    "feasible_base",
     "job_for_allocator",
     "replica_cap",
     "requested_replicas",
@@ -136,7 +137,7 @@ def _linear_prior(cluster: Cluster, max_replicas: int, base_replicas: int = 1) -
     return {(n, k): k / base_replicas for n, k in node_replica_pairs(1, max_replicas, top_sums(cluster))}
 
 
-def _feasible_base(view: JobView, share: tuple[int, int]) -> tuple[int, int]:
+def feasible_base(view: JobView, share: tuple[int, int]) -> tuple[int, int]:
     """The (nodes, replicas) a job's speedups are measured against: ``share``'s
     replicas reduced to what the job can run (at most as many as its largest
     batch, or its ``fixed_batch_size``, has smallest micro-batches), on one node.
@@ -152,14 +153,14 @@ def _feasible_base(view: JobView, share: tuple[int, int]) -> tuple[int, int]:
 
 
 def _base_of(lim, view: JobView, share: tuple[int, int]) -> tuple[int, int]:
-    """:func:`_feasible_base` under the batch limits ``lim`` (those of one node type's model)."""
+    """:func:`feasible_base` under the batch limits ``lim`` (those of one node type's model)."""
     biggest = lim.max_batch_size if view.fixed_batch_size is None else view.fixed_batch_size
     return 1, max(1, min(share[1], biggest // lim.min_local_bsz))
 
 
 def typed_goodput(view: JobView, cluster: Cluster, share: tuple[int, int]) -> TypedGoodput | None:
     """The job's per-type goodput models on a cluster of several node types, each
-    with its fair-share base (:func:`_feasible_base` under that type's limits),
+    with its fair-share base (:func:`feasible_base` under that type's limits),
     over one common speedup base: the mean of the fair-share goodputs over the
     types weighted by each type's slots (:func:`type_gpus`), the goodput of a
     fair share of the whole cluster; None on a one-type cluster or without
@@ -236,7 +237,7 @@ def job_for_allocator(
         weight: the job's weight in the power mean (> 0).
         share: (nodes, replicas) of the fair share (see :func:`fair_share`);
             speedups are measured against its replicas on one node, reduced to
-            what the job can run (see :func:`_feasible_base`).
+            what the job can run (see :func:`feasible_base`).
         exploration_factor: the exploration cap's multiple of the measured replicas.
     """
     check("weight", weight, WEIGHT, prefix=f"job {view.job_id!r}: ")
@@ -248,7 +249,7 @@ def job_for_allocator(
     elif view.goodput_model is None:
         speedup, base = _linear_prior(cluster, max_k, share[1]), (1, 1)
     else:
-        speedup, base = view.goodput_model, _feasible_base(view, share)
+        speedup, base = view.goodput_model, feasible_base(view, share)
     return Job(
         id=view.job_id,
         speedup=speedup,
