@@ -83,7 +83,7 @@ from pollux_opt.model import Cluster, GoodputModel
 from pollux_opt.model.domains import Choice, Integer, Real, check, check_fields, domain_field
 from pollux_opt.scheduling.loop import JobView
 from pollux_opt.scheduling.policies.flow_weights import hull_increments
-from pollux_opt.scheduling.policies.views import replica_cap
+from pollux_opt.scheduling.policies.views import compact_goodput, replica_cap
 
 __all__ = [
     "node_prices",
@@ -234,12 +234,11 @@ def _model_of(view: JobView, node_type: str) -> GoodputModel | None:
 
 def _rates(view: JobView, model: GoodputModel, ks: np.ndarray, node_slots: int, rule: ScaleRule) -> np.ndarray:
     """The job's rate (M0-samples / s for goodput, samples / s for throughput) at each k in ``ks``."""
-    nodes = -(-ks // node_slots)
     if rule is ScaleRule.THROUGHPUT:
         local = max(1, view.submitted_batch_size // max(view.submitted_replicas, 1))
         local = min(local, model.limits.max_local_bsz)
-        return np.asarray(model.throughput(nodes, ks, local), dtype=float)
-    return np.asarray(model.optimize(nodes, ks, fixed_batch_size=view.fixed_batch_size).goodput, dtype=float)
+        return np.asarray(model.throughput(-(-ks // node_slots), ks, local), dtype=float)
+    return compact_goodput(view, model, ks, node_slots)
 
 
 def speedup_curves(views: Sequence[JobView], cluster: Cluster, rule: ScaleRule | str = ScaleRule.GOODPUT,

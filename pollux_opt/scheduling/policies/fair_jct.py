@@ -70,7 +70,7 @@ from pollux_opt.scheduling.policies.optimus import StepOracle
 from pollux_opt.scheduling.policies.remaining import MIN_WORK_S, WorkHistory, one_node_rates, work_done
 from pollux_opt.scheduling.policies.rho_bound import PAST_BOUND_RULES, RhoOutlook, bound_rho
 from pollux_opt.scheduling.policies.views import (
-    EXPLORATION_FACTORS, fair_share, feasible_base, job_for_allocator, replica_cap,
+    EXPLORATION_FACTORS, compact_goodput, fair_share, feasible_base, job_for_allocator, replica_cap,
 )
 
 __all__ = [
@@ -232,14 +232,14 @@ class FairJctPolicy(AllocatorPolicy):
         cap = replica_cap(view, cluster, self.exploration_factor)
         if view.goodput_model is None:
             return np.ones(cap), float(share[1])
-        ks = np.arange(1, cap + 1)
-        base = feasible_base(view, share)
-        choice = view.goodput_model.optimize(np.append(-(-ks // node_cpus), base[0]), np.append(ks, base[1]),
-                                             fixed_batch_size=view.fixed_batch_size, cache=self._search_cache)
-        goodput = np.asarray(choice.goodput, dtype=float)
+        model, cache = view.goodput_model, self._search_cache
+        goodput = compact_goodput(view, model, np.arange(1, cap + 1), node_cpus, cache)
         if not goodput[0] > 0:
             return np.zeros(0), 1.0
-        return hull_increments(np.concatenate([[0.0], goodput[:-1] / goodput[0]])), float(goodput[-1] / goodput[0])
+        nodes, replicas = feasible_base(view, share)
+        at_base = model.optimize(np.array([nodes]), np.array([replicas]), fixed_batch_size=view.fixed_batch_size,
+                                 cache=cache).goodput
+        return hull_increments(np.concatenate([[0.0], goodput / goodput[0]])), float(np.asarray(at_base)[0] / goodput[0])
 
     def _rho_outlook(self, cluster: Cluster, active: Sequence[JobView], est: dict[str, Estimate]) -> RhoOutlook:
         """Each job's predicted rho on a fair share and its isolated JCT (see the module docstring)."""

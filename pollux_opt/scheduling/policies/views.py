@@ -14,12 +14,15 @@ import logging
 from dataclasses import replace
 from typing import Sequence
 
+import numpy as np
+
 from solvers import InvalidProblem
 
 from pollux_opt.lifecycle import JobState
-from pollux_opt.model import Cluster, Job, Options
+from pollux_opt.model import Cluster, GoodputModel, Job, Options
 from pollux_opt.model.configs import node_replica_pairs, top_sums
 from pollux_opt.model.domains import Integer, check
+from pollux_opt.model.goodput import SearchCache
 from pollux_opt.model.job import WEIGHT, restart_factor
 from pollux_opt.model.typed import TypedGoodput
 from pollux_opt.scheduling.loop import JobView
@@ -28,6 +31,7 @@ __all__ = [
     "EXPLORATION_FACTOR",
     "EXPLORATION_FACTORS",
     "active_views",
+    "compact_goodput",
     "fair_share",
     "feasible_base",
     "job_for_allocator",
@@ -124,6 +128,17 @@ def replica_cap(view: JobView, cluster: Cluster, exploration_factor: int = EXPLO
     if profiled is not None:
         cap = min(cap, max(exploration_factor * profiled, 1, view.min_replicas))
     return cap
+
+
+def compact_goodput(view: JobView, model: GoodputModel, replicas: np.ndarray, node_slots: int,
+                    cache: SearchCache | None = None) -> np.ndarray:
+    """float64 goodput (M0-samples / s) of the job's ``model`` at each replica
+    count of ``replicas`` on as few nodes of ``node_slots`` as hold them, at its
+    goodput-best batch (its ``fixed_batch_size`` where it has one); ``cache``
+    spares the batch search's first pass (speed only)."""
+    replicas = np.asarray(replicas)
+    return np.asarray(model.optimize(-(-replicas // node_slots), replicas, fixed_batch_size=view.fixed_batch_size,
+                                     cache=cache).goodput, dtype=float)
 
 
 def _linear_prior(cluster: Cluster, max_replicas: int, base_replicas: int = 1) -> dict[tuple[int, int], float]:
