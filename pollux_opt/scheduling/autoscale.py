@@ -238,7 +238,7 @@ def _rates(view: JobView, model: GoodputModel, ks: np.ndarray, node_slots: int, 
         local = max(1, view.submitted_batch_size // max(view.submitted_replicas, 1))
         local = min(local, model.limits.max_local_bsz)
         return np.asarray(model.throughput(-(-ks // node_slots), ks, local), dtype=float)
-    return compact_goodput(view, model, ks, node_slots)
+    return compact_goodput(model, ks, node_slots, view.fixed_batch_size)
 
 
 def speedup_curves(views: Sequence[JobView], cluster: Cluster, rule: ScaleRule | str = ScaleRule.GOODPUT,

@@ -52,10 +52,11 @@ def _view(job_id: str, **kw) -> JobView:
     return JobView(**{**base, **kw})
 
 
-def _history(totals) -> WorkHistory:
-    """A history that saw jobs of these total works finish (no model: one pooled family)."""
+def _history(totals, model: GoodputModel | None = None) -> WorkHistory:
+    """A history that saw jobs of ``model``'s family (None: no model, the pooled
+    distribution) finish with these total works."""
     h = WorkHistory()
-    views = [_view(f"j{i}") for i in range(len(totals))]
+    views = [_view(f"j{i}", goodput_model=model) for i in range(len(totals))]
     h.observe(views, {v.job_id: w for v, w in zip(views, totals)})
     h.observe([], {})
     return h
@@ -76,6 +77,18 @@ def test_remaining_work_falls_back_to_least_attained_service_without_enough_hist
     assert h.remaining(v, 600.0) == pytest.approx(600.0)
     # Beyond every sample: the Lindy estimate (remaining = attained).
     assert _history([100.0] * MIN_SAMPLES).remaining(v, 500.0) == pytest.approx(500.0)
+
+
+def test_a_family_not_seen_to_finish_falls_back_to_lindy_not_to_the_other_families():
+    m = _model()
+    h = _history([100.0] * MIN_SAMPLES)  # short jobs without a model finished
+    v = _view("x", goodput_model=m)
+    assert h.remaining(v, 500.0) == pytest.approx(500.0)  # Lindy: as long again
+    assert h.remaining(_view("y"), 0.0) == pytest.approx(100.0)  # a job without a model: the pooled jobs
+    pooled = WorkHistory(by_family=False)
+    pooled._pooled = list(h._pooled)
+    assert pooled.remaining(v, 50.0) == pytest.approx(50.0)  # by_family=False: the pooled residual
+    assert _history([1000.0], m).remaining(v, 500.0) == pytest.approx(500.0)  # its own family: W - a
 
 
 def test_history_counts_a_job_once_it_leaves_the_views():
@@ -112,7 +125,7 @@ def test_one_search_gives_each_rate_as_its_own_search_would(replicas, cache):
 
 def _three_sizes(pol: FairJctPolicy, m: GoodputModel):
     """Views of one model family at three attained works against a history of short and long jobs."""
-    pol._history = _history([100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0])
+    pol._history = _history([100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0], m)
     # residual works: new 3550 (mean of all), 150 done -> 9850 (past the short ones), 9000 done -> 1000
     return [_view("new", goodput_model=m, progress=0.0),
             _view("long", goodput_model=m, progress=150.0 * reference_rate(m), age=200.0),
@@ -133,6 +146,31 @@ def test_fair_jct_weights_are_the_flow_time_weights_of_the_jobs_in_remaining_tim
     got = np.array([w[j] / tie[j] for j in ("long", "new", "near")])
     np.testing.assert_allclose(got / got[-1], mu / mu[-1])
     assert got[0] < got[1] < got[2]
+
+
+def test_fair_jct_orders_jobs_by_remaining_time_on_their_whole_speedup_curve():
+    m = _model()
+    cluster = Cluster.uniform(1, 4)
+    ref, total = reference_rate(m), 10000.0
+    _, phi_one = _rates(m, 1)
+    _, phi_two = _rates(m, 2)  # the fair share of two jobs on 4 CPUs
+    goodput = np.asarray(m.optimize(np.ones(4, dtype=int), np.arange(1, 5)).goodput)
+    whole = goodput[3] / goodput[1]  # the scaling job's speedup at its cap over its fair share
+
+    def weights(scaling_done: float) -> dict[str, float]:
+        pol = FairJctPolicy(bound=None)
+        pol._history = _history([total], m)
+        views = [_view("single", goodput_model=m, max_replicas=1, progress=7000.0 * ref),
+                 _view("scaling", goodput_model=m, max_replicas=4, progress=scaling_done * ref)]
+        w, tie = pol.weights(cluster, views), PolluxPolicy().weights(cluster, views)
+        return {j: w[j] / tie[j] for j in w}
+
+    single_left = (total - 7000.0) / phi_one
+    # 4000 done: longer than the single-replica job on a fair share, shorter on its whole curve
+    assert (total - 4000.0) / phi_two > single_left > (total - 4000.0) / phi_two / whole
+    assert weights(4000.0) == pytest.approx(weights(7000.0))  # ordered first, as when shorter on both
+    assert weights(4000.0) != pytest.approx(weights(1000.0))  # 1000 done: longer on both, ordered last
+    assert (total - 1000.0) / phi_two / whole > single_left
 
 
 def test_fair_jct_rank_weighting_weights_jobs_by_their_rank_in_remaining_time():
@@ -176,7 +214,7 @@ def test_fair_jct_keeps_a_job_at_the_bound_running_beside_a_shorter_one():
     m = _model()
     cluster = Cluster.uniform(1, 4)
     pol = FairJctPolicy()
-    pol._history = _history([100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0])
+    pol._history = _history([100.0, 100.0, 100.0, 10000.0, 10000.0, 10000.0], m)
     running = dict(placement={"n0": 4}, state=JobState.RUNNING)
     short = _view("short", goodput_model=m, progress=9000.0 * reference_rate(m), age=100.0, **running)
     waited = _view("waited", goodput_model=m, progress=150.0 * reference_rate(m), age=40000.0)

@@ -81,6 +81,16 @@ def test_the_bonus_prices_a_stay_and_a_move_as_pollux_plus_the_same_bonus():
     assert w_new * f * s[4] == pytest.approx(w * f * 2.0 + bonus)  # a move: w f s + b
 
 
+def test_a_constrained_job_gets_room_even_where_making_it_moves_a_running_job():
+    current = np.array([[4], [0]])  # job 0 holds the node; a move costs it 4/5 of its utility
+    problem = _problem(weights=(1.0, 1e-3), current=current, restart_factor=(0.2, 1.0))
+    placement = solvers.solve(problem, "milp").placement
+    assert placement[0].sum() == 4 and placement[1].sum() == 0
+    bounded = bound_rho(problem, _outlook(1.9), 2.0)  # job 1 needs 2 replicas this round
+    placement = solvers.solve(bounded, "milp").placement
+    assert placement[1].sum() == 2 and placement[0].sum() == 2
+
+
 def test_where_capacity_holds_one_constrained_job_the_heavier_and_further_past_goes_first():
     problem = _problem(weights=(1e-3, 1e-3))
     out = RhoOutlook(rho=[2.5, 2.5], isolated_s=[100.0, 100.0], delay_s=[0.0, 0.0], priority=[1.0, 3.0],

@@ -19,11 +19,13 @@ p = 1) in place of Pollux's p = -1:
   on 1..cap replicas, the cap of :func:`~.views.replica_cap`, on as few nodes
   as hold them, concave hull), not on their sizes: completing a job lowers
   the best weighted speed of the jobs left by its priority ``pi_j``.  The
-  order is by expected remaining time on a fair share over priority,
-  ``R_j / (phi_j pi_j)`` (Smith's rule), ``R_j`` the online estimate of its
+  order is by expected remaining time on the job's whole curve over priority,
+  ``R_j / (phi_j C_j pi_j)`` (Smith's rule), ``R_j`` the online estimate of its
   remaining work (:class:`~pollux_opt.scheduling.policies.remaining.WorkHistory`:
   the mean residual work of completed jobs like it; no oracle), ``phi_j`` its
-  work rate on the fair share; ``t_j`` is Pollux's tie-break factor.
+  work rate on the fair share and ``C_j`` its speedup at the cap over the fair
+  share: the time it needs when the weights serve it, which is what a
+  shortest-first order ranks; ``t_j`` is Pollux's tie-break factor.
 
 ``weighting="rank"`` uses heSRPT's weights for a speedup ``k^beta``,
 ``pi_j t_j (r_j / m)^beta`` (``r_j`` the job's rank among the ``m`` active
@@ -62,7 +64,7 @@ from solvers import InvalidProblem, Problem
 
 from pollux_opt.model import Cluster, GoodputModel, Job, Options
 from pollux_opt.model.domains import Boolean, Choice, Real, domain_field
-from pollux_opt.model.goodput import SearchCache, isolated_rate
+from pollux_opt.model.goodput import SearchCache, isolated_rate, memo_beside_search_cache
 from pollux_opt.scheduling.loop import JobView
 from pollux_opt.scheduling.policies.goodput import AllocatorPolicy
 from pollux_opt.scheduling.policies.flow_weights import flow_weights, hull_increments
@@ -120,6 +122,25 @@ def _submitted_rate(model: GoodputModel, cpus: float, batch: int, max_replicas: 
     return isolated_rate(model, cpus, batch, max_replicas, node_cpus)
 
 
+@memo_beside_search_cache(maxsize=_RATE_CACHE_SIZE)
+def _model_curve(model: GoodputModel, fixed_batch_size: int | None, cap: int, base: tuple[int, int],
+                 node_cpus: int, cache: SearchCache | None = None) -> tuple[np.ndarray, float]:
+    """:meth:`FairJctPolicy._curve` of a job with a model (read-only arrays); memoized, as a
+    waiting job's model and share repeat from round to round."""
+    goodput = compact_goodput(model, np.arange(1, cap + 1), node_cpus, fixed_batch_size, cache)
+    if not goodput[0] > 0:
+        return _frozen(np.zeros(0)), 1.0
+    at_base = model.optimize(np.array([base[0]]), np.array([base[1]]), fixed_batch_size=fixed_batch_size,
+                             cache=cache).goodput
+    return (_frozen(hull_increments(np.concatenate([[0.0], goodput / goodput[0]]))),
+            float(np.asarray(at_base)[0] / goodput[0]))
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
 def _own_share(view: JobView, share: int) -> int:
     """The fair share's replicas that the job can hold (its own replica limit)."""
     return max(1, min(share, view.max_replicas))
@@ -155,7 +176,8 @@ class FairJctPolicy(AllocatorPolicy):
         past_bound: what a job already past the bound may take: ``"hold"``
             (at least its fair-share speed) or ``"fastest"`` (its most rho-reducing options).
         by_family: estimate a job's work from completed jobs of its own model
-            family (same batch limits) once there are any, else from all.
+            family (same batch limits) once there are any, until then by the
+            Lindy fallback; false: from all completed jobs.
         exploration_factor: the exploration cap's multiple of the measured replicas.
     """
 
@@ -214,12 +236,14 @@ class FairJctPolicy(AllocatorPolicy):
     def _flow_index(self, cluster: Cluster, active: Sequence[JobView], speed: np.ndarray,
                     base: np.ndarray) -> np.ndarray:
         """``mu_j / pi_j`` in units of each job's fair-share speedup (see the module docstring);
+        ``speed``: 1 / the jobs' expected remaining time on the fair share;
         ``base``: the jobs' priorities times tie-break factors, which order jobs of equal time left."""
         nodes, share = fair_share(cluster, len(active))
         node_cpus = max(n.cpus for n in cluster.nodes)
         priority = np.array([v.weight for v in active], dtype=float)
         curves = [self._curve(v, cluster, (nodes, _own_share(v, share)), node_cpus) for v in active]
-        order = np.lexsort((base, speed * priority))  # the last to complete first
+        full = np.array([gains.sum() / unit for gains, unit in curves])  # C_j: speedup at the cap
+        order = np.lexsort((base, speed * full * priority))  # the last to complete first
         mu = np.empty(len(active))
         mu[order] = flow_weights([curves[i][0] for i in order], priority[order], cluster.total_cpus)
         return mu * np.array([unit for _, unit in curves]) / priority
@@ -232,14 +256,8 @@ class FairJctPolicy(AllocatorPolicy):
         cap = replica_cap(view, cluster, self.exploration_factor)
         if view.goodput_model is None:
             return np.ones(cap), float(share[1])
-        model, cache = view.goodput_model, self._search_cache
-        goodput = compact_goodput(view, model, np.arange(1, cap + 1), node_cpus, cache)
-        if not goodput[0] > 0:
-            return np.zeros(0), 1.0
-        nodes, replicas = feasible_base(view, share)
-        at_base = model.optimize(np.array([nodes]), np.array([replicas]), fixed_batch_size=view.fixed_batch_size,
-                                 cache=cache).goodput
-        return hull_increments(np.concatenate([[0.0], goodput / goodput[0]])), float(np.asarray(at_base)[0] / goodput[0])
+        return _model_curve(view.goodput_model, view.fixed_batch_size, cap, feasible_base(view, share), node_cpus,
+                            self._search_cache)
 
     def _rho_outlook(self, cluster: Cluster, active: Sequence[JobView], est: dict[str, Estimate]) -> RhoOutlook:
         """Each job's predicted rho on a fair share and its isolated JCT (see the module docstring)."""

@@ -15,8 +15,12 @@ expected remaining work of a job like it.
 
 The distribution is that of the completed jobs *like this one*: those whose
 models have the same batch limits (the job's model family, which the job
-reports with its model), once one of them finished, else of all completed
-jobs (the pooled distribution) once :data:`MIN_SAMPLES` finished.  A job
+reports with its model), once one of them finished.  All completed jobs (the
+pooled distribution, once :data:`MIN_SAMPLES` finished) serve only a job
+without a model, or every job with ``by_family=False``: the families' sizes
+differ by orders of magnitude, so the pooled jobs, mostly the many short
+ones, say little of a family not seen to finish (they put a long job's
+remaining work at a fraction of the truth).  A job
 beyond every sample, or with no distribution yet, falls back to the Lindy
 estimate of a heavy tail (a job that has run ``a`` runs as long again) applied
 to its family: the family's jobs are taken to be of one size, twice the most
@@ -101,7 +105,8 @@ class WorkHistory:
 
     Attributes:
         by_family: use the distribution of the job's own family once it has
-            :data:`MIN_FAMILY_SAMPLES` samples (else the pooled one).
+            :data:`MIN_FAMILY_SAMPLES` samples (until then the fallback); false:
+            the pooled one.
     """
 
     by_family: bool = True
@@ -137,9 +142,9 @@ class WorkHistory:
 
     def _samples(self, view: JobView) -> np.ndarray | None:
         fam = _family(view)
-        own = self._families.get(fam, []) if self.by_family and fam is not None else []
-        if len(own) >= MIN_FAMILY_SAMPLES:
-            return np.sort(np.asarray(own))
+        if self.by_family and fam is not None:
+            own = self._families.get(fam, [])
+            return np.sort(np.asarray(own)) if len(own) >= MIN_FAMILY_SAMPLES else None
         return np.sort(np.asarray(self._pooled)) if len(self._pooled) >= MIN_SAMPLES else None
 
     def _fallback(self, view: JobView, attained: float) -> float:

@@ -130,14 +130,15 @@ def replica_cap(view: JobView, cluster: Cluster, exploration_factor: int = EXPLO
     return cap
 
 
-def compact_goodput(view: JobView, model: GoodputModel, replicas: np.ndarray, node_slots: int,
+def compact_goodput(model: GoodputModel, replicas: np.ndarray, node_slots: int, fixed_batch_size: int | None,
                     cache: SearchCache | None = None) -> np.ndarray:
-    """float64 goodput (M0-samples / s) of the job's ``model`` at each replica
+    """float64 goodput (M0-samples / s) of a job's ``model`` at each replica
     count of ``replicas`` on as few nodes of ``node_slots`` as hold them, at its
-    goodput-best batch (its ``fixed_batch_size`` where it has one); ``cache``
+    goodput-best batch (``fixed_batch_size`` where the job has one, a view's
+    :attr:`~pollux_opt.scheduling.loop.JobView.fixed_batch_size`); ``cache``
     spares the batch search's first pass (speed only)."""
     replicas = np.asarray(replicas)
-    return np.asarray(model.optimize(-(-replicas // node_slots), replicas, fixed_batch_size=view.fixed_batch_size,
+    return np.asarray(model.optimize(-(-replicas // node_slots), replicas, fixed_batch_size=fixed_batch_size,
                                      cache=cache).goodput, dtype=float)
 
 
