@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import importlib
 import json
 import logging
@@ -76,7 +77,9 @@ def _calls_column(stage: str) -> str:
 def _timer(totals: dict, name: str, fn):
     """``fn`` adding its wall and thread CPU seconds and one call to ``totals[name]``
     ([wall, cpu, calls]); a call inside another call of the same stage (an override
-    calling the method it overrides) is counted once, by the outer one."""
+    calling the method it overrides) is counted once, by the outer one.  It keeps ``fn``'s
+    signature (``functools.wraps``): the solver registry reads a solver's options from it."""
+    @functools.wraps(fn)
     def timed(*args, **kwargs):
         spent = totals.setdefault(name, [0.0, 0.0, 0, False])
         if spent[3]:

@@ -90,3 +90,18 @@ def test_stage_timer_counts_an_override_and_the_method_it_calls_once(experiment)
     Derived.jobs = timer(totals, "policy_jobs_s", Derived.jobs)
     assert Derived().jobs() == 2 and Base().jobs() == 1
     assert totals["policy_jobs_s"][2] == 2  # one call each, the nested base call not counted again
+
+
+def test_stage_timer_keeps_the_signature_the_solver_registry_reads_options_from(experiment):
+    import inspect
+
+    timer = experiment("encode_speed")._timer
+
+    class Solver:
+        def __call__(self, problem, *, mip_gap=1e-4, time_limit=None):
+            return mip_gap
+
+    Solver.__call__ = timer({}, "solve_s", Solver.__call__)
+    params = inspect.signature(Solver()).parameters.values()
+    assert [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY] == ["mip_gap", "time_limit"]
+    assert Solver()(None, mip_gap=1e-3) == 1e-3
