@@ -15,6 +15,14 @@ multiplier and seed.  Writes ``OUT/fair_jct.csv`` (one row per run) and
 ``--option NAME=VALUE`` passes a fair-jct option (e.g. ``bound=3``, ``bound=none``); ``--interval``,
 ``--noise`` (log-normal sigma of what jobs report) and ``--restart-delay`` (seconds
 a job's start or restart costs) set the sensitivity axes.
+With ``--noise``, each run's ``worst_rho_ref`` is also measured against a
+noise-free reference: the metric's rho divides a job's JCT by its isolated JCT
+from the model the job fitted, and under noise that model is fitted from
+noisy reports, so the worst rho of a noisy run largely measures the noise of
+its own yardstick.
+``worst_rho_ref`` divides each JCT by the job's isolated JCT in the
+noise-free Pollux run of the same workload and settings (simulated in the
+same task), the same yardstick for every policy and noise level.
 ``--merge DIR ...`` joins the ``fair_jct.csv`` of runs made apart (e.g. two
 processes on different workloads) into ``OUT/fair_jct.csv`` (``--csv`` names
 another file) without simulating; a later DIR's run of the same workload,
@@ -28,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -47,6 +56,8 @@ QUICK_JOBS = 12
 RUN_KEY = ["set", "workload", "policy", "options", "interval_s", "report_noise", "restart_delay_s"]
 #: Summary fields copied into each row.
 SUMMARY_FIELDS = ("worst_rho", "frac_rho_gt_1", "jain_index")
+#: The policy whose noise-free run is the yardstick of ``worst_rho_ref``.
+REFERENCE_POLICY = "pollux"
 
 
 def _workload(task: dict, profiles):
@@ -58,23 +69,42 @@ def _workload(task: dict, profiles):
     return jobs[:QUICK_JOBS] if task["quick"] else jobs
 
 
+def worst_rho_against(summary: dict, reference: dict) -> float:
+    """The largest ``JCT / JCT_isolated`` over the jobs completed in both runs, each JCT
+    from ``summary`` and each isolated JCT from ``reference`` (``summary.json`` dicts);
+    nan where no job has both."""
+    iso = {j["id"]: j["jct_isolated_s"] for j in reference["jobs"] if j["completed"]}
+    rho = [j["jct_s"] / iso[j["id"]] for j in summary["jobs"]
+           if j["completed"] and (iso.get(j["id"]) or 0) > 0]
+    return max(rho, default=math.nan)
+
+
 def run_one(task: dict) -> dict:
-    """Top-level (picklable): simulate one (workload, policy); one CSV row."""
+    """Top-level (picklable): simulate one (workload, policy); one CSV row.  With report
+    noise, also the noise-free :data:`REFERENCE_POLICY` run of ``worst_rho_ref``."""
     quiet_library_logs()
     profiles = load_profiles(task["traces"])
     jobs = _workload(task, profiles)
     cluster = Cluster.uniform(task["nodes"], SIM_DEFAULT_CPUS_PER_NODE)
     options = task["options"] if task["policy"].startswith("fair-jct") else {}
-    config = SimConfig(report_noise=task["noise"], restart_delay=task["restart_delay"])
-    res = simulate(jobs, profiles, task["policy"], cluster=cluster, interval=task["interval"],
-                   config=config, out_dir=task["out_dir"], policy_options=options)
-    summary = json.loads((Path(task["out_dir"]) / "summary.json").read_text())
+
+    def run(policy: str, noise: float, out_dir: Path, policy_options: dict):
+        config = SimConfig(report_noise=noise, restart_delay=task["restart_delay"])
+        res = simulate(jobs, profiles, policy, cluster=cluster, interval=task["interval"],
+                       config=config, out_dir=out_dir, policy_options=policy_options)
+        return res, json.loads((out_dir / "summary.json").read_text())
+
+    res, summary = run(task["policy"], task["noise"], Path(task["out_dir"]), options)
+    ref_rho = math.nan
+    if task["noise"] > 0:
+        ref = run(REFERENCE_POLICY, 0.0, Path(task["out_dir"]) / "reference", {})[1]
+        ref_rho = worst_rho_against(summary, ref)
     return {
         "set": task["set"], "workload": task["name"], "load": task["load"], "seed": task["seed"],
         "policy": task["policy"], "options": json.dumps(options, sort_keys=True),
         "interval_s": task["interval"], "report_noise": task["noise"], "restart_delay_s": task["restart_delay"],
         "jobs": res.num_jobs, "completed": res.completed, "avg_jct_s": res.avg_jct, "p99_jct_s": res.p99_jct,
-        "makespan_s": res.makespan, **{k: summary.get(k) for k in SUMMARY_FIELDS},
+        "makespan_s": res.makespan, **{k: summary.get(k) for k in SUMMARY_FIELDS}, "worst_rho_ref": ref_rho,
         "wall_s": res.wall_seconds, "solver_s": res.solver_seconds, "machine": machine_name(),
     }
 

@@ -30,7 +30,9 @@ event, as
 
 The reference is the same for every policy (the user's own configuration on
 a private share), so rho values are comparable across policies; a policy that
-adapts the batch can beat it (rho < 1).
+adapts the batch can beat it (rho < 1).  It is as good as the fitted model:
+with noisy reports (the simulator's ``report_noise``) it carries their noise,
+job by job and run by run.
 
 **Goodput.**  Cluster goodput at time t is the sum over jobs of each job's
 measured progress rate (M0-equivalent iterations per second, from the

@@ -5,6 +5,7 @@ Whether the committed files are up to date is checked by .ci/run (`results_doc.p
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 from pathlib import Path
 
@@ -276,15 +277,48 @@ def test_fair_jct_bounding_and_option_tables_compare_with_pollux_at_the_default_
                        run("adaptdl-restart0", "w2", "fair-jct", 180.0, 2.5),
                        run("adaptdl", "w1", "fair-jct", 70.0, 4.0, '{"bound": null}')])
     plain = df[df.options == "{}"]
-    rows = results_fair_jct._bound_rows(plain)
-    assert rows[0] == ["30 s", "Pollux", "200", "-", "2000", "3.50"]
-    assert rows[1] == ["30 s", "fair-jct", "160", "20.0 %", "1600", "3.50"]
-    assert rows[2] == ["0 s", "fair-jct", "120", "40.0 %", "1200", "2.50"]  # against Pollux at 30 s
+    unbounded = pd.DataFrame([run("adaptdl", "w1", "fair-jct-oracle", 90.0, 3.0, '{"bound": null}'),
+                              run("adaptdl", "w2", "fair-jct-oracle", 150.0, 3.0, '{"bound": null}')])
+    rows = results_fair_jct._bound_rows(plain, unbounded)
+    assert rows[0] == ["30 s", "Pollux", "200", "-", "-", "2000", "3.50"]
+    assert rows[1] == ["30 s", "fair-jct", "160", "20.0 %", "20.0 % (w1)", "1600", "3.50"]
+    assert rows[2] == ["0 s", "fair-jct", "120", "40.0 %", "40.0 % (w1)", "1200", "2.50"]  # against Pollux at 30 s
+    assert rows[3] == ["30 s", "fair-jct+oracle, no bound", "120", "40.0 %", "10.0 % (w1)", "1200", "3.00"]
+    assert len(results_fair_jct._bound_rows(plain, unbounded[:1])) == 3  # not on every workload: no row
     options = pd.concat([plain[plain.policy == "fair-jct"], df[df.options != "{}"]])
     opt = results_fair_jct._option_rows(plain, options[options.set == "adaptdl"])
     assert opt[0] == ["defaults", "2", "160", "20.0 %", "1600", "3.50", "0"]
     # one workload: against Pollux's on that workload; its worst rho above Pollux's there
     assert opt[1] == ['{"bound": null}', "1", "70", "30.0 %", "700", "4.00", "1"]
+
+
+def test_noisy_runs_worst_rho_uses_the_reference_runs_isolated_jct_of_each_job(experiment):
+    fair_jct = experiment("fair_jct")
+
+    def summary(*jobs):
+        return {"jobs": [{"id": i, "completed": done, "jct_s": jct, "jct_isolated_s": iso}
+                         for i, done, jct, iso in jobs]}
+
+    # the noisy run's own yardstick reads job a at 10 s (rho 12); the reference's at 40 s (rho 3)
+    noisy = summary(("a", True, 120.0, 10.0), ("b", True, 200.0, 100.0), ("c", False, float("nan"), float("nan")))
+    reference = summary(("a", True, 90.0, 40.0), ("b", True, 150.0, 80.0), ("c", True, 50.0, 5.0))
+    assert fair_jct.worst_rho_against(noisy, reference) == 3.0  # c: not completed in the noisy run
+    assert math.isnan(fair_jct.worst_rho_against(noisy, summary()))
+
+
+def test_the_noise_table_lists_each_noisy_run_with_both_worst_rhos_in_noise_order(experiment):
+    results_fair_jct = experiment("results_fair_jct")
+
+    def run(workload, policy, noise, rho, ref):
+        return {"workload": workload, "policy": policy, "report_noise": noise, "avg_jct_s": 100.0,
+                "worst_rho": rho, "worst_rho_ref": ref}
+
+    df = pd.DataFrame([run("w-noise0.5", "fair-jct", 0.5, 13.3, 3.7), run("w-noise0.5", "pollux", 0.5, 9.8, 4.6),
+                       run("w-noise0.1", "pollux", 0.1, 4.8, 3.7), run("w", "pollux", 0.0, 3.7, None)])
+    assert results_fair_jct._noise_rows(df) == [["w-noise0.1", "Pollux", "100", "4.80", "3.70"],
+                                                ["w-noise0.5", "Pollux", "100", "9.80", "4.60"],
+                                                ["w-noise0.5", "fair-jct", "100", "13.30", "3.70"]]
+    assert results_fair_jct._noise_rows(df.drop(columns="worst_rho_ref")) == []
 
 
 def test_autoscale_section_compares_each_rule_with_its_reference_and_finds_the_cheapest_run_in_reach(experiment):
