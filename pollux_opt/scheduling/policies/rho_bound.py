@@ -124,14 +124,13 @@ def _allowed(problem: Problem, j: int, out: RhoOutlook, bound: float,
     return ok, stays
 
 
-def _bonuses(problem: Problem, outlook: RhoOutlook, allowed: dict, sigma: float,
-             bound: float) -> dict[int, float]:
+def _bonuses(problem: Problem, outlook: RhoOutlook, allowed: dict[int, np.ndarray], stays: list[np.ndarray],
+             sigma: float, bound: float) -> dict[int, float]:
     """Job -> its bonus for holding an allowed configuration (see the module docstring)."""
-    sizes = {j: problem.cfg_replicas[problem.cfg_start[j]:problem.cfg_start[j + 1]][ok]
-             for j, (ok, _) in allowed.items()}
+    sizes = {j: problem.cfg_replicas[problem.cfg_start[j]:problem.cfg_start[j + 1]][ok] for j, ok in allowed.items()}
     restart = max(((1.0 - problem.restart_factor[k]) * problem.weight[k]
-                   * float(problem.cfg_speedup[problem.cfg_start[k]:problem.cfg_start[k + 1]][stays].max())
-                   for k in range(problem.num_jobs) if (stays := _stays(problem, k)).any()), default=0.0)
+                   * float(problem.cfg_speedup[problem.cfg_start[k]:problem.cfg_start[k + 1]][st].max())
+                   for k, st in enumerate(stays) if st.any()), default=0.0)
     if sum(int(k.min()) for k in sizes.values()) <= int(problem.capacity.sum()):
         return {j: 1.0 + sigma * float(k.min()) + restart for j, k in sizes.items()}
     unit = 2.0 * (1.0 + sigma * max(float(k.max()) for k in sizes.values()) + restart)
@@ -155,22 +154,23 @@ def bound_rho(problem: Problem, outlook: RhoOutlook, bound: float, *,
         raise InvalidProblem(f"past must be one of {PAST_BOUND_RULES}, got {past!r}")
     if not (isinstance(bound, (int, float)) and math.isfinite(bound) and bound > 1):
         raise InvalidProblem(f"bound must be a finite number > 1, got {bound!r}")
-    allowed = {j: ok for j in range(problem.num_jobs)
-               if (ok := _allowed(problem, j, outlook, bound, past)) is not None}
-    if not allowed:
+    found = {j: r for j in range(problem.num_jobs) if (r := _allowed(problem, j, outlook, bound, past)) is not None}
+    if not found:
         return problem
+    allowed = {j: ok for j, (ok, _) in found.items()}
+    stays = [found[j][1] if j in found else _stays(problem, j) for j in range(problem.num_jobs)]
     keep = np.ones(problem.num_configs, dtype=bool)
     speed, weight = problem.cfg_speedup.copy(), problem.weight.copy()
     sigma = float(np.max(problem.weight[problem.cfg_job] * problem.cfg_speedup / problem.cfg_replicas, initial=0.0))
-    bonus = _bonuses(problem, outlook, allowed, sigma, bound)
-    for j, (ok, stays) in allowed.items():
+    bonus = _bonuses(problem, outlook, allowed, stays, sigma, bound)
+    for j, ok in allowed.items():
         lo, hi = problem.cfg_start[j], problem.cfg_start[j + 1]
         keep[lo:hi] = ok
         w, s = weight[j], problem.cfg_speedup[lo:hi]
         f = float(problem.restart_factor[j]) if problem.has_current[j] and problem.restart_factor[j] > 0 else 1.0
         weight[j] = w + bonus[j]
         moved = np.minimum((w * s + bonus[j] / f) / weight[j], MAX_SPEEDUP)  # a factor near 0 bars moves
-        speed[lo:hi] = np.where(stays, (w * s + bonus[j]) / weight[j], moved)
+        speed[lo:hi] = np.where(stays[j], (w * s + bonus[j]) / weight[j], moved)
     return replace(problem, cfg_job=problem.cfg_job[keep], cfg_nodes=problem.cfg_nodes[keep],
                    cfg_replicas=problem.cfg_replicas[keep], cfg_speedup=speed[keep],
                    cfg_type=problem.cfg_type[keep] if problem.typed else None, weight=weight)
